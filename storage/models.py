@@ -1,0 +1,149 @@
+"""Typed SQLAlchemy models: the database is the single source of truth.
+
+The exactly-once rules are constraints, not conventions: one job per checkpoint × task × stage, one
+result per job × metric, one sample row per job × index. Code that breaks them fails loudly.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import UTC, datetime
+
+from sqlalchemy import (
+    Boolean,
+    DateTime,
+    Enum,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class CheckpointState(enum.StrEnum):
+    DISCOVERED = "discovered"
+    READY = "ready"
+    INVALID = "invalid"
+    VANISHED = "vanished"
+
+
+class JobState(enum.StrEnum):
+    PENDING = "pending"
+    DEFERRED = "deferred"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+TERMINAL_JOB_STATES = (JobState.SUCCEEDED, JobState.FAILED)
+
+
+def _enum(cls: type[enum.StrEnum], name: str) -> Enum:
+    # Stored as plain strings with a CHECK constraint: readable from any SQL client, portable to SQLite.
+    return Enum(cls, name=name, native_enum=False, length=16, values_callable=lambda e: [m.value for m in e])
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {datetime: DateTime(timezone=True)}  # noqa: RUF012 (SQLAlchemy's own hook)
+
+
+class Run(Base):
+    __tablename__ = "runs"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    root: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    checkpoints: Mapped[list[Checkpoint]] = relationship(back_populates="run")
+
+
+class Checkpoint(Base):
+    __tablename__ = "checkpoints"
+    __table_args__ = (UniqueConstraint("run_id", "path", name="uq_checkpoints_run_path"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    path: Mapped[str] = mapped_column(Text)
+    name: Mapped[str] = mapped_column(String(500))
+    step: Mapped[int | None] = mapped_column(Integer)
+    epoch: Mapped[int | None] = mapped_column(Integer)
+    layout: Mapped[str] = mapped_column(String(32))
+    state: Mapped[CheckpointState] = mapped_column(_enum(CheckpointState, "checkpoint_state"))
+    reason: Mapped[str | None] = mapped_column(Text)
+    discovered_at: Mapped[datetime] = mapped_column(default=utcnow)
+    ready_at: Mapped[datetime | None]
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+    run: Mapped[Run] = relationship(back_populates="checkpoints")
+    jobs: Mapped[list[EvalJob]] = relationship(back_populates="checkpoint")
+
+
+class EvalJob(Base):
+    __tablename__ = "eval_jobs"
+    __table_args__ = (
+        UniqueConstraint("checkpoint_id", "task", "stage", name="uq_eval_jobs_checkpoint_task_stage"),
+        Index("ix_eval_jobs_state_priority", "state", "priority"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    checkpoint_id: Mapped[int] = mapped_column(ForeignKey("checkpoints.id", ondelete="CASCADE"))
+    task: Mapped[str] = mapped_column(String(200))
+    stage: Mapped[str] = mapped_column(String(16), default="full")
+    state: Mapped[JobState] = mapped_column(_enum(JobState, "job_state"), default=JobState.PENDING)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    #: Step of the checkpoint, copied so the queue orders without a join.
+    step: Mapped[int | None] = mapped_column(Integer)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    claimed_by: Mapped[str | None] = mapped_column(String(200))
+    heartbeat_at: Mapped[datetime | None]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    duration_s: Mapped[float | None] = mapped_column(Float)
+    load_s: Mapped[float | None] = mapped_column(Float)
+    error_kind: Mapped[str | None] = mapped_column(String(64))
+    error: Mapped[str | None] = mapped_column(Text)
+
+    checkpoint: Mapped[Checkpoint] = relationship(back_populates="jobs")
+    results: Mapped[list[Result]] = relationship(back_populates="job")
+
+
+class Result(Base):
+    __tablename__ = "results"
+    __table_args__ = (UniqueConstraint("job_id", "metric", name="uq_results_job_metric"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("eval_jobs.id", ondelete="CASCADE"))
+    metric: Mapped[str] = mapped_column(String(100))
+    value: Mapped[float] = mapped_column(Float)
+    n: Mapped[int | None] = mapped_column(Integer)
+    stderr: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    job: Mapped[EvalJob] = relationship(back_populates="results")
+
+
+class Sample(Base):
+    __tablename__ = "samples"
+    __table_args__ = (UniqueConstraint("job_id", "index", name="uq_samples_job_index"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("eval_jobs.id", ondelete="CASCADE"))
+    index: Mapped[int] = mapped_column(Integer)
+    prompt_id: Mapped[str] = mapped_column(String(200))
+    prompt: Mapped[str] = mapped_column(Text)
+    response: Mapped[str] = mapped_column(Text)
+    extracted: Mapped[str | None] = mapped_column(Text)
+    reference: Mapped[str] = mapped_column(Text)
+    correct: Mapped[bool] = mapped_column(Boolean)
+    tokens: Mapped[int] = mapped_column(Integer)
+    truncated: Mapped[bool] = mapped_column(Boolean)

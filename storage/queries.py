@@ -1,0 +1,422 @@
+"""Every statement evald runs: small functions over a session, returning plain data.
+
+Callers open the transaction (``Database.session()``); each function here is one step inside it, so a
+caller can make several steps atomic (a job's results, samples and ``succeeded`` commit together).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import ColumnElement, and_, func, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from storage.models import (
+    Checkpoint,
+    CheckpointState,
+    EvalJob,
+    JobState,
+    Result,
+    Run,
+    Sample,
+    utcnow,
+)
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    id: int
+    task: str
+    stage: str
+    attempts: int
+    checkpoint_id: int
+    checkpoint_path: str
+    layout: str
+    step: int | None
+    run: str
+
+
+@dataclass(frozen=True)
+class MetricRow:
+    name: str
+    value: float
+    n: int | None
+    stderr: float | None
+
+
+@dataclass(frozen=True)
+class SampleRow:
+    index: int
+    prompt_id: str
+    prompt: str
+    response: str
+    extracted: str | None
+    reference: str
+    correct: bool
+    tokens: int
+    truncated: bool
+
+
+@dataclass(frozen=True)
+class ResultRow:
+    run: str
+    checkpoint: str
+    step: int | None
+    epoch: int | None
+    task: str
+    stage: str
+    metric: str
+    value: float
+    n: int | None
+    stderr: float | None
+    evaluated_at: datetime
+
+
+@dataclass(frozen=True)
+class CheckpointRow:
+    run: str
+    name: str
+    path: str
+    step: int | None
+    state: str
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class JobRow:
+    id: int
+    run: str
+    checkpoint: str
+    step: int | None
+    task: str
+    stage: str
+    state: str
+    attempts: int
+    error: str | None
+
+
+def ensure_run(session: Session, name: str, root: str) -> int:
+    run = session.scalar(select(Run).where(Run.name == name))
+    if run is None:
+        run = Run(name=name, root=root)
+        session.add(run)
+        session.flush()
+    elif run.root != root:
+        run.root = root
+    return run.id
+
+
+def checkpoint_states(session: Session, run_id: int) -> dict[str, CheckpointState]:
+    """Path → state of every checkpoint already recorded for a run."""
+    rows = session.execute(select(Checkpoint.path, Checkpoint.state).where(Checkpoint.run_id == run_id))
+    return {path: state for path, state in rows}
+
+
+def record_checkpoint(
+    session: Session,
+    *,
+    run_id: int,
+    path: str,
+    name: str,
+    step: int | None,
+    epoch: int | None,
+    layout: str,
+    state: CheckpointState,
+    reason: str | None = None,
+) -> int:
+    """Insert a checkpoint, or move an existing one to ``state``; returns its id."""
+    checkpoint = session.scalar(
+        select(Checkpoint).where(Checkpoint.run_id == run_id, Checkpoint.path == path)
+    )
+    if checkpoint is None:
+        checkpoint = Checkpoint(
+            run_id=run_id, path=path, name=name, step=step, epoch=epoch, layout=layout, state=state
+        )
+        session.add(checkpoint)
+    checkpoint.state = state
+    checkpoint.reason = reason
+    checkpoint.layout = layout
+    if state is CheckpointState.READY and checkpoint.ready_at is None:
+        checkpoint.ready_at = utcnow()
+    session.flush()
+    return checkpoint.id
+
+
+def enqueue_jobs(
+    session: Session, *, checkpoint_id: int, step: int | None, tasks: Iterable[str], stage: str = "full"
+) -> int:
+    """Create one pending job per task unless it exists; returns how many were new.
+
+    ``ON CONFLICT DO NOTHING`` on the unique (checkpoint, task, stage) makes this idempotent even when two
+    daemons sharing PostgreSQL discover the same checkpoint at once.
+    """
+    rows = [
+        {
+            "checkpoint_id": checkpoint_id,
+            "task": task,
+            "stage": stage,
+            "step": step,
+            "state": JobState.PENDING,
+            "priority": 0,
+            "attempts": 0,
+            "created_at": utcnow(),
+        }
+        for task in tasks
+    ]
+    if not rows:
+        return 0
+    insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+    statement = (
+        insert(EvalJob)
+        .values(rows)
+        .on_conflict_do_nothing(index_elements=["checkpoint_id", "task", "stage"])
+        .returning(EvalJob.id)
+    )
+    return len(session.execute(statement).all())
+
+
+def claim_next_job(session: Session, owner: str) -> ClaimedJob | None:
+    """Move the most urgent pending job to ``running`` for ``owner``.
+
+    ``FOR UPDATE SKIP LOCKED`` lets daemons on PostgreSQL share the queue without two taking one job; on
+    SQLite the transaction already holds the database's write lock.
+    """
+    job = session.scalar(
+        select(EvalJob)
+        .where(EvalJob.state == JobState.PENDING)
+        .order_by(EvalJob.priority.desc(), EvalJob.step.desc(), EvalJob.id)
+        .limit(1)
+        .with_for_update(skip_locked=True)
+    )
+    if job is None:
+        return None
+    now = utcnow()
+    job.state = JobState.RUNNING
+    job.attempts += 1
+    job.claimed_by = owner
+    job.started_at = now
+    job.heartbeat_at = now
+    job.error = None
+    job.error_kind = None
+    checkpoint = job.checkpoint
+    session.flush()
+    return ClaimedJob(
+        id=job.id,
+        task=job.task,
+        stage=job.stage,
+        attempts=job.attempts,
+        checkpoint_id=checkpoint.id,
+        checkpoint_path=checkpoint.path,
+        layout=checkpoint.layout,
+        step=checkpoint.step,
+        run=checkpoint.run.name,
+    )
+
+
+def _owned_running(job_id: int, owner: str) -> ColumnElement[bool]:
+    return and_(EvalJob.id == job_id, EvalJob.state == JobState.RUNNING, EvalJob.claimed_by == owner)
+
+
+def heartbeat(session: Session, job_id: int, owner: str) -> bool:
+    """Refresh a running job's lease; False if the job is no longer ours."""
+    result = session.execute(
+        update(EvalJob).where(_owned_running(job_id, owner)).values(heartbeat_at=utcnow())
+    )
+    return bool(getattr(result, "rowcount", 0))
+
+
+def complete_job(
+    session: Session,
+    *,
+    job_id: int,
+    owner: str,
+    metrics: Sequence[MetricRow],
+    samples: Sequence[SampleRow],
+    duration_s: float,
+    load_s: float | None,
+) -> bool:
+    """Store a job's results and mark it ``succeeded``: call inside one transaction.
+
+    Returns False (and stores nothing) if the job is no longer running under ``owner``: it was requeued
+    after a lost lease and belongs to someone else now, whose results will count instead.
+    """
+    job = session.scalar(select(EvalJob).where(_owned_running(job_id, owner)).with_for_update())
+    if job is None:
+        return False
+    now = utcnow()
+    session.add_all(
+        Result(job_id=job_id, metric=m.name, value=m.value, n=m.n, stderr=m.stderr, created_at=now)
+        for m in metrics
+    )
+    session.add_all(
+        Sample(
+            job_id=job_id,
+            index=s.index,
+            prompt_id=s.prompt_id,
+            prompt=s.prompt,
+            response=s.response,
+            extracted=s.extracted,
+            reference=s.reference,
+            correct=s.correct,
+            tokens=s.tokens,
+            truncated=s.truncated,
+        )
+        for s in samples
+    )
+    job.state = JobState.SUCCEEDED
+    job.finished_at = now
+    job.duration_s = duration_s
+    job.load_s = load_s
+    session.flush()
+    return True
+
+
+def fail_job(
+    session: Session, *, job_id: int, owner: str, kind: str, error: str, duration_s: float | None
+) -> bool:
+    result = session.execute(
+        update(EvalJob)
+        .where(_owned_running(job_id, owner))
+        .values(
+            state=JobState.FAILED,
+            error_kind=kind,
+            error=error,
+            finished_at=utcnow(),
+            duration_s=duration_s,
+        )
+    )
+    return bool(getattr(result, "rowcount", 0))
+
+
+def requeue_job(session: Session, *, job_id: int, owner: str) -> bool:
+    """Give a running job back to the queue (shutdown): it runs again, and its attempt is not a failure."""
+    result = session.execute(
+        update(EvalJob)
+        .where(_owned_running(job_id, owner))
+        .values(
+            state=JobState.PENDING,
+            claimed_by=None,
+            heartbeat_at=None,
+            attempts=EvalJob.attempts - 1,
+        )
+    )
+    return bool(getattr(result, "rowcount", 0))
+
+
+def recover_orphans(session: Session, *, lease: timedelta, every_running: bool) -> list[int]:
+    """Requeue running jobs whose daemon died; returns their ids.
+
+    ``every_running`` is right for SQLite, where the instance lock proves no other daemon is alive. On a
+    shared PostgreSQL queue only jobs whose heartbeat is older than ``lease`` are orphans.
+    """
+    condition = EvalJob.state == JobState.RUNNING
+    if not every_running:
+        condition = and_(
+            condition, or_(EvalJob.heartbeat_at.is_(None), EvalJob.heartbeat_at < utcnow() - lease)
+        )
+    ids = list(session.scalars(select(EvalJob.id).where(condition).with_for_update(skip_locked=True)))
+    if ids:
+        session.execute(
+            update(EvalJob)
+            .where(EvalJob.id.in_(ids))
+            .values(state=JobState.PENDING, claimed_by=None, heartbeat_at=None)
+        )
+    return ids
+
+
+def mark_checkpoint(session: Session, checkpoint_id: int, state: CheckpointState, reason: str) -> None:
+    session.execute(
+        update(Checkpoint)
+        .where(Checkpoint.id == checkpoint_id)
+        .values(state=state, reason=reason, updated_at=utcnow())
+    )
+
+
+def job_state(session: Session, job_id: int) -> JobState | None:
+    return session.scalar(select(EvalJob.state).where(EvalJob.id == job_id))
+
+
+def result_rows(
+    session: Session, *, run: str | None = None, task: str | None = None, metric: str | None = None
+) -> list[ResultRow]:
+    query = (
+        select(
+            Run.name,
+            Checkpoint.name,
+            Checkpoint.step,
+            Checkpoint.epoch,
+            EvalJob.task,
+            EvalJob.stage,
+            Result.metric,
+            Result.value,
+            Result.n,
+            Result.stderr,
+            EvalJob.finished_at,
+        )
+        .join(EvalJob, Result.job_id == EvalJob.id)
+        .join(Checkpoint, EvalJob.checkpoint_id == Checkpoint.id)
+        .join(Run, Checkpoint.run_id == Run.id)
+        .order_by(Run.name, Checkpoint.step, Checkpoint.name, EvalJob.task, EvalJob.stage, Result.metric)
+    )
+    if run is not None:
+        query = query.where(Run.name == run)
+    if task is not None:
+        query = query.where(EvalJob.task == task)
+    if metric is not None:
+        query = query.where(Result.metric == metric)
+    return [ResultRow(*row) for row in session.execute(query)]
+
+
+def checkpoint_rows(session: Session, run: str | None = None) -> list[CheckpointRow]:
+    query = (
+        select(
+            Run.name, Checkpoint.name, Checkpoint.path, Checkpoint.step, Checkpoint.state, Checkpoint.reason
+        )
+        .join(Run, Checkpoint.run_id == Run.id)
+        .order_by(Run.name, Checkpoint.step, Checkpoint.name)
+    )
+    if run is not None:
+        query = query.where(Run.name == run)
+    return [
+        CheckpointRow(run=r, name=n, path=p, step=s, state=str(st.value), reason=reason)
+        for r, n, p, s, st, reason in session.execute(query)
+    ]
+
+
+def job_rows(session: Session, run: str | None = None) -> list[JobRow]:
+    query = (
+        select(
+            EvalJob.id,
+            Run.name,
+            Checkpoint.name,
+            Checkpoint.step,
+            EvalJob.task,
+            EvalJob.stage,
+            EvalJob.state,
+            EvalJob.attempts,
+            EvalJob.error,
+        )
+        .join(Checkpoint, EvalJob.checkpoint_id == Checkpoint.id)
+        .join(Run, Checkpoint.run_id == Run.id)
+        .order_by(Run.name, Checkpoint.step, EvalJob.task, EvalJob.stage)
+    )
+    if run is not None:
+        query = query.where(Run.name == run)
+    return [
+        JobRow(id=i, run=r, checkpoint=c, step=s, task=t, stage=sg, state=str(st.value), attempts=a, error=e)
+        for i, r, c, s, t, sg, st, a, e in session.execute(query)
+    ]
+
+
+def count_unfinished_jobs(session: Session) -> int:
+    return int(
+        session.scalar(
+            select(func.count(EvalJob.id)).where(
+                EvalJob.state.in_([JobState.PENDING, JobState.RUNNING, JobState.DEFERRED])
+            )
+        )
+        or 0
+    )

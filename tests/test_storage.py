@@ -1,0 +1,211 @@
+"""Storage rules on both backends: the same tests against SQLite and the real PostgreSQL server."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import IntegrityError
+
+from storage import migrations, queries
+from storage.database import Database
+from storage.errors import DatabaseUnreachable, InstanceLocked, SchemaOutdated
+from storage.models import CheckpointState, EvalJob, JobState, Result
+
+
+def _ready_checkpoint(db: Database, step: int = 10, tasks: tuple[str, ...] = ("arith",)) -> int:
+    with db.session() as s:
+        run_id = queries.ensure_run(s, "r1", "/runs/r1")
+        checkpoint_id = queries.record_checkpoint(
+            s,
+            run_id=run_id,
+            path=f"/runs/r1/step_{step}",
+            name=f"step_{step}",
+            step=step,
+            epoch=None,
+            layout="hf",
+            state=CheckpointState.READY,
+        )
+        queries.enqueue_jobs(s, checkpoint_id=checkpoint_id, step=step, tasks=tasks)
+    return checkpoint_id
+
+
+METRICS = [queries.MetricRow("accuracy", 0.5, 10, 0.16), queries.MetricRow("wall_s", 1.5, None, None)]
+
+
+def test_upgrade_creates_schema_and_is_idempotent(database: Database) -> None:
+    assert migrations.current_revision(database) == migrations.head_revision()
+    migrations.require_current(database)
+    before, after = migrations.upgrade(database)
+    assert before == after == migrations.head_revision()
+
+
+def test_old_schema_is_refused_with_the_fix(database_url: str) -> None:
+    db = Database(database_url)
+    try:
+        with pytest.raises(SchemaOutdated, match="run `evald db upgrade`"):
+            migrations.require_current(db)
+    finally:
+        db.dispose()
+
+
+def test_one_job_per_checkpoint_task_stage(database: Database) -> None:
+    checkpoint_id = _ready_checkpoint(database, tasks=("a", "b"))
+    with database.session() as s:
+        # Discovering the same checkpoint again adds nothing.
+        assert queries.enqueue_jobs(s, checkpoint_id=checkpoint_id, step=10, tasks=("a", "b", "c")) == 1
+    with pytest.raises(IntegrityError), database.session() as s:
+        s.add(EvalJob(checkpoint_id=checkpoint_id, task="a", stage="full", step=10))
+        s.flush()
+    with database.session() as s:
+        assert sorted(j.task for j in queries.job_rows(s)) == ["a", "b", "c"]
+
+
+def test_claim_complete_stores_everything_in_one_transaction(database: Database) -> None:
+    _ready_checkpoint(database)
+    with database.session() as s:
+        job = queries.claim_next_job(s, "host:1")
+    assert job is not None and job.attempts == 1 and job.step == 10
+    with database.session() as s:
+        assert queries.claim_next_job(s, "host:2") is None
+    sample = queries.SampleRow(0, "0", "1+1=", "\\boxed{2}", "2", "2", True, 9, False)
+    with database.session() as s:
+        assert queries.complete_job(
+            s, job_id=job.id, owner="host:1", metrics=METRICS, samples=[sample], duration_s=2.0, load_s=0.5
+        )
+    with database.session() as s:
+        rows = queries.result_rows(s)
+        assert [(r.metric, r.value, r.n) for r in rows] == [("accuracy", 0.5, 10), ("wall_s", 1.5, None)]
+        assert queries.job_state(s, job.id) is JobState.SUCCEEDED
+        # A second completion (a stale worker) is refused, and the unique constraint backs that up.
+        assert not queries.complete_job(
+            s, job_id=job.id, owner="host:1", metrics=METRICS, samples=[], duration_s=1.0, load_s=None
+        )
+    with pytest.raises(IntegrityError), database.session() as s:
+        s.add(Result(job_id=job.id, metric="accuracy", value=1.0))
+        s.flush()
+
+
+def test_failed_completion_rolls_back_results(database: Database) -> None:
+    _ready_checkpoint(database)
+    with database.session() as s:
+        job = queries.claim_next_job(s, "host:1")
+    assert job is not None
+    duplicate = [queries.MetricRow("accuracy", 0.5, 10, None), queries.MetricRow("accuracy", 0.6, 10, None)]
+    with pytest.raises(IntegrityError), database.session() as s:
+        queries.complete_job(
+            s, job_id=job.id, owner="host:1", metrics=duplicate, samples=[], duration_s=1, load_s=None
+        )
+    with database.session() as s:
+        assert queries.result_rows(s) == []
+        assert queries.job_state(s, job.id) is JobState.RUNNING
+
+
+def test_orphaned_running_job_is_requeued_once(database: Database) -> None:
+    _ready_checkpoint(database)
+    with database.session() as s:
+        job = queries.claim_next_job(s, "dead:1")
+    assert job is not None
+    with database.session() as s:
+        # Fresh heartbeat: on a shared queue it is still somebody's.
+        assert queries.recover_orphans(s, lease=timedelta(minutes=5), every_running=False) == []
+        assert queries.recover_orphans(s, lease=timedelta(seconds=0), every_running=False) == [job.id]
+    with database.session() as s:
+        again = queries.claim_next_job(s, "new:2")
+    assert again is not None and again.id == job.id and again.attempts == 2
+    with database.session() as s:
+        # The dead owner's late result is not stored: the job is no longer its.
+        assert not queries.complete_job(
+            s, job_id=job.id, owner="dead:1", metrics=METRICS, samples=[], duration_s=1, load_s=None
+        )
+        assert queries.complete_job(
+            s, job_id=job.id, owner="new:2", metrics=METRICS, samples=[], duration_s=1, load_s=None
+        )
+    with database.session() as s:
+        assert len(queries.result_rows(s)) == len(METRICS)
+
+
+def test_requeue_on_shutdown_does_not_count_an_attempt(database: Database) -> None:
+    _ready_checkpoint(database)
+    with database.session() as s:
+        job = queries.claim_next_job(s, "host:1")
+    assert job is not None
+    with database.session() as s:
+        assert queries.requeue_job(s, job_id=job.id, owner="host:1")
+    with database.session() as s:
+        again = queries.claim_next_job(s, "host:1")
+    assert again is not None and again.attempts == 1
+
+
+def test_queue_takes_newest_step_first(database: Database) -> None:
+    for step in (10, 30, 20):
+        _ready_checkpoint(database, step=step)
+    claimed = []
+    for _ in range(3):
+        with database.session() as s:
+            job = queries.claim_next_job(s, "host:1")
+        assert job is not None
+        claimed.append(job.step)
+    assert claimed == [30, 20, 10]
+
+
+def test_concurrent_claims_never_take_one_job_twice(database: Database) -> None:
+    for step in range(1, 9):
+        _ready_checkpoint(database, step=step)
+    taken: list[int] = []
+    lock = threading.Lock()
+
+    def claimer(owner: str) -> None:
+        while True:
+            with database.session() as s:
+                job = queries.claim_next_job(s, owner)
+            if job is None:
+                return
+            with lock:
+                taken.append(job.id)
+
+    threads = [threading.Thread(target=claimer, args=(f"h:{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(taken) == sorted(set(taken)) and len(taken) == 8
+
+
+def test_sqlite_runs_in_wal_mode_with_a_busy_timeout(sqlite_url: str) -> None:
+    db = Database(sqlite_url)
+    try:
+        with db.engine.connect() as conn:
+            assert conn.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+            assert conn.execute(text("PRAGMA busy_timeout")).scalar() == 10_000
+    finally:
+        db.dispose()
+
+
+def test_one_daemon_per_sqlite_file(sqlite_url: str) -> None:
+    first, second = Database(sqlite_url), Database(sqlite_url)
+    try:
+        first.lock_instance()
+        with pytest.raises(InstanceLocked, match="use PostgreSQL"):
+            second.lock_instance()
+    finally:
+        first.dispose()
+        second.dispose()
+
+
+def test_unreachable_postgres_is_one_clear_error() -> None:
+    db = Database("postgresql://nobody@127.0.0.1:1/evald")
+    try:
+        with pytest.raises(
+            DatabaseUnreachable, match=r"cannot reach database postgresql\+psycopg://nobody@127.0.0.1:1"
+        ):
+            db.check_reachable()
+    finally:
+        db.dispose()
+
+
+def test_missing_sqlite_folder_is_named(tmp_path: object) -> None:
+    with pytest.raises(DatabaseUnreachable, match="does not exist"):
+        Database("sqlite:////nonexistent-folder-evald/x.db")
