@@ -1,0 +1,106 @@
+"""What every checkpoint layout shares: a directory snapshot, a readiness verdict, step parsing.
+
+Readiness rules are pure functions over a :class:`Snapshot` (plus the few small files a rule needs to
+read), so they are tested without timing games; the quiet-period clock lives with the caller.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class Readiness(enum.StrEnum):
+    #: Still being written (or not yet recognisable): look again later.
+    INCOMPLETE = "incomplete"
+    #: Every file the layout needs is there and whole.
+    COMPLETE = "complete"
+    #: Whole but wrong (a corrupt header, an index naming a shard that is not there once writing stopped).
+    INVALID = "invalid"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    readiness: Readiness
+    reason: str
+
+    @classmethod
+    def complete(cls) -> Verdict:
+        return cls(Readiness.COMPLETE, "complete")
+
+
+@dataclass(frozen=True)
+class FileStat:
+    relpath: str
+    size: int
+    mtime_ns: int
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Every regular file under a checkpoint directory, sorted; equal snapshots mean nothing changed."""
+
+    files: tuple[FileStat, ...]
+
+    def names(self) -> frozenset[str]:
+        return frozenset(f.relpath for f in self.files)
+
+    def size(self, relpath: str) -> int | None:
+        for stat in self.files:
+            if stat.relpath == relpath:
+                return stat.size
+        return None
+
+
+def take_snapshot(directory: Path) -> Snapshot:
+    """Stat every file under ``directory`` without following symlinks out of it.
+
+    Raises ``FileNotFoundError`` when the directory itself is gone (rotated away).
+    """
+    found: list[FileStat] = []
+    stack = [directory]
+    while stack:
+        current = stack.pop()
+        try:
+            entries = list(os.scandir(current))
+        except FileNotFoundError:
+            if current == directory:
+                raise
+            continue  # a sub-folder removed between listing and reading: the next snapshot differs anyway
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(Path(entry.path))
+                    continue
+                info = entry.stat(follow_symlinks=True)
+            except FileNotFoundError:
+                continue
+            relpath = os.path.relpath(entry.path, directory)
+            found.append(FileStat(relpath, info.st_size, info.st_mtime_ns))
+    return Snapshot(tuple(sorted(found, key=lambda f: f.relpath)))
+
+
+_STEP_PATTERNS = (
+    re.compile(r"epoch(?P<epoch>\d+)epochstep\d+globalstep(?P<step>\d+)"),
+    re.compile(r"(?:checkpoint|global_step|globalstep|step|iter|iteration|ckpt)[-_]?(?P<step>\d+)", re.I),
+)
+_LAST_NUMBER = re.compile(r"(\d+)(?!.*\d)")
+
+
+def parse_step(name: str) -> tuple[int | None, int | None]:
+    """(step, epoch) from a checkpoint directory name; ``None`` for what the name does not say."""
+    for pattern in _STEP_PATTERNS:
+        match = pattern.search(name)
+        if match:
+            epoch = match.groupdict().get("epoch")
+            return int(match["step"]), int(epoch) if epoch is not None else None
+    last = _LAST_NUMBER.search(name)
+    return (int(last.group(1)), None) if last else (None, None)
+
+
+def is_ignored_name(name: str) -> bool:
+    """Folders trainers use while writing, and hidden ones, are never checkpoints."""
+    return name.startswith((".", "tmp-", "tmp_")) or name.endswith((".tmp", ".partial", ".incomplete"))

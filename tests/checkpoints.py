@@ -1,0 +1,70 @@
+"""Real checkpoint files for tests: written by transformers' own ``save_pretrained``.
+
+``replay`` copies a finished checkpoint into a watched folder the way a slow trainer writes it: file by
+file in the writer's order, large files in several appends.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+
+def save_tiny_llama(directory: Path, *, shard_size: str | None = None, seed: int = 0) -> Path:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+    )
+    model = LlamaForCausalLM(config)
+    kwargs = {"max_shard_size": shard_size} if shard_size else {}
+    model.save_pretrained(directory, **kwargs)
+    return directory
+
+
+def write_order(directory: Path) -> list[Path]:
+    """Files in the order save_pretrained writes them: config first, shards, the index last."""
+
+    def rank(path: Path) -> tuple[int, str]:
+        name = path.name
+        if name == "config.json":
+            return (0, name)
+        if name.endswith(".index.json"):
+            return (3, name)
+        if name.endswith(".safetensors"):
+            return (2, name)
+        return (1, name)
+
+    return sorted((p for p in directory.rglob("*") if p.is_file()), key=rank)
+
+
+def replay(source: Path, target: Path, *, chunks: int = 3) -> Iterator[str]:
+    """Write ``source``'s files into ``target`` step by step; yields after every write (a description)."""
+    target.mkdir(parents=True, exist_ok=True)
+    yield "folder created"
+    for path in write_order(source):
+        data = path.read_bytes()
+        destination = target / path.relative_to(source)
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        size = max(1, len(data) // chunks)
+        with destination.open("wb") as handle:
+            for start in range(0, len(data), size):
+                handle.write(data[start : start + size])
+                handle.flush()
+                yield f"{path.name}: {min(start + size, len(data))}/{len(data)} bytes"
+
+
+def copy_checkpoint(source: Path, target: Path, mutate: Callable[[Path], None] | None = None) -> Path:
+    shutil.copytree(source, target)
+    if mutate is not None:
+        mutate(target)
+    return target
