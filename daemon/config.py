@@ -1,0 +1,302 @@
+"""The TOML config, typed and validated once at load.
+
+Every problem is reported with its path in the file (``tasks[1].dataset: file not found: ...``), all of
+them at once. Relative paths are relative to the config file. ``EVALD_<SECTION>_<FIELD>`` environment
+variables override scalar fields of the top-level sections (``EVALD_DATABASE_URL``), so secrets and the
+database URL need not live in the file.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from daemon.errors import ConfigError
+from inference.spec import InferenceSpec, TaskSpec
+
+ENV_PREFIX = "EVALD_"
+DEFAULT_CONFIG = Path("evald.toml")
+_ENV_SECTIONS = ("database", "inference", "scheduling", "daemon")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _base_dir(info: ValidationInfo) -> Path:
+    context = info.context if isinstance(info.context, dict) else {}
+    base = context.get("base_dir")
+    return base if isinstance(base, Path) else Path.cwd()
+
+
+def _resolve(value: Path, info: ValidationInfo) -> Path:
+    value = value.expanduser()
+    return value if value.is_absolute() else (_base_dir(info) / value).resolve()
+
+
+class DatabaseConfig(_Section):
+    url: str = Field(default="sqlite:///evald.db", validate_default=True)
+
+    @field_validator("url")
+    @classmethod
+    def _relative_sqlite(cls, url: str, info: ValidationInfo) -> str:
+        # A relative SQLite path means "beside the config", not "wherever systemd's cwd is".
+        prefix = "sqlite:///"
+        if url.startswith(prefix) and not url.startswith(prefix + "/") and url != prefix + ":memory:":
+            return prefix + str((_base_dir(info) / url[len(prefix) :]).resolve())
+        return url
+
+
+class RunConfig(_Section):
+    name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    root: Path
+    layout: Literal["auto", "hf"] = "auto"
+    #: A file the trainer writes last; when set, a checkpoint is ready as soon as it exists.
+    marker: str | None = None
+    #: "inotify" (and "auto", for now) adds filesystem events to the periodic rescan; "poll" relies on the
+    #: rescan alone, for filesystems whose writes inotify does not see (NFS written by other hosts).
+    watch_mode: Literal["auto", "inotify", "poll"] = "auto"
+    #: Task names to evaluate for this run; empty means every task.
+    tasks: tuple[str, ...] = ()
+
+    @field_validator("root")
+    @classmethod
+    def _root(cls, value: Path, info: ValidationInfo) -> Path:
+        root = _resolve(value, info)
+        if root.exists() and not root.is_dir():
+            raise ValueError(f"not a directory: {root}")
+        return root
+
+
+class TaskConfig(_Section):
+    name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]*$")
+    kind: Literal["generate"] = "generate"
+    dataset: Path
+    prompt_field: str | None = None
+    answer_field: str = "answer"
+    id_field: str | None = None
+    prompt_template: str = "{prompt}"
+    max_new_tokens: int = Field(default=32, ge=1, le=65536)
+    batch_size: int = Field(default=16, ge=1)
+    limit: int | None = Field(default=None, ge=1)
+    metrics: tuple[str, ...] = ("accuracy", "response_length", "tokens_per_s", "wall_s")
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset(cls, value: Path, info: ValidationInfo) -> Path:
+        path = _resolve(value, info)
+        if not path.is_file():
+            raise ValueError(f"file not found: {path}")
+        return path
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _template(cls, value: str) -> str:
+        try:
+            value.format(prompt="")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(
+                f"must be a format string whose only placeholder is {{prompt}} ({exc!r})"
+            ) from exc
+        return value
+
+    def spec(self) -> TaskSpec:
+        return TaskSpec(
+            name=self.name,
+            dataset=self.dataset,
+            prompt_field=self.prompt_field,
+            answer_field=self.answer_field,
+            id_field=self.id_field,
+            prompt_template=self.prompt_template,
+            max_new_tokens=self.max_new_tokens,
+            batch_size=self.batch_size,
+            limit=self.limit,
+            metrics=self.metrics,
+        )
+
+
+class InferenceConfig(_Section):
+    engine: Literal["hf"] = "hf"
+    device: str = "cpu"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    threads: int | None = Field(default=None, ge=1)
+    #: Interpreter that runs workers; defaults to the daemon's own.
+    python: Path | None = None
+    #: A worker still running after this long is killed and its job failed.
+    job_timeout_secs: float = Field(default=3600.0, gt=0)
+    seed: int = 0
+    max_samples: int = Field(default=1000, ge=0)
+
+    def spec(self) -> InferenceSpec:
+        return InferenceSpec(engine=self.engine, device=self.device, dtype=self.dtype, threads=self.threads)
+
+
+class SchedulingConfig(_Section):
+    #: A checkpoint must stay unchanged this long before it is read (ignored when a marker is set).
+    quiet_secs: float = Field(default=5.0, ge=0)
+    #: A checkpoint still incomplete after this long unchanged is marked invalid.
+    invalid_after_secs: float = Field(default=300.0, gt=0)
+    #: The periodic full rescan, the safety net under filesystem events.
+    rescan_secs: float = Field(default=30.0, gt=0)
+    #: How often the main loop wakes when nothing happens.
+    tick_secs: float = Field(default=0.2, gt=0, le=10)
+    max_concurrent: int = Field(default=1, ge=1)
+    #: A running job whose heartbeat is older than this is taken to be orphaned (PostgreSQL).
+    lease_secs: float = Field(default=120.0, gt=0)
+    heartbeat_secs: float = Field(default=10.0, gt=0)
+    #: On SIGTERM, how long a running job may finish before it is requeued.
+    shutdown_grace_secs: float = Field(default=20.0, ge=0)
+
+    @model_validator(mode="after")
+    def _lease(self) -> SchedulingConfig:
+        if self.heartbeat_secs * 2 > self.lease_secs:
+            raise ValueError("lease_secs must be at least twice heartbeat_secs")
+        return self
+
+
+class DaemonConfig(_Section):
+    #: Where job specs, results and worker logs are kept.
+    state_dir: Path = Field(default=Path("state"), validate_default=True)
+    #: Logs as JSON ("json"), human-readable ("console"), or JSON unless stdout is a terminal ("auto").
+    log_format: Literal["auto", "json", "console"] = "auto"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("state_dir")
+    @classmethod
+    def _state_dir(cls, value: Path, info: ValidationInfo) -> Path:
+        return _resolve(value, info)
+
+
+class Config(_Section):
+    database: DatabaseConfig = DatabaseConfig()
+    runs: tuple[RunConfig, ...]
+    tasks: tuple[TaskConfig, ...]
+    inference: InferenceConfig = InferenceConfig()
+    scheduling: SchedulingConfig = SchedulingConfig()
+    daemon: DaemonConfig = DaemonConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sections(cls, data: Any) -> Any:
+        # An absent section is validated like an empty one, so its defaults see the config's folder.
+        if isinstance(data, dict):
+            return {**{name: {} for name in _ENV_SECTIONS}, **data}
+        return data
+
+    @model_validator(mode="after")
+    def _cross_references(self) -> Config:
+        problems: list[str] = []
+        for kind, items in (("runs", self.runs), ("tasks", self.tasks)):
+            if not items:
+                problems.append(f"{kind}: at least one is needed ([[{kind}]] tables)")
+        for kind, names in (("runs", [r.name for r in self.runs]), ("tasks", [t.name for t in self.tasks])):
+            dupes = sorted({n for n in names if names.count(n) > 1})
+            if dupes:
+                problems.append(f"{kind}: duplicate name {', '.join(dupes)}")
+        known = {t.name for t in self.tasks}
+        for i, run in enumerate(self.runs):
+            for j, task in enumerate(run.tasks):
+                if task not in known:
+                    problems.append(
+                        f"runs[{i}].tasks[{j}]: unknown task {task!r} (defined: {', '.join(sorted(known))})"
+                    )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def tasks_for(self, run: RunConfig) -> tuple[TaskConfig, ...]:
+        return tuple(t for t in self.tasks if not run.tasks or t.name in run.tasks)
+
+    def task(self, name: str) -> TaskConfig | None:
+        return next((t for t in self.tasks if t.name == name), None)
+
+    def run(self, name: str) -> RunConfig | None:
+        return next((r for r in self.runs if r.name == name), None)
+
+
+def _location(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def _message(error: Mapping[str, Any]) -> str:
+    kind = error.get("type", "")
+    if kind == "extra_forbidden":
+        return "unknown field"
+    if kind == "missing":
+        return "required field is missing"
+    message = str(error.get("msg", "invalid"))
+    return message.removeprefix("Value error, ")
+
+
+def format_errors(exc: ValidationError) -> list[str]:
+    problems = []
+    for error in exc.errors():
+        loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        # Model-level validators report several problems in one message, each already with its path.
+        if error["type"] == "value_error" and not loc:
+            problems.extend(_message(error).split("; "))
+            continue
+        problems.append(f"{_location(loc)}: {_message(error)}")
+    return problems
+
+
+def apply_env(data: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    """Overlay ``EVALD_<SECTION>_<FIELD>`` variables on the parsed file."""
+    merged = dict(data)
+    for section in _ENV_SECTIONS:
+        model: type[BaseModel] = Config.model_fields[section].annotation  # type: ignore[assignment]
+        for field in model.model_fields:
+            value = environ.get(f"{ENV_PREFIX}{section}_{field}".upper())
+            if value is not None:
+                merged[section] = {**merged.get(section, {}), field: value}
+    return merged
+
+
+def parse_config(
+    data: dict[str, Any], *, base_dir: Path, source: str, environ: Mapping[str, str] | None = None
+) -> Config:
+    try:
+        return Config.model_validate(
+            apply_env(data, os.environ if environ is None else environ), context={"base_dir": base_dir}
+        )
+    except ValidationError as exc:
+        raise ConfigError(source, format_errors(exc)) from exc
+
+
+def config_path(explicit: str | None, environ: Mapping[str, str] | None = None) -> Path:
+    """``--config``, else ``$EVALD_CONFIG``, else ``./evald.toml``."""
+    env = os.environ if environ is None else environ
+    return Path(explicit or env.get(f"{ENV_PREFIX}CONFIG") or DEFAULT_CONFIG)
+
+
+def load_config(path: Path, environ: Mapping[str, str] | None = None) -> Config:
+    source = str(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError as exc:
+        raise ConfigError(source, ["file not found (pass --config or set EVALD_CONFIG)"]) from exc
+    except OSError as exc:
+        raise ConfigError(source, [f"cannot read: {exc.strerror}"]) from exc
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(source, [f"not UTF-8 text ({exc.reason} at byte {exc.start})"]) from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(source, [f"not valid TOML: {exc}"]) from exc
+    return parse_config(data, base_dir=path.resolve().parent, source=source, environ=environ)

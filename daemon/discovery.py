@@ -1,0 +1,228 @@
+"""Finds checkpoints under each run's root and turns the ready ones into pending jobs.
+
+Filesystem events and rescans only say *where to look*; what a directory is, and whether it is complete,
+is decided from what is on disk at the time of the look. A directory's snapshot must stay equal for the
+quiet period, which needs no event at all, so missed or coalesced events delay a checkpoint, never let a
+half-written one through.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+from daemon.config import RunConfig, SchedulingConfig
+from daemon.readiness import Decision, Outcome, decide
+from inference import layouts
+from inference.layouts import Readiness, Snapshot, Verdict
+from storage import queries
+from storage.database import Database
+from storage.models import CheckpointState
+
+log = structlog.get_logger("evald.discovery")
+
+
+@dataclass(frozen=True)
+class WatchedRun:
+    config: RunConfig
+    run_id: int
+    tasks: tuple[str, ...]
+
+
+@dataclass
+class _Candidate:
+    snapshot: Snapshot
+    stable_since: float
+    recorded: bool = False
+    last_reason: str = ""
+
+
+@dataclass
+class _RunState:
+    run: WatchedRun
+    #: Checkpoints whose fate is settled (ready, invalid, vanished): never looked at again.
+    settled: set[str] = field(default_factory=set)
+    candidates: dict[str, _Candidate] = field(default_factory=dict)
+    #: Checkpoints a previous daemon recorded as discovered; the first look after a restart starts their
+    #: quiet period afresh.
+    recorded: set[str] = field(default_factory=set)
+    root_missing_logged: bool = False
+
+
+def candidate_dirs(root: Path) -> list[Path]:
+    """The direct children of a run root that could be checkpoints."""
+    try:
+        entries = list(root.iterdir())
+    except FileNotFoundError:
+        return []
+    return sorted(p for p in entries if not layouts.is_ignored_name(p.name) and p.is_dir())
+
+
+def top_level_child(root: Path, path: Path) -> Path | None:
+    """The child of ``root`` that an event at ``path`` concerns."""
+    try:
+        parts = path.relative_to(root).parts
+    except ValueError:
+        return None
+    if not parts or layouts.is_ignored_name(parts[0]):
+        return None
+    return root / parts[0]
+
+
+class Discovery:
+    def __init__(
+        self,
+        database: Database,
+        runs: Iterable[WatchedRun],
+        scheduling: SchedulingConfig,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._db = database
+        self._scheduling = scheduling
+        self._clock = clock
+        self._runs: dict[str, _RunState] = {}
+        for run in runs:
+            with database.session() as session:
+                states = queries.checkpoint_states(session, run.run_id)
+            state = _RunState(run)
+            for path, checkpoint_state in states.items():
+                if checkpoint_state is CheckpointState.DISCOVERED:
+                    state.recorded.add(path)
+                else:
+                    state.settled.add(path)
+            self._runs[run.config.name] = state
+
+    def pending_count(self) -> int:
+        return sum(len(s.candidates) for s in self._runs.values())
+
+    def scan(self) -> None:
+        """Look at every directory under every root (the safety net under events)."""
+        for state in self._runs.values():
+            root = state.run.config.root
+            if not root.is_dir():
+                if not state.root_missing_logged:
+                    log.warning("run.root_missing", run=state.run.config.name, root=str(root))
+                    state.root_missing_logged = True
+                continue
+            state.root_missing_logged = False
+            for path in candidate_dirs(root):
+                if str(path) not in state.settled:
+                    self._look(state, path)
+
+    def hint(self, run_name: str, path: Path) -> None:
+        """Something changed at or under ``path``: look at it now."""
+        state = self._runs.get(run_name)
+        if state is not None and str(path) not in state.settled:
+            self._look(state, path)
+
+    def tick(self) -> None:
+        """Re-look at candidates whose quiet period or incomplete limit may have run out."""
+        now = self._clock()
+        quiet = self._scheduling.quiet_secs
+        limit = self._scheduling.invalid_after_secs
+        for state in self._runs.values():
+            for key, candidate in list(state.candidates.items()):
+                waited = now - candidate.stable_since
+                if waited >= quiet or waited >= limit or state.run.config.marker is not None:
+                    self._look(state, Path(key))
+
+    def _look(self, state: _RunState, path: Path) -> None:
+        key = str(path)
+        run = state.run
+        now = self._clock()
+        if not _inside(run.config.root, path):
+            self._settle(
+                state, path, None, CheckpointState.INVALID, "symlink leaves the watched root", "refused"
+            )
+            return
+        try:
+            snapshot = layouts.take_snapshot(path)
+        except (FileNotFoundError, NotADirectoryError):
+            candidate = state.candidates.pop(key, None)
+            if (candidate is not None and candidate.recorded) or key in state.recorded:
+                self._settle(
+                    state, path, None, CheckpointState.VANISHED, "deleted before it was complete", "vanished"
+                )
+            return
+        candidate = state.candidates.get(key)
+        if candidate is None or candidate.snapshot != snapshot:
+            recorded = candidate.recorded if candidate else key in state.recorded
+            candidate = _Candidate(snapshot, now, recorded=recorded)
+            state.candidates[key] = candidate
+        layout = layouts.detect(snapshot, run.config.layout)
+        if layout is None:
+            return  # nothing recognisable yet; it stays a candidate
+        marker = run.config.marker
+        try:
+            verdict = layouts.inspect(path, snapshot, layout)
+        except FileNotFoundError:
+            verdict = Verdict(Readiness.INCOMPLETE, "a file disappeared while it was read")
+        outcome = decide(
+            verdict,
+            quiet_for=now - candidate.stable_since,
+            quiet_secs=self._scheduling.quiet_secs,
+            invalid_after_secs=self._scheduling.invalid_after_secs,
+            marker=marker,
+            marker_present=marker is not None and marker in snapshot.names(),
+        )
+        self._act(state, path, layout, candidate, outcome)
+
+    def _act(
+        self, state: _RunState, path: Path, layout: str, candidate: _Candidate, outcome: Outcome
+    ) -> None:
+        if outcome.decision is Decision.READY:
+            self._settle(state, path, layout, CheckpointState.READY, outcome.reason, "ready")
+        elif outcome.decision is Decision.INVALID:
+            self._settle(state, path, layout, CheckpointState.INVALID, outcome.reason, "invalid")
+        else:
+            if not candidate.recorded:
+                self._record(state, path, layout, CheckpointState.DISCOVERED, outcome.reason)
+                candidate.recorded = True
+                log.info("checkpoint.discovered", run=state.run.config.name, path=str(path), layout=layout)
+            candidate.last_reason = outcome.reason
+
+    def _settle(
+        self, state: _RunState, path: Path, layout: str | None, new: CheckpointState, reason: str, event: str
+    ) -> None:
+        state.candidates.pop(str(path), None)
+        state.recorded.discard(str(path))
+        state.settled.add(str(path))
+        checkpoint_id, step = self._record(state, path, layout or "unknown", new, reason)
+        log_method = log.info if new is CheckpointState.READY else log.warning
+        log_method(f"checkpoint.{event}", run=state.run.config.name, path=str(path), step=step, reason=reason)
+        if new is CheckpointState.READY:
+            with self._db.session() as session:
+                created = queries.enqueue_jobs(
+                    session, checkpoint_id=checkpoint_id, step=step, tasks=state.run.tasks
+                )
+            log.info("job.enqueued", run=state.run.config.name, step=step, jobs=created)
+
+    def _record(
+        self, state: _RunState, path: Path, layout: str, new: CheckpointState, reason: str
+    ) -> tuple[int, int | None]:
+        step, epoch = layouts.parse_step(path.name)
+        with self._db.session() as session:
+            checkpoint_id = queries.record_checkpoint(
+                session,
+                run_id=state.run.run_id,
+                path=str(path),
+                name=path.name,
+                step=step,
+                epoch=epoch,
+                layout=layout,
+                state=new,
+                reason=reason,
+            )
+        return checkpoint_id, step
+
+
+def _inside(root: Path, path: Path) -> bool:
+    try:
+        path.resolve().relative_to(root.resolve())
+    except ValueError:
+        return False
+    return True
