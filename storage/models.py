@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from sqlalchemy import (
     Boolean,
     DateTime,
+    Dialect,
     Enum,
     Float,
     ForeignKey,
@@ -19,6 +20,7 @@ from sqlalchemy import (
     Integer,
     String,
     Text,
+    TypeDecorator,
     UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -51,8 +53,27 @@ def _enum(cls: type[enum.StrEnum], name: str) -> Enum:
     return Enum(cls, name=name, native_enum=False, length=16, values_callable=lambda e: [m.value for m in e])
 
 
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timestamps are aware and in UTC on every backend (SQLite would hand them back naive)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: evald stores UTC-aware timestamps only")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
 class Base(DeclarativeBase):
-    type_annotation_map = {datetime: DateTime(timezone=True)}  # noqa: RUF012 (SQLAlchemy's own hook)
+    type_annotation_map = {datetime: UTCDateTime()}  # noqa: RUF012 (SQLAlchemy's own hook)
 
 
 class Run(Base):

@@ -209,3 +209,13 @@ def test_unreachable_postgres_is_one_clear_error() -> None:
 def test_missing_sqlite_folder_is_named(tmp_path: object) -> None:
     with pytest.raises(DatabaseUnreachable, match="does not exist"):
         Database("sqlite:////nonexistent-folder-evald/x.db")
+
+
+def test_timestamps_come_back_aware_in_utc(database: Database) -> None:
+    _ready_checkpoint(database)
+    with database.session() as s:
+        job = queries.claim_next_job(s, "host:1")
+    assert job is not None
+    with database.session() as s:
+        started = s.get(EvalJob, job.id).started_at  # type: ignore[union-attr]
+    assert started is not None and started.utcoffset() == timedelta(0)
