@@ -26,8 +26,10 @@ def save_tiny_llama(directory: Path, *, shard_size: str | None = None, seed: int
         max_position_embeddings=32,
     )
     model = LlamaForCausalLM(config)
-    kwargs = {"max_shard_size": shard_size} if shard_size else {}
-    model.save_pretrained(directory, **kwargs)
+    if shard_size:
+        model.save_pretrained(directory, max_shard_size=shard_size)
+    else:
+        model.save_pretrained(directory)
     return directory
 
 

@@ -1,0 +1,247 @@
+"""The ``evald`` command line: thin handlers over config, storage and the service."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import structlog
+from sqlalchemy.exc import DBAPIError
+
+from daemon import log as logs
+from daemon import report
+from daemon.config import Config, config_path, load_config
+from daemon.errors import ConfigError, EvaldError
+from inference.errors import InferenceError
+from inference.spec import EXIT_INPUT_ERROR, JobResult, JobSpec
+from storage import migrations, queries
+from storage.database import Database, describe_url
+from storage.errors import DatabaseUnreachable, StorageError
+
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+
+def _load(args: argparse.Namespace) -> Config:
+    return load_config(config_path(args.config))
+
+
+def _open_current(config: Config) -> Database:
+    database = Database(config.database.url)
+    migrations.require_current(database)
+    return database
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from daemon.service import Service, open_database
+
+    config = _load(args)
+    logs.configure(sys.stdout, fmt=config.daemon.log_format, level=config.daemon.log_level)
+    database = open_database(config)
+    service = Service(config, database)
+    signal.signal(signal.SIGTERM, service.request_stop)
+    signal.signal(signal.SIGINT, service.request_stop)
+    try:
+        service.run()
+    finally:
+        database.dispose()
+    return 0
+
+
+def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    config = _load(args)
+    database = Database(config.database.url)
+    try:
+        before, after = migrations.upgrade(database)
+    finally:
+        database.dispose()
+    where = describe_url(config.database.url)
+    if before == after:
+        print(f"{where}: already at revision {after}")
+    else:
+        print(f"{where}: upgraded from {before or 'empty'} to revision {after}")
+    return 0
+
+
+def cmd_config_check(args: argparse.Namespace) -> int:
+    config = load_config(Path(args.file))
+    database = describe_url(config.database.url)
+    print(f"{args.file}: ok ({len(config.runs)} runs, {len(config.tasks)} tasks, database {database})")
+    return 0
+
+
+def cmd_results(args: argparse.Namespace) -> int:
+    config = _load(args)
+    database = _open_current(config)
+    try:
+        with database.session() as session:
+            rows = queries.result_rows(session, run=args.run, task=args.task, metric=args.metric)
+    finally:
+        database.dispose()
+    print(report.results(rows, args.format))
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    config = _load(args)
+    database = _open_current(config)
+    try:
+        with database.session() as session:
+            checkpoints = queries.checkpoint_rows(session)
+            jobs = queries.job_rows(session)
+    finally:
+        database.dispose()
+    summary = report.status(checkpoints, jobs, [r.name for r in config.runs])
+    print(json.dumps(summary, indent=1) if args.format == "json" else report.status_text(summary))
+    return 0
+
+
+def evaluate_now(config: Config, checkpoint: Path, task_names: Sequence[str]) -> list[tuple[str, JobResult]]:
+    """Run the worker on one checkpoint for each task, with no daemon and no database."""
+    from daemon.runner import stderr_tail
+
+    outcomes = []
+    with tempfile.TemporaryDirectory(prefix="evald-eval-") as tmp:
+        for number, name in enumerate(task_names):
+            task = config.task(name)
+            if task is None:
+                raise ConfigError(
+                    "--task", [f"unknown task {name!r} (defined: {', '.join(t.name for t in config.tasks)})"]
+                )
+            folder = Path(tmp) / str(number)
+            folder.mkdir()
+            spec = JobSpec(
+                job_id=0,
+                checkpoint_path=checkpoint.resolve(),
+                task=task.spec(),
+                inference=config.inference.spec(),
+                result_path=folder / "result.json",
+                seed=config.inference.seed,
+                max_samples=config.inference.max_samples,
+            )
+            (folder / "spec.json").write_text(spec.model_dump_json(), encoding="utf-8")
+            python = str(config.inference.python or sys.executable)
+            with (folder / "worker.log").open("wb") as stderr:
+                code = subprocess.call(
+                    [python, "-m", "inference.worker", str(folder / "spec.json")], stderr=stderr
+                )
+            if code not in (0, EXIT_INPUT_ERROR):
+                raise EvaldError(f"worker exited with status {code}: {stderr_tail(folder / 'worker.log')}")
+            result = JobResult.read(spec.result_path)
+            if result.error is not None:
+                raise EvaldError(f"{checkpoint}: {result.error.kind}: {result.error.message}")
+            outcomes.append((name, result))
+    return outcomes
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    config = _load(args)
+    names = [args.task] if args.task else [t.name for t in config.tasks]
+    outcomes = evaluate_now(config, Path(args.checkpoint), names)
+    if args.format == "json":
+        payload: list[dict[str, Any]] = [
+            {
+                "task": name,
+                "metrics": {m.name: m.value for m in r.metrics},
+                "n": {m.name: m.n for m in r.metrics},
+                "stderr": {m.name: m.stderr for m in r.metrics},
+            }
+            for name, r in outcomes
+        ]
+        print(json.dumps({"checkpoint": str(Path(args.checkpoint).resolve()), "tasks": payload}, indent=1))
+    else:
+        rows = [(name, m.name, m.value, m.n, m.stderr) for name, r in outcomes for m in r.metrics]
+        print(report.table(("task", "metric", "value", "n", "stderr"), rows))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from daemon.demo import run_demo
+
+    return run_demo(Path(args.workdir) if args.workdir else None, as_json=args.json)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="evald", description="Sidecar evaluation daemon for LLM RL training."
+    )
+    parser.add_argument("--config", help="config file (default: $EVALD_CONFIG, then ./evald.toml)")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    commands.add_parser("run", help="run the daemon in the foreground (what systemd starts)").set_defaults(
+        func=cmd_run
+    )
+
+    demo = commands.add_parser("demo", help="train a tiny model and watch evald evaluate every checkpoint")
+    demo.add_argument(
+        "--workdir", help="where the demo builds its workspace (default: a new temporary folder)"
+    )
+    demo.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    demo.set_defaults(func=cmd_demo)
+
+    evaluate = commands.add_parser("eval", help="evaluate one checkpoint now, without the daemon")
+    evaluate.add_argument("checkpoint")
+    evaluate.add_argument("--task", help="only this task (default: every task in the config)")
+    evaluate.add_argument("--format", choices=("table", "json"), default="table")
+    evaluate.set_defaults(func=cmd_eval)
+
+    results = commands.add_parser("results", help="stored results")
+    results.add_argument("--run")
+    results.add_argument("--task")
+    results.add_argument("--metric")
+    results.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    results.set_defaults(func=cmd_results)
+
+    status = commands.add_parser("status", help="checkpoints and jobs by state, per run")
+    status.add_argument("--format", choices=("table", "json"), default="table")
+    status.set_defaults(func=cmd_status)
+
+    config = commands.add_parser("config", help="config file tools")
+    config_commands = config.add_subparsers(dest="config_command", required=True, metavar="COMMAND")
+    check = config_commands.add_parser("check", help="validate a config file")
+    check.add_argument("file")
+    check.set_defaults(func=cmd_config_check)
+
+    db = commands.add_parser("db", help="database tools")
+    db_commands = db.add_subparsers(dest="db_command", required=True, metavar="COMMAND")
+    db_commands.add_parser("upgrade", help="apply schema migrations").set_defaults(func=cmd_db_upgrade)
+    return parser
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logs.configure(sys.stderr)
+    try:
+        code: int = args.func(args)
+        return code
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"evald: {exc.source}: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    except (EvaldError, StorageError, InferenceError) as exc:
+        print(f"evald: error: {_one_line(str(exc))}", file=sys.stderr)
+        return EXIT_FAILURE
+    except DBAPIError as exc:
+        # A database that goes away mid-command: say so in one line instead of a driver traceback.
+        reason = _one_line(str(exc.orig) if exc.orig else str(exc))
+        print(f"evald: error: {DatabaseUnreachable.__name__}: {reason}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        structlog.reset_defaults()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,204 @@
+"""``evald demo``: the whole job on one laptop, with real processes.
+
+A tiny model is trained on the CPU by a separate trainer process that writes ``save_pretrained``
+checkpoints the way real trainers do; ``evald run`` watches the run folder in its own process, evaluates
+each checkpoint in a worker process and stores the results in SQLite. The demo only starts the two
+processes, follows the database, and stops the daemon with SIGTERM when every checkpoint is evaluated.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import TextIO
+
+from daemon import report
+from daemon.errors import EvaldError
+from storage import migrations, queries
+from storage.database import Database
+from storage.models import JobState
+
+#: The demo gives up (and says so) after this long; it normally takes one to two minutes on 2 cores.
+DEMO_TIMEOUT_SECS = 600.0
+EVAL_PROBLEMS = 100
+
+CONFIG_TEMPLATE = """\
+# Written by `evald demo`. Run the daemon on it yourself with:
+#   evald --config {config} run
+[database]
+url = "sqlite:///{db}"
+
+[[runs]]
+name = "toy"
+root = "{run_dir}"
+layout = "auto"
+
+[[tasks]]
+name = "arith"
+dataset = "{dataset}"
+prompt_field = "problem"
+answer_field = "answer"
+id_field = "id"
+prompt_template = "{{prompt}}="
+max_new_tokens = 12
+batch_size = 50
+metrics = ["accuracy", "response_length", "tokens_per_s", "wall_s"]
+
+[inference]
+engine = "hf"
+device = "cpu"
+threads = 1
+
+[scheduling]
+quiet_secs = 1.0
+rescan_secs = 5.0
+tick_secs = 0.1
+
+[daemon]
+state_dir = "{state}"
+"""
+
+TABLE_METRICS = ("accuracy", "response_length", "tokens_per_s", "wall_s")
+
+
+def _say(message: str, stream: TextIO) -> None:
+    print(message, file=stream, flush=True)
+
+
+def write_workspace(workdir: Path) -> Path:
+    """Create the run folder, the held-out eval set and the config; returns the config path."""
+    (workdir / "run").mkdir(parents=True, exist_ok=True)
+    dataset = workdir / "arith-heldout.jsonl"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "inference.toy.problems",
+            "--out",
+            str(dataset),
+            "--n",
+            str(EVAL_PROBLEMS),
+            "--seed",
+            "1",
+        ],
+        check=True,
+    )
+    config = workdir / "evald.toml"
+    config.write_text(
+        CONFIG_TEMPLATE.format(
+            config=config,
+            db=workdir / "evald.db",
+            run_dir=workdir / "run",
+            dataset=dataset,
+            state=workdir / "state",
+        ),
+        encoding="utf-8",
+    )
+    return config
+
+
+def _terminal_jobs(database: Database) -> tuple[int, list[queries.JobRow]]:
+    with database.session() as session:
+        jobs = queries.job_rows(session)
+        checkpoints = queries.checkpoint_rows(session)
+    settled = [c for c in checkpoints if c.state in ("invalid", "vanished")]
+    done = [j for j in jobs if j.state in (JobState.SUCCEEDED, JobState.FAILED)]
+    return len(settled), done
+
+
+def run_demo(workdir: Path | None, *, as_json: bool) -> int:
+    workdir = (workdir or Path(tempfile.mkdtemp(prefix="evald-demo-"))).resolve()
+    progress = sys.stderr if as_json else sys.stdout
+    _say(f"evald demo: workspace {workdir}", progress)
+    workdir.mkdir(parents=True, exist_ok=True)
+    if (workdir / "evald.db").exists() or any((workdir / "run").glob("step_*")):
+        raise EvaldError(f"{workdir} already holds a demo; pass a new --workdir or remove it")
+    config_path = write_workspace(workdir)
+    database = Database(f"sqlite:///{workdir / 'evald.db'}")
+    migrations.upgrade(database)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    daemon_log = (workdir / "daemon.log").open("wb")
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "daemon", "--config", str(config_path), "run"],
+        stdout=daemon_log,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+    trainer_log = (workdir / "trainer.log").open("wb")
+    trainer = subprocess.Popen(
+        [sys.executable, "-m", "inference.toy.trainer", "--out", str(workdir / "run"), "--threads", "1"],
+        stdout=trainer_log,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+    _say("trainer and daemon started; checkpoints are evaluated as they appear", progress)
+    try:
+        rows = _follow(database, trainer, daemon, workdir, progress)
+    finally:
+        for process in (trainer, daemon):
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        daemon_code = daemon.wait(timeout=60)
+        trainer.wait(timeout=60)
+        daemon_log.close()
+        trainer_log.close()
+        database.dispose()
+    if daemon_code != 0:
+        raise EvaldError(f"the daemon exited with status {daemon_code}; see {workdir / 'daemon.log'}")
+    grouped = report.metrics_by_checkpoint(rows)
+    if as_json:
+        checkpoints = [
+            {"step": step, "metrics": metrics} for (_run, step, _name, _task), metrics in grouped.items()
+        ]
+        print(json.dumps({"checkpoints": checkpoints, "alerts": []}))
+    else:
+        table_rows = [
+            [step, *(m.get(name) for name in TABLE_METRICS)] for (_r, step, _n, _t), m in grouped.items()
+        ]
+        print(report.table(("step", "accuracy", "length", "tokens/s", "wall s"), table_rows))
+        print(f"\nresults: evald --config {config_path} results")
+    return 0
+
+
+def _follow(
+    database: Database,
+    trainer: subprocess.Popen[bytes],
+    daemon: subprocess.Popen[bytes],
+    workdir: Path,
+    out: TextIO,
+) -> list[queries.ResultRow]:
+    """Print each result as it is stored; return them all once the trainer is done and all are evaluated."""
+    deadline = time.monotonic() + DEMO_TIMEOUT_SECS
+    shown: set[int] = set()
+    while time.monotonic() < deadline:
+        if daemon.poll() is not None:
+            raise EvaldError(
+                f"the daemon stopped with status {daemon.returncode}; see {workdir / 'daemon.log'}"
+            )
+        trainer_code = trainer.poll()
+        if trainer_code not in (None, 0):
+            raise EvaldError(f"the trainer failed with status {trainer_code}; see {workdir / 'trainer.log'}")
+        settled, done = _terminal_jobs(database)
+        with database.session() as session:
+            rows = queries.result_rows(session)
+        for job in done:
+            if job.id not in shown:
+                shown.add(job.id)
+                values = {r.metric: r.value for r in rows if r.step == job.step and r.task == job.task}
+                detail = (
+                    ", ".join(f"{k} {v:.3g}" for k, v in values.items())
+                    if values
+                    else f"{job.state}: {job.error}"
+                )
+                _say(f"  step {job.step}: {detail}", out)
+        saved = [p for p in (workdir / "run").iterdir() if p.is_dir()]
+        if trainer_code == 0 and len(done) + settled >= len(saved) > 0:
+            return rows
+        time.sleep(0.5)
+    raise EvaldError(f"not every checkpoint was evaluated within {DEMO_TIMEOUT_SECS:.0f} s; see {workdir}")

@@ -1,0 +1,207 @@
+"""Runs claimed jobs in worker processes and stores what they return.
+
+The worker is a separate process group: a crash, an OOM or a hang stays there. The daemon reads only its
+exit status and result file, and stores the results, the samples and the ``succeeded`` state in one
+transaction, so a job is either wholly stored or not at all (and then runs again).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+from daemon.config import Config
+from daemon.errors import JobSetupError
+from inference.spec import EXIT_INPUT_ERROR, JobResult, JobSpec
+from storage import queries
+from storage.database import Database
+from storage.models import CheckpointState
+
+log = structlog.get_logger("evald.runner")
+
+#: How much of a crashed worker's stderr is kept on the job.
+STDERR_TAIL_CHARS = 4000
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    # If the daemon is SIGKILLed its workers must not run on holding GPUs; the job is redone on restart.
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def build_spec(config: Config, job: queries.ClaimedJob, job_dir: Path) -> JobSpec:
+    task = config.task(job.task)
+    if task is None:
+        raise JobSetupError(f"task {job.task!r} is no longer in the config")
+    return JobSpec(
+        job_id=job.id,
+        checkpoint_path=Path(job.checkpoint_path),
+        layout=job.layout,
+        task=task.spec(),
+        inference=config.inference.spec(),
+        result_path=job_dir / "result.json",
+        seed=config.inference.seed,
+        max_samples=config.inference.max_samples,
+    )
+
+
+def stderr_tail(path: Path, limit: int = STDERR_TAIL_CHARS) -> str:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - limit))
+            return handle.read().decode("utf-8", errors="replace").strip()
+    except FileNotFoundError:
+        return ""
+
+
+@dataclass
+class RunningJob:
+    job: queries.ClaimedJob
+    spec: JobSpec
+    process: subprocess.Popen[bytes]
+    stderr_path: Path
+    started: float = field(default_factory=time.monotonic)
+    last_heartbeat: float = field(default_factory=time.monotonic)
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+
+class JobRunner:
+    def __init__(self, config: Config, database: Database, owner: str) -> None:
+        self._config = config
+        self._db = database
+        self._owner = owner
+        self._python = str(config.inference.python or sys.executable)
+        self.running: dict[int, RunningJob] = {}
+
+    def has_capacity(self) -> bool:
+        return len(self.running) < self._config.scheduling.max_concurrent
+
+    def claim_and_start(self) -> bool:
+        """Claim the most urgent pending job and start its worker; False when the queue is empty."""
+        with self._db.session() as session:
+            job = queries.claim_next_job(session, self._owner)
+        if job is None:
+            return False
+        job_dir = self._config.daemon.state_dir / "jobs" / f"{job.id}-{job.attempts}"
+        try:
+            job_dir.mkdir(parents=True, exist_ok=True)
+            spec = build_spec(self._config, job, job_dir)
+            spec_path = job_dir / "spec.json"
+            spec_path.write_text(spec.model_dump_json(indent=1), encoding="utf-8")
+            stderr_path = job_dir / "worker.log"
+            with stderr_path.open("wb") as stderr:
+                process = subprocess.Popen(
+                    [self._python, "-m", "inference.worker", str(spec_path)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=stderr,
+                    stderr=stderr,
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent,
+                )
+        except (OSError, JobSetupError) as exc:
+            self._fail(job, "setup", f"could not start worker: {exc}", None)
+            return True
+        self.running[job.id] = RunningJob(job, spec, process, stderr_path)
+        log.info(
+            "job.started", job_id=job.id, run=job.run, step=job.step, task=job.task, attempt=job.attempts
+        )
+        return True
+
+    def poll(self) -> None:
+        """Collect finished workers, kill timed-out ones, and keep the leases of the rest fresh."""
+        now = time.monotonic()
+        for job_id, running in list(self.running.items()):
+            code = running.process.poll()
+            if code is None:
+                if now - running.started > self._config.inference.job_timeout_secs:
+                    running.kill()
+                    del self.running[job_id]
+                    timeout = self._config.inference.job_timeout_secs
+                    self._fail(
+                        running.job, "timeout", f"worker killed after {timeout:g} s", now - running.started
+                    )
+                elif now - running.last_heartbeat >= self._config.scheduling.heartbeat_secs:
+                    with self._db.session() as session:
+                        queries.heartbeat(session, job_id, self._owner)
+                    running.last_heartbeat = now
+                continue
+            del self.running[job_id]
+            self._finish(running, code, now - running.started)
+
+    def _finish(self, running: RunningJob, code: int, duration: float) -> None:
+        job = running.job
+        result: JobResult | None = None
+        if code in (0, EXIT_INPUT_ERROR):
+            try:
+                result = JobResult.read(running.spec.result_path)
+            except (OSError, ValueError) as exc:
+                log.warning("job.result_unreadable", job_id=job.id, error=str(exc))
+        if code == 0 and result is not None and result.error is None:
+            self._store(job, result, duration)
+        elif result is not None and result.error is not None:
+            self._fail(job, result.error.kind, result.error.message, duration)
+        else:
+            tail = stderr_tail(running.stderr_path)
+            self._fail(job, "crash", f"worker exited with status {code}: {tail}", duration)
+
+    def _store(self, job: queries.ClaimedJob, result: JobResult, duration: float) -> None:
+        metrics = [queries.MetricRow(m.name, m.value, m.n, m.stderr) for m in result.metrics]
+        samples = [queries.SampleRow(**s.model_dump()) for s in result.samples]
+        load_s = result.timing.load_s if result.timing else None
+        with self._db.session() as session:
+            stored = queries.complete_job(
+                session,
+                job_id=job.id,
+                owner=self._owner,
+                metrics=metrics,
+                samples=samples,
+                duration_s=duration,
+                load_s=load_s,
+            )
+        if stored:
+            values = {m.name: round(m.value, 4) for m in result.metrics}
+            log.info(
+                "job.succeeded", job_id=job.id, run=job.run, step=job.step, task=job.task, metrics=values
+            )
+        else:
+            log.warning("job.lost_lease", job_id=job.id, run=job.run, step=job.step)
+
+    def _fail(self, job: queries.ClaimedJob, kind: str, message: str, duration: float | None) -> None:
+        with self._db.session() as session:
+            queries.fail_job(
+                session, job_id=job.id, owner=self._owner, kind=kind, error=message, duration_s=duration
+            )
+            if kind == "checkpoint_vanished":
+                queries.mark_checkpoint(session, job.checkpoint_id, CheckpointState.VANISHED, message)
+        log.warning(
+            "job.failed", job_id=job.id, run=job.run, step=job.step, task=job.task, kind=kind, error=message
+        )
+
+    def shutdown(self, grace_secs: float) -> None:
+        """Let running jobs finish within ``grace_secs``, then kill and requeue the rest."""
+        deadline = time.monotonic() + grace_secs
+        while self.running and time.monotonic() < deadline:
+            self.poll()
+            time.sleep(0.1)
+        for job_id, running in list(self.running.items()):
+            running.kill()
+            with self._db.session() as session:
+                queries.requeue_job(session, job_id=job_id, owner=self._owner)
+            log.info("job.requeued", job_id=job_id, run=running.job.run, step=running.job.step)
+        self.running.clear()

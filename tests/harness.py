@@ -1,0 +1,186 @@
+"""Real processes for end-to-end tests: the daemon, the toy trainer, and a database to watch them by."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TypeVar
+
+from storage import migrations, queries
+from storage.database import Database
+
+T = TypeVar("T")
+
+CONFIG = """\
+[database]
+url = "{url}"
+
+[[runs]]
+name = "toy"
+root = "{root}"
+{run_extra}
+
+[[tasks]]
+name = "arith"
+dataset = "{dataset}"
+prompt_field = "problem"
+id_field = "id"
+prompt_template = "{{prompt}}="
+max_new_tokens = 12
+batch_size = {batch_size}
+
+[inference]
+threads = 1
+
+[scheduling]
+quiet_secs = {quiet}
+invalid_after_secs = {invalid_after}
+rescan_secs = 2.0
+tick_secs = 0.05
+heartbeat_secs = 1.0
+lease_secs = 5.0
+shutdown_grace_secs = {grace}
+
+[daemon]
+state_dir = "{state}"
+log_format = "json"
+"""
+
+
+def write_dataset(path: Path, n: int) -> Path:
+    subprocess.run(
+        [sys.executable, "-m", "inference.toy.problems", "--out", str(path), "--n", str(n), "--seed", "3"],
+        check=True,
+    )
+    return path
+
+
+def write_config(
+    tmp: Path,
+    url: str,
+    *,
+    dataset: Path,
+    quiet: float = 0.5,
+    invalid_after: float = 3.0,
+    grace: float = 20.0,
+    batch_size: int = 16,
+    run_extra: str = "",
+) -> Path:
+    root = tmp / "run"
+    root.mkdir(exist_ok=True)
+    path = tmp / "evald.toml"
+    path.write_text(
+        CONFIG.format(
+            url=url,
+            root=root,
+            dataset=dataset,
+            quiet=quiet,
+            invalid_after=invalid_after,
+            grace=grace,
+            state=tmp / "state",
+            batch_size=batch_size,
+            run_extra=run_extra,
+        )
+    )
+    return path
+
+
+def upgraded(url: str) -> Database:
+    database = Database(url)
+    migrations.upgrade(database)
+    return database
+
+
+def evald(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "daemon", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+class DaemonProcess:
+    def __init__(self, config: Path, log: Path, env: dict[str, str] | None = None) -> None:
+        self.log = log
+        self._handle = log.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "daemon", "--config", str(config), "run"],
+            stdout=self._handle,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        wait_for(
+            lambda: b'"daemon.ready"' in self.log.read_bytes() or None,
+            timeout,
+            "daemon.ready in the log",
+            self.process,
+        )
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        code = self.process.wait(timeout=timeout)
+        self._handle.close()
+        return code
+
+
+@contextmanager
+def running_daemon(config: Path, log: Path, env: dict[str, str] | None = None) -> Iterator[DaemonProcess]:
+    daemon = DaemonProcess(config, log, env)
+    try:
+        daemon.wait_ready()
+        yield daemon
+    finally:
+        if daemon.process.poll() is None:
+            daemon.process.kill()
+            daemon.process.wait()
+
+
+def start_trainer(out: Path, log: Path, *args: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "inference.toy.trainer", "--out", str(out), "--threads", "1", *args],
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+
+
+def wait_for(
+    check: Callable[[], T | None], timeout: float, what: str, process: subprocess.Popen[bytes] | None = None
+) -> T:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value is not None and value is not False:
+            return value
+        if process is not None and process.poll() is not None:
+            raise AssertionError(f"process exited with {process.returncode} while waiting for {what}")
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def jobs(database: Database) -> list[queries.JobRow]:
+    with database.session() as session:
+        return queries.job_rows(session)
+
+
+def checkpoints(database: Database) -> list[queries.CheckpointRow]:
+    with database.session() as session:
+        return queries.checkpoint_rows(session)
+
+
+def all_jobs_done(database: Database, expected: int) -> list[queries.JobRow] | None:
+    rows = jobs(database)
+    done = [j for j in rows if j.state in ("succeeded", "failed")]
+    return rows if len(rows) >= expected and len(done) == len(rows) else None

@@ -1,0 +1,150 @@
+"""The CLI contract: one clear line and a non-zero exit for bad input, and the documented outputs."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from daemon.cli import main
+from storage import queries
+from storage.database import Database
+from storage.models import CheckpointState
+from tests.harness import evald, upgraded, write_config, write_dataset
+
+
+@pytest.fixture
+def dataset(tmp_path: Path) -> Path:
+    return write_dataset(tmp_path / "arith.jsonl", 5)
+
+
+def _errors(capsys: pytest.CaptureFixture[str]) -> list[str]:
+    return capsys.readouterr().err.strip().splitlines()
+
+
+def test_bad_config_is_one_line_per_problem_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "evald.toml"
+    path.write_text('[[runs]]\nname = "r"\nroot = "."\n\n[[tasks]]\nname = "t"\ndataset = "nope.jsonl"\n')
+    assert main(["config", "check", str(path)]) == 2
+    assert _errors(capsys) == [f"evald: {path}: tasks[0].dataset: file not found: {tmp_path / 'nope.jsonl'}"]
+    assert main(["--config", str(tmp_path / "missing.toml"), "status"]) == 2
+    assert _errors(capsys) == [
+        f"evald: {tmp_path / 'missing.toml'}: file not found (pass --config or set EVALD_CONFIG)"
+    ]
+
+
+def test_config_check_ok(tmp_path: Path, dataset: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_config(tmp_path, f"sqlite:///{tmp_path / 'e.db'}", dataset=dataset)
+    assert main(["config", "check", str(path)]) == 0
+    assert capsys.readouterr().out.startswith(f"{path}: ok (1 runs, 1 tasks")
+
+
+def test_unreachable_database_is_one_line_and_exit_1(tmp_path: Path, dataset: Path) -> None:
+    path = write_config(tmp_path, "postgresql://evald@127.0.0.1:1/evald", dataset=dataset)
+    for command in (["status"], ["run"], ["db", "upgrade"], ["results"]):
+        done = evald("--config", str(path), *command)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 1, (command, done.stderr)
+        assert len(lines) == 1 and lines[0].startswith("evald: error: cannot reach database"), (
+            command,
+            lines,
+        )
+        assert "127.0.0.1:1" in lines[0]
+
+
+def test_run_refuses_an_old_schema(tmp_path: Path, dataset: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'e.db'}"
+    path = write_config(tmp_path, url, dataset=dataset)
+    done = evald("--config", str(path), "run")
+    assert done.returncode == 1
+    assert done.stderr.strip().endswith("run `evald db upgrade`")
+    upgrade = evald("--config", str(path), "db", "upgrade")
+    assert upgrade.returncode == 0 and "upgraded from empty to revision" in upgrade.stdout
+    assert "already at revision" in evald("--config", str(path), "db", "upgrade").stdout
+
+
+def _stored(url: str) -> Database:
+    database = upgraded(url)
+    with database.session() as s:
+        run_id = queries.ensure_run(s, "toy", "/r")
+        checkpoint_id = queries.record_checkpoint(
+            s,
+            run_id=run_id,
+            path="/r/step_5",
+            name="step_5",
+            step=5,
+            epoch=None,
+            layout="hf",
+            state=CheckpointState.READY,
+        )
+        queries.enqueue_jobs(s, checkpoint_id=checkpoint_id, step=5, tasks=["arith"])
+        job = queries.claim_next_job(s, "h:1")
+        assert job is not None
+        queries.complete_job(
+            s,
+            job_id=job.id,
+            owner="h:1",
+            duration_s=1.0,
+            load_s=0.1,
+            metrics=[
+                queries.MetricRow("accuracy", 0.25, 4, 0.2165),
+                queries.MetricRow("wall_s", 1.0, None, None),
+            ],
+            samples=[],
+        )
+    return database
+
+
+def test_results_in_every_format(
+    database_url: str, tmp_path: Path, dataset: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _stored(database_url).dispose()
+    path = str(write_config(tmp_path, database_url, dataset=dataset))
+    assert main(["--config", path, "results", "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [set(r) for r in rows] == [
+        {
+            "run",
+            "checkpoint",
+            "step",
+            "epoch",
+            "task",
+            "stage",
+            "metric",
+            "value",
+            "n",
+            "stderr",
+            "evaluated_at",
+        }
+    ] * 2
+    assert (rows[0]["metric"], rows[0]["value"], rows[0]["n"], rows[0]["step"]) == ("accuracy", 0.25, 4, 5)
+    assert main(["--config", path, "results", "--metric", "wall_s", "--format", "csv"]) == 0
+    parsed = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [(r["metric"], r["value"], r["n"]) for r in parsed] == [("wall_s", "1.0", "")]
+    assert main(["--config", path, "results", "--run", "other"]) == 0
+    assert len(capsys.readouterr().out.strip().splitlines()) == 2  # header and rule only
+    assert main(["--config", path, "status", "--format", "json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["toy"]["jobs"] == {"succeeded": 1} and status["toy"]["last_evaluated_step"] == 5
+
+
+def test_eval_command_and_a_bad_dataset_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.harness import start_trainer
+
+    trainer = start_trainer(tmp_path / "out", tmp_path / "t.log", "--steps", "5", "--save-every", "5")
+    assert trainer.wait(timeout=300) == 0
+    data = write_dataset(tmp_path / "good.jsonl", 4)
+    path = str(write_config(tmp_path, f"sqlite:///{tmp_path / 'e.db'}", dataset=data))
+    assert main(["--config", path, "eval", str(tmp_path / "out" / "step_5"), "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["tasks"][0]["task"] == "arith" and out["tasks"][0]["n"]["accuracy"] == 4
+    lines = data.read_text().splitlines()
+    data.write_text("\n".join([lines[0], '{"problem": "1+1"}', *lines[1:]]) + "\n")
+    assert main(["--config", path, "eval", str(tmp_path / "out" / "step_5")]) == 1
+    [error] = _errors(capsys)
+    assert error.startswith("evald: error: ") and f"{data}:2" in error and "answer" in error
