@@ -99,13 +99,13 @@ def assess(
     """
     names = snapshot.names()
     if CONFIG_FILE not in names:
-        return Verdict(Readiness.INCOMPLETE, f"{CONFIG_FILE} not written yet")
+        return Verdict(Readiness.INCOMPLETE, f"no {CONFIG_FILE}")
     shards, problem = weight_files(snapshot, index_text)
     if problem is not None:
         # An index that does not parse may be half-written; it turns invalid only if it stays that way.
         return Verdict(Readiness.INCOMPLETE, problem)
     if not shards:
-        return Verdict(Readiness.INCOMPLETE, f"no weights yet ({SINGLE_FILE} or {INDEX_FILE})")
+        return Verdict(Readiness.INCOMPLETE, f"no weights ({SINGLE_FILE} or {INDEX_FILE})")
     missing = [s for s in shards if s not in names]
     if missing:
         return Verdict(Readiness.INCOMPLETE, f"shard {missing[0]} named in {INDEX_FILE} is missing")

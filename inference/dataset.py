@@ -1,0 +1,106 @@
+"""Evaluation datasets: JSONL files, one object per line, read into typed items.
+
+A row needs a prompt (``prompt_field``, or else the first of ``prompt``, ``question``, ``problem``) and a
+reference answer (``answer_field``); its id is ``id_field`` or else its line number. The whole file is
+checked before anything is evaluated, and every error names the file and line: ``data.jsonl:17:
+missing field 'answer'``. Blank lines are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from inference.errors import DatasetInvalid
+
+PROMPT_FIELDS = ("prompt", "question", "problem")
+
+
+@dataclass(frozen=True)
+class Item:
+    prompt_id: str
+    prompt: str
+    reference: str
+
+
+def _describe(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _text(row: dict[str, Any], field: str, where: str, *, numbers: bool) -> str:
+    """Field ``field`` as non-empty text; ``numbers`` also takes an int or float (``"answer": 68``)."""
+    if field not in row:
+        raise DatasetInvalid(f"{where}: missing field {field!r}")
+    value = row[field]
+    if numbers and isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, str):
+        kinds = "a string or a number" if numbers else "a string"
+        raise DatasetInvalid(f"{where}: field {field!r} must be {kinds}, got {_describe(value)}")
+    if not value.strip():
+        raise DatasetInvalid(f"{where}: empty field {field!r}")
+    return value
+
+
+def _prompt_field(row: dict[str, Any], configured: str | None, where: str) -> str:
+    if configured is not None:
+        return configured
+    for field in PROMPT_FIELDS:
+        if field in row:
+            return field
+    names = ", ".join(repr(f) for f in PROMPT_FIELDS)
+    raise DatasetInvalid(f"{where}: no prompt field (looked for {names}; set prompt_field to choose one)")
+
+
+def _parse_line(raw: bytes, where: str) -> dict[str, Any] | None:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DatasetInvalid(f"{where}: not UTF-8 (byte {exc.start + 1})") from exc
+    if not text.strip():
+        return None
+    try:
+        row = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DatasetInvalid(f"{where}: invalid JSON: {exc.msg} (column {exc.colno})") from exc
+    if not isinstance(row, dict):
+        raise DatasetInvalid(f"{where}: expected a JSON object, got {_describe(row)}")
+    return row
+
+
+def load_dataset(
+    path: Path,
+    *,
+    prompt_field: str | None = None,
+    answer_field: str = "answer",
+    id_field: str | None = None,
+    limit: int | None = None,
+) -> tuple[Item, ...]:
+    """Read and check every row of ``path``; return the first ``limit`` items (all when ``None``)."""
+    try:
+        lines = path.read_bytes().splitlines()
+    except OSError as exc:
+        raise DatasetInvalid(f"{path}: cannot read: {exc.strerror or exc}") from exc
+
+    items: list[Item] = []
+    first_seen: dict[str, int] = {}
+    for number, raw in enumerate(lines, start=1):
+        where = f"{path}:{number}"
+        row = _parse_line(raw, where)
+        if row is None:
+            continue
+        prompt = _text(row, _prompt_field(row, prompt_field, where), where, numbers=False)
+        reference = _text(row, answer_field, where, numbers=True)
+        prompt_id = str(number) if id_field is None else _text(row, id_field, where, numbers=True)
+        if prompt_id in first_seen:
+            raise DatasetInvalid(
+                f"{where}: duplicate id {prompt_id!r} (first on line {first_seen[prompt_id]})"
+            )
+        first_seen[prompt_id] = number
+        items.append(Item(prompt_id=prompt_id, prompt=prompt, reference=reference))
+
+    if not items:
+        raise DatasetInvalid(f"{path}: no rows")
+    return tuple(items if limit is None else items[:limit])

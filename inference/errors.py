@@ -1,0 +1,45 @@
+"""Inference errors: a worker's input was rejected, and the message says what and where.
+
+Hierarchy::
+
+    InferenceError
+    ├── CheckpointInvalid    the checkpoint cannot be loaded (bad config.json, missing or truncated weights)
+    ├── CheckpointVanished   the checkpoint directory disappeared while it was being read
+    ├── DatasetInvalid       a dataset row is unusable (``data.jsonl:17: missing field 'answer'``)
+    └── TaskInvalid          the task itself is wrong (unknown metric, bad prompt template)
+
+Each class carries the :data:`inference.spec.ErrorKind` the worker reports for it, so the daemon can tell
+a bad input (a failed job, data) from a crash (a traceback).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from inference.spec import ErrorKind
+
+
+class InferenceError(Exception):
+    """Base of every error raised by :mod:`inference` for a rejected input."""
+
+    kind: ClassVar[ErrorKind]
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+
+class CheckpointInvalid(InferenceError):
+    kind: ClassVar[ErrorKind] = "checkpoint_invalid"
+
+
+class CheckpointVanished(InferenceError):
+    kind: ClassVar[ErrorKind] = "checkpoint_vanished"
+
+
+class DatasetInvalid(InferenceError):
+    kind: ClassVar[ErrorKind] = "dataset_invalid"
+
+
+class TaskInvalid(InferenceError):
+    kind: ClassVar[ErrorKind] = "task_invalid"

@@ -1,0 +1,109 @@
+"""Load a Hugging Face checkpoint directory (``save_pretrained`` layout) for generation.
+
+Loading is a trust boundary: only safetensors weights are read (no pickle, so no ``torch.load`` and never
+``training_args.bin``), only local files, and no remote code. Before transformers touches the directory
+its files are checked, so a broken checkpoint is reported by name (``…/config.json: invalid JSON``,
+``…/model-00002-of-00003.safetensors: truncated``) as :class:`CheckpointInvalid`; a directory that
+disappears, as trainers rotating old checkpoints do, is :class:`CheckpointVanished`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from inference import layouts
+from inference.errors import CheckpointInvalid, CheckpointVanished
+from inference.layouts import Readiness
+from inference.spec import InferenceSpec
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+
+class LoadedModel(NamedTuple):
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    load_s: float
+
+
+def check_checkpoint(directory: Path) -> None:
+    """Raise :class:`CheckpointInvalid` naming the first broken file; cheap (reads headers only).
+
+    The same rule the daemon's readiness check applies, run again here because the worker may be handed a
+    path by ``evald eval`` that no daemon looked at.
+    """
+    verdict = layouts.hf.inspect(directory, layouts.take_snapshot(directory))
+    if verdict.readiness is not Readiness.COMPLETE:
+        raise CheckpointInvalid(f"{directory}: {verdict.reason}")
+
+
+def _vanished(directory: Path, exc: BaseException) -> CheckpointVanished:
+    return CheckpointVanished(f"{directory}: checkpoint disappeared while loading ({exc})")
+
+
+@contextmanager
+def _converting_errors(directory: Path, what: str) -> Iterator[None]:
+    """Turn the libraries' errors about ``directory`` into ours; out-of-memory and bugs pass through."""
+    import torch
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except CheckpointInvalid:
+        if not directory.is_dir():
+            raise _vanished(directory, FileNotFoundError(directory)) from None
+        raise
+    except FileNotFoundError as exc:
+        # Every file was there when checked; one missing now was deleted under us.
+        raise _vanished(directory, exc) from exc
+    except torch.OutOfMemoryError:
+        raise
+    except (OSError, ValueError, RuntimeError, SafetensorError) as exc:
+        if not directory.is_dir():
+            raise _vanished(directory, exc) from exc
+        message = " ".join(str(exc).split())
+        raise CheckpointInvalid(f"{directory}: cannot load the {what}: {message}") from exc
+
+
+def load_model(directory: Path, spec: InferenceSpec) -> LoadedModel:
+    """Load model and tokenizer from ``directory`` onto ``spec.device``, ready for left-padded batches."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    started = time.perf_counter()
+    if not directory.is_dir():
+        raise CheckpointVanished(f"{directory}: checkpoint directory does not exist")
+    with _converting_errors(directory, "model"):
+        check_checkpoint(directory)
+        # With output_loading_info, from_pretrained returns (model, info), which its annotation omits.
+        loaded: Any = AutoModelForCausalLM.from_pretrained(
+            directory,
+            dtype=getattr(torch, spec.dtype),
+            use_safetensors=True,
+            local_files_only=True,
+            trust_remote_code=False,
+            output_loading_info=True,
+        )
+    model: PreTrainedModel = loaded[0]
+    info: dict[str, Any] = loaded[1]
+    # transformers fills missing weights with fresh random ones and only warns; that is not this checkpoint.
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise CheckpointInvalid(f"{directory}: weights missing for {shown}")
+    with _converting_errors(directory, "tokenizer"):
+        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True, trust_remote_code=False)
+
+    # Through nn.Module: transformers' decorators hide these methods' signatures from the type checker.
+    module: torch.nn.Module = model
+    module.to(spec.device)
+    module.eval()
+    # Generation appends on the right, so prompts are padded on the left.
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return LoadedModel(model=model, tokenizer=tokenizer, load_s=time.perf_counter() - started)

@@ -1,0 +1,113 @@
+"""The plain contract between the daemon and an evaluation worker.
+
+The daemon writes a :class:`JobSpec` as JSON, starts ``python -m inference.worker SPEC``, and reads a
+:class:`JobResult` from ``spec.result_path``. Nothing else crosses the boundary: the worker never touches
+the database and the daemon never holds a model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+#: Exit status of a worker that rejected its input (bad checkpoint, bad dataset): the result file holds
+#: the error. Any other non-zero status is a crash, and the daemon keeps the stderr tail.
+EXIT_INPUT_ERROR = 3
+
+ErrorKind = Literal["checkpoint_invalid", "checkpoint_vanished", "dataset_invalid", "task_invalid"]
+
+
+class _Plain(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TaskSpec(_Plain):
+    """One generation task against reference answers, as the worker needs it."""
+
+    name: str
+    dataset: Path
+    #: Field holding the prompt; ``None`` takes the first of ``prompt``, ``question``, ``problem``.
+    prompt_field: str | None = None
+    answer_field: str = "answer"
+    id_field: str | None = None
+    #: ``str.format`` template with the placeholder ``{prompt}``.
+    prompt_template: str = "{prompt}"
+    max_new_tokens: int = Field(default=32, ge=1)
+    batch_size: int = Field(default=16, ge=1)
+    #: Evaluate only the first ``limit`` rows; ``None`` evaluates all.
+    limit: int | None = Field(default=None, ge=1)
+    metrics: tuple[str, ...] = ("accuracy", "response_length", "tokens_per_s", "wall_s")
+
+
+class InferenceSpec(_Plain):
+    engine: Literal["hf"] = "hf"
+    device: str = "cpu"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    #: torch intra-op threads; ``None`` leaves torch's default.
+    threads: int | None = Field(default=None, ge=1)
+
+
+class JobSpec(_Plain):
+    job_id: int
+    checkpoint_path: Path
+    layout: str = "hf"
+    task: TaskSpec
+    inference: InferenceSpec = InferenceSpec()
+    result_path: Path
+    seed: int = 0
+    #: How many per-sample outputs to return (the rest are only aggregated).
+    max_samples: int = Field(default=1000, ge=0)
+    #: Longest text kept per sample field; longer text is cut and marked.
+    max_text_chars: int = Field(default=2000, ge=16)
+
+
+class MetricValue(_Plain):
+    name: str
+    value: float
+    #: Number of items the aggregate is over; ``None`` where a count has no meaning (wall time).
+    n: int | None = None
+    #: Standard error of ``value``; ``None`` where it has no meaning.
+    stderr: float | None = None
+
+
+class SampleOutput(_Plain):
+    index: int
+    prompt_id: str
+    prompt: str
+    response: str
+    extracted: str | None
+    reference: str
+    correct: bool
+    tokens: int
+    truncated: bool
+
+
+class Timing(_Plain):
+    load_s: float
+    eval_s: float
+    total_s: float
+
+
+class WorkerError(_Plain):
+    kind: ErrorKind
+    message: str
+
+
+class JobResult(_Plain):
+    job_id: int
+    metrics: tuple[MetricValue, ...] = ()
+    samples: tuple[SampleOutput, ...] = ()
+    timing: Timing | None = None
+    error: WorkerError | None = None
+
+    def write(self, path: Path) -> None:
+        """Write atomically, so the daemon never reads half a result."""
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(self.model_dump_json(indent=1), encoding="utf-8")
+        tmp.replace(path)
+
+    @classmethod
+    def read(cls, path: Path) -> JobResult:
+        return cls.model_validate_json(path.read_text(encoding="utf-8"))
