@@ -13,6 +13,7 @@ from daemon.cli import main
 from storage import queries
 from storage.database import Database
 from storage.models import CheckpointState
+from tests.conftest import ToyRun
 from tests.harness import evald, upgraded, write_config, write_dataset
 
 
@@ -133,18 +134,17 @@ def test_results_in_every_format(
     assert status["toy"]["jobs"] == {"succeeded": 1} and status["toy"]["last_evaluated_step"] == 5
 
 
-def test_eval_command_and_a_bad_dataset_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from tests.harness import start_trainer
-
-    trainer = start_trainer(tmp_path / "out", tmp_path / "t.log", "--steps", "5", "--save-every", "5")
-    assert trainer.wait(timeout=300) == 0
+def test_eval_command_and_a_bad_dataset_line(
+    toy_run: ToyRun, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    checkpoint = str(toy_run.last_checkpoint)
     data = write_dataset(tmp_path / "good.jsonl", 4)
     path = str(write_config(tmp_path, f"sqlite:///{tmp_path / 'e.db'}", dataset=data))
-    assert main(["--config", path, "eval", str(tmp_path / "out" / "step_5"), "--format", "json"]) == 0
+    assert main(["--config", path, "eval", checkpoint, "--format", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["tasks"][0]["task"] == "arith" and out["tasks"][0]["n"]["accuracy"] == 4
     lines = data.read_text().splitlines()
     data.write_text("\n".join([lines[0], '{"problem": "1+1"}', *lines[1:]]) + "\n")
-    assert main(["--config", path, "eval", str(tmp_path / "out" / "step_5")]) == 1
+    assert main(["--config", path, "eval", checkpoint]) == 1
     [error] = _errors(capsys)
     assert error.startswith("evald: error: ") and f"{data}:2" in error and "answer" in error

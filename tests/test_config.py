@@ -95,7 +95,7 @@ def test_environment_overrides_the_file(tmp_path: Path) -> None:
     config = load_config(path, environ=env)
     assert config.database.url == "postgresql://evald@db.internal/evald"
     assert config.scheduling.quiet_secs == 2.5
-    with pytest.raises(ConfigError, match="scheduling.quiet_secs"):
+    with pytest.raises(ConfigError, match=r"scheduling\.quiet_secs"):
         load_config(path, environ={"EVALD_SCHEDULING_QUIET_SECS": "soon"})
 
 

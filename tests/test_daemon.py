@@ -21,6 +21,7 @@ from storage import queries
 from storage.database import Database
 from storage.models import EvalJob
 from tests.checkpoints import copy_checkpoint
+from tests.conftest import ToyRun
 from tests.harness import (
     DaemonProcess,
     all_jobs_done,
@@ -42,13 +43,10 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_dataset(tmp_path_factory.mktemp("data") / "arith.jsonl", 20)
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One real toy checkpoint to copy into run folders."""
-    out = tmp_path_factory.mktemp("trained")
-    trainer = start_trainer(out, out / "trainer.log", "--steps", "20", "--save-every", "20")
-    assert trainer.wait(timeout=300) == 0, (out / "trainer.log").read_text()
-    return out / "step_20"
+@pytest.fixture
+def trained(toy_run: ToyRun) -> Path:
+    """A real toy checkpoint (from the session's trainer run) to copy into run folders."""
+    return toy_run.last_checkpoint
 
 
 def _result_counts(database: Database) -> Counter[tuple[str, str, str]]:
