@@ -1,0 +1,33 @@
+# The two commands a new user needs: `make demo` and `make test`. Both create the virtual environment
+# and install evald into it on first use.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "evald needs Python 3.11 or newer (set PYTHON=...)")'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/evald demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy daemon inference storage tests bench
+
+bench: $(STAMP)
+	$(BIN)/python -m bench.detection_latency
+	$(BIN)/python -m bench.idle_cost
+
+clean:
+	rm -rf $(VENV) *.egg-info .mypy_cache .ruff_cache .pytest_cache
