@@ -19,6 +19,7 @@ from daemon import log as logs
 from daemon import report
 from daemon.config import Config, config_path, load_config
 from daemon.errors import ConfigError, EvaldError
+from inference.dataset import load_dataset
 from inference.errors import InferenceError
 from inference.spec import EXIT_INPUT_ERROR, JobResult, JobSpec
 from storage import migrations, queries
@@ -33,6 +34,18 @@ def _load(args: argparse.Namespace) -> Config:
     return load_config(config_path(args.config))
 
 
+def check_datasets(config: Config) -> None:
+    """Read every task's dataset once, so a bad line stops the start instead of failing every job."""
+    for task in config.tasks:
+        load_dataset(
+            task.dataset,
+            prompt_field=task.prompt_field,
+            answer_field=task.answer_field,
+            id_field=task.id_field,
+            limit=task.limit,
+        )
+
+
 def _open_current(config: Config) -> Database:
     database = Database(config.database.url)
     migrations.require_current(database)
@@ -43,6 +56,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from daemon.service import Service, open_database
 
     config = _load(args)
+    check_datasets(config)
     logs.configure(sys.stdout, fmt=config.daemon.log_format, level=config.daemon.log_level)
     database = open_database(config)
     service = Service(config, database)
@@ -72,6 +86,7 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
 
 def cmd_config_check(args: argparse.Namespace) -> int:
     config = load_config(Path(args.file))
+    check_datasets(config)
     database = describe_url(config.database.url)
     print(f"{args.file}: ok ({len(config.runs)} runs, {len(config.tasks)} tasks, database {database})")
     return 0

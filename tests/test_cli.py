@@ -148,3 +148,16 @@ def test_eval_command_and_a_bad_dataset_line(
     assert main(["--config", path, "eval", checkpoint]) == 1
     [error] = _errors(capsys)
     assert error.startswith("evald: error: ") and f"{data}:2" in error and "answer" in error
+
+
+def test_a_bad_dataset_line_stops_the_daemon_before_it_starts(tmp_path: Path, dataset: Path) -> None:
+    lines = dataset.read_text().splitlines()
+    dataset.write_text("\n".join([*lines[:2], "{not json", *lines[2:]]) + "\n")
+    path = write_config(tmp_path, f"sqlite:///{tmp_path / 'e.db'}", dataset=dataset)
+    for command in (["run"], ["config", "check", str(path)]):
+        done = evald("--config", str(path), *command)
+        lines_out = done.stderr.strip().splitlines()
+        assert done.returncode == 1, (command, done.stderr)
+        assert len(lines_out) == 1 and lines_out[0].startswith(f"evald: error: {dataset}:3: invalid JSON"), (
+            lines_out
+        )
