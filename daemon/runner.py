@@ -8,7 +8,6 @@ transaction, so a job is either wholly stored or not at all (and then runs again
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
@@ -21,7 +20,7 @@ import structlog
 
 from daemon.config import Config
 from daemon.errors import JobSetupError
-from inference.spec import EXIT_INPUT_ERROR, JobResult, JobSpec
+from inference.spec import EXIT_INPUT_ERROR, PARENT_PID_ENV, JobResult, JobSpec
 from storage import queries
 from storage.database import Database
 from storage.models import CheckpointState
@@ -30,13 +29,6 @@ log = structlog.get_logger("evald.runner")
 
 #: How much of a crashed worker's stderr is kept on the job.
 STDERR_TAIL_CHARS = 4000
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    # If the daemon is SIGKILLed its workers must not run on holding GPUs; the job is redone on restart.
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def build_spec(config: Config, job: queries.ClaimedJob, job_dir: Path) -> JobSpec:
@@ -112,7 +104,8 @@ class JobRunner:
                     stdout=stderr,
                     stderr=stderr,
                     start_new_session=True,
-                    preexec_fn=_die_with_parent,
+                    # The worker arms PR_SET_PDEATHSIG against this pid (a preexec_fn is unsafe with threads).
+                    env={**os.environ, PARENT_PID_ENV: str(os.getpid())},
                 )
         except (OSError, JobSetupError) as exc:
             self._fail(job, "setup", f"could not start worker: {exc}", None)
@@ -123,9 +116,13 @@ class JobRunner:
         )
         return True
 
-    def poll(self) -> None:
-        """Collect finished workers, kill timed-out ones, and keep the leases of the rest fresh."""
+    def poll(self) -> int:
+        """Collect finished workers, kill timed-out ones, and keep the leases of the rest fresh.
+
+        Returns how many jobs ended, each of which frees a slot.
+        """
         now = time.monotonic()
+        ended = len(self.running)
         for job_id, running in list(self.running.items()):
             code = running.process.poll()
             if code is None:
@@ -143,6 +140,7 @@ class JobRunner:
                 continue
             del self.running[job_id]
             self._finish(running, code, now - running.started)
+        return ended - len(self.running)
 
     def _finish(self, running: RunningJob, code: int, duration: float) -> None:
         job = running.job

@@ -16,6 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field
 #: the error. Any other non-zero status is a crash, and the daemon keeps the stderr tail.
 EXIT_INPUT_ERROR = 3
 
+#: The daemon's pid, set in a worker's environment: the worker dies with it (see ``inference.worker``).
+PARENT_PID_ENV = "EVALD_PARENT_PID"
+
 ErrorKind = Literal["checkpoint_invalid", "checkpoint_vanished", "dataset_invalid", "task_invalid"]
 
 

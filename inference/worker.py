@@ -14,8 +14,10 @@ Logs are structlog events on stderr, JSON lines unless stderr is a terminal.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,9 +25,10 @@ from pathlib import Path
 import structlog
 
 from inference.errors import InferenceError
-from inference.spec import EXIT_INPUT_ERROR, JobResult, JobSpec, WorkerError
+from inference.spec import EXIT_INPUT_ERROR, PARENT_PID_ENV, JobResult, JobSpec, WorkerError
 
 log = structlog.get_logger("inference.worker")
+_PR_SET_PDEATHSIG = 1
 
 
 def configure_logging(level: int = logging.INFO) -> None:
@@ -55,6 +58,21 @@ def quiet_libraries() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def die_with_parent() -> None:
+    """Exit when the daemon that started this worker dies, even by SIGKILL.
+
+    A worker nobody will read must not go on holding GPUs; its job is redone when the daemon restarts.
+    """
+    expected = os.environ.get(PARENT_PID_ENV, "")
+    if not expected.isdigit() or not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != int(expected):
+        # The daemon died before the signal was armed.
+        os._exit(1)
+
+
 def run(spec: JobSpec) -> JobResult:
     """Evaluate ``spec``; a rejected input becomes a result with an error, anything else propagates."""
     from inference.task import run_task
@@ -70,6 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("spec", type=Path, help="JobSpec JSON file")
     args = parser.parse_args(argv)
 
+    die_with_parent()
     quiet_libraries()
     configure_logging()
     spec = JobSpec.model_validate_json(args.spec.read_text(encoding="utf-8"))
