@@ -85,6 +85,8 @@ class Discovery:
         self._scheduling = scheduling
         self._clock = clock
         self._runs: dict[str, _RunState] = {}
+        #: Jobs created since the caller last reset it: the queue only needs a look when this moved.
+        self.enqueued = 0
         for run in runs:
             with database.session() as session:
                 states = queries.checkpoint_states(session, run.run_id)
@@ -200,6 +202,7 @@ class Discovery:
                     session, checkpoint_id=checkpoint_id, step=step, tasks=state.run.tasks
                 )
             log.info("job.enqueued", run=state.run.config.name, step=step, jobs=created)
+            self.enqueued += created
 
     def _record(
         self, state: _RunState, path: Path, layout: str, new: CheckpointState, reason: str

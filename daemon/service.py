@@ -54,6 +54,9 @@ class Service:
         self.wake = threading.Event()
         self._rescan_due = threading.Event()
         self._recover_due = threading.Event()
+        #: Look at the queue: at start, after a rescan (another daemon may share it) and after recovery.
+        self._queue_due = threading.Event()
+        self._queue_due.set()
 
     def request_stop(self, signum: int, _frame: FrameType | None = None) -> None:
         log.info("daemon.stopping", signal=signal.Signals(signum).name)
@@ -122,15 +125,21 @@ class Service:
                     self._rescan_due.clear()
                     watcher.refresh()
                     discovery.scan()
+                    self._queue_due.set()
                 if self._recover_due.is_set():
                     self._recover_due.clear()
                     self._recover()
+                    self._queue_due.set()
                 for run_name, path in watcher.drain():
                     discovery.hint(run_name, path)
                 discovery.tick()
-                runner.poll()
-                while runner.has_capacity() and runner.claim_and_start():
-                    pass
+                freed = runner.poll()
+                # Idle, the loop touches no database: the queue is read only when something may have changed.
+                if freed or discovery.enqueued or self._queue_due.is_set():
+                    discovery.enqueued = 0
+                    self._queue_due.clear()
+                    while runner.has_capacity() and runner.claim_and_start():
+                        pass
                 notifier.watchdog()
                 self.wake.wait(self.config.scheduling.tick_secs)
                 self.wake.clear()
