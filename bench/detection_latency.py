@@ -56,21 +56,16 @@ log_format = "json"
 """
 
 
-def _tiny_checkpoint(directory: Path) -> list[tuple[str, bytes]]:
-    """The files of a real save_pretrained checkpoint, in write order."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+def _toy_checkpoint(directory: Path) -> list[tuple[str, bytes]]:
+    """The files of a real (untrained) toy checkpoint, in the order save_pretrained writes them."""
+    from inference.toy.tokenizer import build_tokenizer
+    from inference.toy.trainer import build_model
 
-    config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        max_position_embeddings=64,
-    )
-    LlamaForCausalLM(config).save_pretrained(directory)
+    tokenizer = build_tokenizer()
+    build_model(tokenizer).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
     order = {"config.json": 0, "generation_config.json": 1, "model.safetensors": 2}
-    files = sorted(directory.iterdir(), key=lambda p: order.get(p.name, 1))
+    files = sorted(directory.iterdir(), key=lambda p: (order.get(p.name, 3), p.name))
     return [(p.name, p.read_bytes()) for p in files]
 
 
@@ -153,7 +148,7 @@ def main() -> None:
     parser.add_argument("--rescan", type=float, default=5.0, help="rescan interval, seconds")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="evald-bench-") as tmp:
-        files = _tiny_checkpoint(Path(tmp) / "source")
+        files = _toy_checkpoint(Path(tmp) / "source")
         rows = {}
         for watch in ("inotify", "poll"):
             for marker in (False, True):

@@ -1,0 +1,44 @@
+"""`evald demo`, the README's first command, end to end: real trainer, daemon and workers on SQLite."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from storage import queries
+from storage.database import Database
+
+pytestmark = pytest.mark.slow
+
+
+def test_demo_json_shows_learning_with_every_checkpoint_evaluated_once(tmp_path: Path) -> None:
+    workdir = tmp_path / "demo"
+    done = subprocess.run(
+        [sys.executable, "-m", "daemon", "demo", "--workdir", str(workdir), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert report["alerts"] == []
+    steps = [c["step"] for c in report["checkpoints"]]
+    assert steps == sorted(steps) and len(steps) == 6
+    for checkpoint in report["checkpoints"]:
+        assert set(checkpoint["metrics"]) == {"accuracy", "response_length", "tokens_per_s", "wall_s"}
+    accuracy = [c["metrics"]["accuracy"] for c in report["checkpoints"]]
+    assert accuracy[-1] - accuracy[0] >= 0.5, accuracy
+    database = Database(f"sqlite:///{workdir / 'evald.db'}")
+    try:
+        with database.session() as session:
+            counts = Counter((r.checkpoint, r.metric) for r in queries.result_rows(session))
+    finally:
+        database.dispose()
+    assert len(counts) == 6 * 4 and set(counts.values()) == {1}
+    # The daemon stopped on SIGTERM and said so.
+    assert '"daemon.stopped"' in (workdir / "daemon.log").read_text()
