@@ -19,6 +19,7 @@ from daemon import log as logs
 from daemon import report
 from daemon.config import Config, config_path, load_config
 from daemon.errors import ConfigError, EvaldError
+from inference import layouts
 from inference.dataset import load_dataset
 from inference.errors import InferenceError
 from inference.spec import EXIT_INPUT_ERROR, JobResult, JobSpec
@@ -118,10 +119,26 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def evaluate_now(config: Config, checkpoint: Path, task_names: Sequence[str]) -> list[tuple[str, JobResult]]:
+def evaluate_now(
+    config: Config,
+    checkpoint: Path,
+    task_names: Sequence[str],
+    *,
+    layout: str = "auto",
+    hf_config: Path | None = None,
+) -> list[tuple[str, JobResult]]:
     """Run the worker on one checkpoint for each task, with no daemon and no database."""
     from daemon.runner import stderr_tail
 
+    try:
+        snapshot = layouts.take_snapshot(checkpoint)
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        raise EvaldError(f"{checkpoint}: not a checkpoint folder") from exc
+    detected = layouts.detect(checkpoint, snapshot, layout)
+    if detected is None:
+        raise EvaldError(
+            f"{checkpoint}: no known checkpoint layout recognised (known: {', '.join(layouts.REGISTRY)})"
+        )
     outcomes = []
     with tempfile.TemporaryDirectory(prefix="evald-eval-") as tmp:
         for number, name in enumerate(task_names):
@@ -135,6 +152,8 @@ def evaluate_now(config: Config, checkpoint: Path, task_names: Sequence[str]) ->
             spec = JobSpec(
                 job_id=0,
                 checkpoint_path=checkpoint.resolve(),
+                layout=detected,
+                hf_config=hf_config,
                 task=task.spec(),
                 inference=config.inference.spec(),
                 result_path=folder / "result.json",
@@ -159,7 +178,8 @@ def evaluate_now(config: Config, checkpoint: Path, task_names: Sequence[str]) ->
 def cmd_eval(args: argparse.Namespace) -> int:
     config = _load(args)
     names = [args.task] if args.task else [t.name for t in config.tasks]
-    outcomes = evaluate_now(config, Path(args.checkpoint), names)
+    hf_config = Path(args.hf_config).resolve() if args.hf_config else None
+    outcomes = evaluate_now(config, Path(args.checkpoint), names, layout=args.layout, hf_config=hf_config)
     if args.format == "json":
         payload: list[dict[str, Any]] = [
             {
@@ -205,6 +225,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("checkpoint")
     evaluate.add_argument("--task", help="only this task (default: every task in the config)")
     evaluate.add_argument("--format", choices=("table", "json"), default="table")
+    evaluate.add_argument("--layout", default="auto", help="checkpoint layout (default: detect it)")
+    evaluate.add_argument("--hf-config", help="folder with config.json for checkpoints that have none")
     evaluate.set_defaults(func=cmd_eval)
 
     results = commands.add_parser("results", help="stored results")

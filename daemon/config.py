@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from daemon.errors import ConfigError
+from inference import layouts
 from inference.spec import InferenceSpec, TaskSpec
 
 ENV_PREFIX = "EVALD_"
@@ -63,9 +64,13 @@ class DatabaseConfig(_Section):
 class RunConfig(_Section):
     name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     root: Path
-    layout: Literal["auto", "hf"] = "auto"
+    #: "auto" detects each checkpoint's layout; or one of :data:`inference.layouts.REGISTRY`.
+    layout: str = "auto"
     #: A file the trainer writes last; when set, a checkpoint is ready as soon as it exists.
     marker: str | None = None
+    #: Folder with the HF config.json (and tokenizer) for checkpoints that hold only tensors
+    #: (DeepSpeed engine, DCP).
+    hf_config: Path | None = None
     #: "inotify" (and "auto", for now) adds filesystem events to the periodic rescan; "poll" relies on the
     #: rescan alone, for filesystems whose writes inotify does not see (NFS written by other hosts).
     watch_mode: Literal["auto", "inotify", "poll"] = "auto"
@@ -79,6 +84,26 @@ class RunConfig(_Section):
         if root.exists() and not root.is_dir():
             raise ValueError(f"not a directory: {root}")
         return root
+
+    @field_validator("layout")
+    @classmethod
+    def _layout(cls, value: str) -> str:
+        if value != "auto" and value not in layouts.REGISTRY:
+            raise ValueError(f"unknown layout {value!r} (known: auto, {', '.join(layouts.REGISTRY)})")
+        return value
+
+    @field_validator("hf_config")
+    @classmethod
+    def _hf_config(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if value is None:
+            return None
+        folder = _resolve(value, info)
+        if not (folder / "config.json").is_file():
+            raise ValueError(f"no config.json in {folder}")
+        return folder
+
+    def layout_settings(self) -> layouts.LayoutSettings:
+        return layouts.LayoutSettings(marker=self.marker, hf_config=self.hf_config)
 
 
 class TaskConfig(_Section):

@@ -32,6 +32,10 @@ class WatchedRun:
     run_id: int
     tasks: tuple[str, ...]
 
+    @property
+    def settings(self) -> layouts.LayoutSettings:
+        return self.config.layout_settings()
+
 
 @dataclass
 class _Candidate:
@@ -155,12 +159,12 @@ class Discovery:
             recorded = candidate.recorded if candidate else key in state.recorded
             candidate = _Candidate(snapshot, now, recorded=recorded)
             state.candidates[key] = candidate
-        layout = layouts.detect(snapshot, run.config.layout)
+        layout = layouts.detect(path, snapshot, run.config.layout)
         if layout is None:
             return  # nothing recognisable yet; it stays a candidate
         marker = run.config.marker
         try:
-            verdict = layouts.inspect(path, snapshot, layout)
+            verdict = layouts.inspect(path, snapshot, layout, run.settings)
         except FileNotFoundError:
             verdict = Verdict(Readiness.INCOMPLETE, "a file disappeared while it was read")
         outcome = decide(
@@ -207,7 +211,9 @@ class Discovery:
     def _record(
         self, state: _RunState, path: Path, layout: str, new: CheckpointState, reason: str
     ) -> tuple[int, int | None]:
-        step, epoch = layouts.parse_step(path.name)
+        step, epoch = (
+            layouts.get(layout).step(path) if layout in layouts.REGISTRY else layouts.parse_step(path.name)
+        )
         with self._db.session() as session:
             checkpoint_id = queries.record_checkpoint(
                 session,

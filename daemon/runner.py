@@ -35,10 +35,12 @@ def build_spec(config: Config, job: queries.ClaimedJob, job_dir: Path) -> JobSpe
     task = config.task(job.task)
     if task is None:
         raise JobSetupError(f"task {job.task!r} is no longer in the config")
+    run = config.run(job.run)
     return JobSpec(
         job_id=job.id,
         checkpoint_path=Path(job.checkpoint_path),
         layout=job.layout,
+        hf_config=run.hf_config if run is not None else None,
         task=task.spec(),
         inference=config.inference.spec(),
         result_path=job_dir / "result.json",

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from inference import layouts
 from inference.errors import CheckpointInvalid, CheckpointVanished
-from inference.layouts import Readiness
+from inference.layouts import LayoutSettings, Readiness
 from inference.spec import InferenceSpec
 
 if TYPE_CHECKING:
@@ -69,15 +69,29 @@ def _converting_errors(directory: Path, what: str) -> Iterator[None]:
         raise CheckpointInvalid(f"{directory}: cannot load the {what}: {message}") from exc
 
 
-def load_model(directory: Path, spec: InferenceSpec) -> LoadedModel:
-    """Load model and tokenizer from ``directory`` onto ``spec.device``, ready for left-padded batches."""
+def load_model(
+    checkpoint: Path,
+    spec: InferenceSpec,
+    *,
+    layout: str = "hf",
+    settings: LayoutSettings | None = None,
+    scratch: Path | None = None,
+) -> LoadedModel:
+    """Load model and tokenizer from ``checkpoint`` onto ``spec.device``, ready for left-padded batches.
+
+    Layouts that are not ``save_pretrained`` folders are first turned into one (in ``scratch``) by their
+    layout's ``materialise``: a verl checkpoint points at its ``huggingface/`` folder, a DeepSpeed one is
+    consolidated with DeepSpeed's own utilities.
+    """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     started = time.perf_counter()
-    if not directory.is_dir():
-        raise CheckpointVanished(f"{directory}: checkpoint directory does not exist")
-    with _converting_errors(directory, "model"):
+    if not checkpoint.is_dir():
+        raise CheckpointVanished(f"{checkpoint}: checkpoint directory does not exist")
+    with _converting_errors(checkpoint, "model"):
+        work = scratch if scratch is not None else checkpoint.parent
+        directory = layouts.get(layout).materialise(checkpoint, settings or LayoutSettings(), work)
         check_checkpoint(directory)
         # With output_loading_info, from_pretrained returns (model, info), which its annotation omits.
         loaded: Any = AutoModelForCausalLM.from_pretrained(

@@ -56,6 +56,8 @@ class JobSpec(_Plain):
     job_id: int
     checkpoint_path: Path
     layout: str = "hf"
+    #: HF config (and tokenizer) folder for layouts whose checkpoints hold only tensors.
+    hf_config: Path | None = None
     task: TaskSpec
     inference: InferenceSpec = InferenceSpec()
     result_path: Path

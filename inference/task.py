@@ -15,6 +15,7 @@ import structlog
 from inference.dataset import Item, load_dataset
 from inference.errors import TaskInvalid
 from inference.grading import Grade, grade
+from inference.layouts import LayoutSettings
 from inference.metrics import EvalRecord, SampleRecord, compute_metrics, resolve_metrics
 from inference.spec import JobResult, JobSpec, SampleOutput, TaskSpec, Timing
 
@@ -99,7 +100,15 @@ def run_task(spec: JobSpec) -> JobResult:
     torch.manual_seed(spec.seed)
     if spec.inference.threads is not None:
         torch.set_num_threads(spec.inference.threads)
-    loaded = load_model(spec.checkpoint_path, spec.inference)
+    scratch = spec.result_path.parent / "scratch"
+    scratch.mkdir(parents=True, exist_ok=True)
+    loaded = load_model(
+        spec.checkpoint_path,
+        spec.inference,
+        layout=spec.layout,
+        settings=LayoutSettings(hf_config=spec.hf_config),
+        scratch=scratch,
+    )
     log.info("task.loaded", load_s=round(loaded.load_s, 3), items=len(items))
 
     evaluation_started = time.perf_counter()

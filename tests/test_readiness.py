@@ -27,7 +27,7 @@ def sharded(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _verdict(directory: Path) -> Verdict:
     snapshot = take_snapshot(directory)
-    layout = detect(snapshot, "auto")
+    layout = detect(directory, snapshot, "auto")
     assert layout == "hf"
     return inspect(directory, snapshot, layout)
 
@@ -46,7 +46,7 @@ def test_every_intermediate_state_of_a_slow_write_is_incomplete(
     states = []
     for step in replay(source, target, chunks=4):
         snapshot = take_snapshot(target)
-        kind = detect(snapshot, "auto")
+        kind = detect(target, snapshot, "auto")
         states.append((step, None if kind is None else inspect(target, snapshot, kind).readiness))
     *partial, last = states
     assert last[1] is Readiness.COMPLETE

@@ -1,15 +1,21 @@
-"""Checkpoint layouts: recognise a directory, judge whether it is complete, say its step.
+"""Checkpoint layouts: recognise a folder, judge whether it is complete, say its step, load it.
 
-Only the Hugging Face ``save_pretrained`` layout exists so far; ``detect`` is where others join.
+Each layout is a module with one :class:`Layout` subclass; this registry imports them lazily so the
+daemon pays only for what it uses. ``auto`` tries them in :data:`AUTO_ORDER`: the layouts that recognise
+a folder by its name or by a tell-tale sub-folder first, plain ``save_pretrained`` last.
 """
 
 from __future__ import annotations
 
+import importlib
+from functools import cache
 from pathlib import Path
 
 from inference.layouts import hf
 from inference.layouts.base import (
     FileStat,
+    Layout,
+    LayoutSettings,
     Readiness,
     Snapshot,
     Verdict,
@@ -18,15 +24,31 @@ from inference.layouts.base import (
     take_snapshot,
 )
 
-LAYOUTS = (hf.NAME,)
+#: name → "module:Class". Names are what ``runs[].layout`` and the job spec use.
+REGISTRY: dict[str, str] = {
+    "hf": "inference.layouts.hf:HfLayout",
+    "hf_trainer": "inference.layouts.hf_trainer:HfTrainerLayout",
+    "deepspeed": "inference.layouts.deepspeed:DeepSpeedLayout",
+    "dcp": "inference.layouts.dcp:DcpLayout",
+    "verl": "inference.layouts.verl:VerlLayout",
+    "areal": "inference.layouts.areal:ArealLayout",
+    "openrlhf": "inference.layouts.openrlhf:OpenRlhfLayout",
+}
+AUTO_ORDER = ("hf_trainer", "verl", "areal", "openrlhf", "deepspeed", "dcp", "hf")
 
 __all__ = [
-    "LAYOUTS",
+    "AUTO_ORDER",
+    "REGISTRY",
     "FileStat",
+    "Layout",
+    "LayoutSettings",
     "Readiness",
     "Snapshot",
     "Verdict",
+    "available",
     "detect",
+    "get",
+    "hf",
     "inspect",
     "is_ignored_name",
     "parse_step",
@@ -34,16 +56,45 @@ __all__ = [
 ]
 
 
-def detect(snapshot: Snapshot, configured: str) -> str | None:
-    """The layout of a directory, or ``None`` while nothing in it is recognisable yet."""
+@cache
+def get(name: str) -> Layout:
+    """The layout called ``name``; ``KeyError`` naming the known ones if there is none."""
+    target = REGISTRY.get(name)
+    if target is None:
+        raise KeyError(f"unknown layout {name!r} (known: {', '.join(REGISTRY)})")
+    module, _, cls = target.partition(":")
+    layout: Layout = getattr(importlib.import_module(module), cls)()
+    return layout
+
+
+@cache
+def available() -> tuple[str, ...]:
+    """Registered layouts whose module exists in this installation, in auto-detection order."""
+    found = []
+    for name in AUTO_ORDER:
+        try:
+            get(name)
+        except ModuleNotFoundError:
+            continue
+        found.append(name)
+    return tuple(found)
+
+
+def detect(directory: Path, snapshot: Snapshot, configured: str) -> str | None:
+    """The layout of a folder, or ``None`` while nothing in it is recognisable yet."""
     if configured != "auto":
         return configured
-    if hf.looks_like(snapshot):
-        return hf.NAME
+    for name in available():
+        if get(name).recognise(directory, snapshot):
+            return name
     return None
 
 
-def inspect(directory: Path, snapshot: Snapshot, layout: str) -> Verdict:
-    if layout == hf.NAME:
-        return hf.inspect(directory, snapshot)
-    return Verdict(Readiness.INVALID, f"layout {layout!r} is not supported (known: {', '.join(LAYOUTS)})")
+def inspect(
+    directory: Path, snapshot: Snapshot, layout: str, settings: LayoutSettings | None = None
+) -> Verdict:
+    try:
+        chosen = get(layout)
+    except KeyError as exc:
+        return Verdict(Readiness.INVALID, str(exc.args[0]))
+    return chosen.inspect(directory, snapshot, settings or LayoutSettings())

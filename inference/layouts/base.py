@@ -9,8 +9,10 @@ from __future__ import annotations
 import enum
 import os
 import re
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 
 class Readiness(enum.StrEnum):
@@ -104,3 +106,43 @@ def parse_step(name: str) -> tuple[int | None, int | None]:
 def is_ignored_name(name: str) -> bool:
     """Folders trainers use while writing, and hidden ones, are never checkpoints."""
     return name.startswith((".", "tmp-", "tmp_")) or name.endswith((".tmp", ".partial", ".incomplete"))
+
+
+@dataclass(frozen=True)
+class LayoutSettings:
+    """What a run's config tells every layout."""
+
+    #: A file the trainer writes last; when set, the daemon waits for it instead of a quiet period.
+    marker: str | None = None
+    #: A folder with the HF ``config.json`` (and tokenizer files) for checkpoints that carry none
+    #: (DeepSpeed engine and DCP checkpoints hold only tensors).
+    hf_config: Path | None = None
+
+
+class Layout(ABC):
+    """One way trainers lay a checkpoint out on disk.
+
+    A layout recognises its checkpoint folders, judges whether one is complete (from its files, never
+    from timing: the caller adds the quiet period), says its step, and turns it into a folder that
+    ``transformers.AutoModelForCausalLM.from_pretrained`` loads. Everything but ``materialise`` is cheap
+    and reads only small files; ``materialise`` runs in the worker and may convert (DeepSpeed ZeRO,
+    DCP), but never unpickles anything beyond ``torch.load(weights_only=True)``.
+    """
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def recognise(self, directory: Path, snapshot: Snapshot) -> bool:
+        """Whether ``directory`` (with these files) is a checkpoint of this layout, complete or not."""
+
+    @abstractmethod
+    def inspect(self, directory: Path, snapshot: Snapshot, settings: LayoutSettings) -> Verdict:
+        """Readiness from the files; may read small files in ``directory`` and beside it (``latest``)."""
+
+    def step(self, directory: Path) -> tuple[int | None, int | None]:
+        """(step, epoch) of the checkpoint; by default from the folder's name."""
+        return parse_step(directory.name)
+
+    def materialise(self, directory: Path, settings: LayoutSettings, scratch: Path) -> Path:
+        """A folder ``from_pretrained`` can load (``scratch`` is empty and the worker's to use)."""
+        return directory

@@ -12,7 +12,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from inference.layouts.base import Readiness, Snapshot, Verdict
+from inference.layouts.base import Layout, LayoutSettings, Readiness, Snapshot, Verdict
 
 NAME = "hf"
 SINGLE_FILE = "model.safetensors"
@@ -164,3 +164,15 @@ def inspect(directory: Path, snapshot: Snapshot) -> Verdict:
     return assess(
         snapshot, config_text=_read_text(directory / CONFIG_FILE), index_text=index_text, headers=headers
     )
+
+
+class HfLayout(Layout):
+    """``save_pretrained`` output, as AReaL and most trainers write their final or periodic models."""
+
+    name = NAME
+
+    def recognise(self, directory: Path, snapshot: Snapshot) -> bool:
+        return looks_like(snapshot)
+
+    def inspect(self, directory: Path, snapshot: Snapshot, settings: LayoutSettings) -> Verdict:
+        return inspect(directory, snapshot)
