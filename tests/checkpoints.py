@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -70,3 +71,27 @@ def copy_checkpoint(source: Path, target: Path, mutate: Callable[[Path], None] |
     if mutate is not None:
         mutate(target)
     return target
+
+
+@dataclass(frozen=True)
+class LayoutCase:
+    """A finished checkpoint as a real trainer left it, and how that trainer wrote it.
+
+    ``tests/cases/<layout>.py`` modules build these with the real writer (or the trainer's exact file
+    names and write order, cited from its source); the generic slow-writer test replays ``order``
+    file by file, large files in several appends, and checks nothing is read early.
+    """
+
+    #: Registry name of the layout (``inference.layouts.REGISTRY``).
+    layout: str
+    #: The run folder the trainer wrote into (what a run's ``root`` points at).
+    source: Path
+    #: The checkpoint folder, relative to ``source`` (``global_step2``, ``_actor/global_step2``).
+    candidate: str
+    #: Every file the trainer writes for this checkpoint, relative to ``source``, in write order,
+    #: including trackers beside the folder (``latest``) where the trainer writes them last.
+    order: tuple[str, ...]
+    step: int
+    epoch: int | None = None
+    #: For tensor-only layouts: the HF config (and tokenizer) folder the run's config names.
+    hf_config: Path | None = None
