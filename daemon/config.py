@@ -71,8 +71,9 @@ class RunConfig(_Section):
     #: Folder with the HF config.json (and tokenizer) for checkpoints that hold only tensors
     #: (DeepSpeed engine, DCP).
     hf_config: Path | None = None
-    #: "inotify" (and "auto", for now) adds filesystem events to the periodic rescan; "poll" relies on the
-    #: rescan alone, for filesystems whose writes inotify does not see (NFS written by other hosts).
+    #: "inotify" adds filesystem events to the periodic rescan; "poll" relies on the rescan alone, for
+    #: filesystems whose writes by other hosts inotify does not see; "auto" polls on network filesystems
+    #: (NFS, Lustre, GPFS, ...) and uses inotify elsewhere.
     watch_mode: Literal["auto", "inotify", "poll"] = "auto"
     #: Task names to evaluate for this run; empty means every task.
     tasks: tuple[str, ...] = ()

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
+from sqlalchemy.orm import Session
 
 from daemon.config import RunConfig, SchedulingConfig
 from daemon.readiness import Decision, Outcome, decide
@@ -57,13 +58,44 @@ class _RunState:
     root_missing_logged: bool = False
 
 
-def candidate_dirs(root: Path) -> list[Path]:
-    """The direct children of a run root that could be checkpoints."""
+#: Files trainers keep beside their checkpoint folders to say which one is newest.
+TRACKER_FILES = frozenset({"latest", "latest_checkpointed_iteration.txt"})
+
+
+def _subdirs(folder: Path) -> list[Path]:
     try:
-        entries = list(root.iterdir())
-    except FileNotFoundError:
+        entries = list(folder.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
         return []
     return sorted(p for p in entries if not layouts.is_ignored_name(p.name) and p.is_dir())
+
+
+def is_container(folder: Path) -> bool:
+    """A folder that holds checkpoint folders rather than being one (OpenRLHF's ``_actor``).
+
+    Its name carries no step, it holds sub-folders, and its only files are trackers such as ``latest``.
+    """
+    if layouts.parse_step(folder.name) != (None, None):
+        return False
+    try:
+        entries = list(folder.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    has_subdir = False
+    for entry in entries:
+        if entry.is_dir():
+            has_subdir = True
+        elif entry.name not in TRACKER_FILES:
+            return False
+    return has_subdir
+
+
+def candidate_dirs(root: Path) -> list[Path]:
+    """The folders under a run root that could be checkpoints: its children, and a container's."""
+    found: list[Path] = []
+    for child in _subdirs(root):
+        found.extend(_subdirs(child) if is_container(child) else [child])
+    return found
 
 
 def top_level_child(root: Path, path: Path) -> Path | None:
@@ -120,10 +152,20 @@ class Discovery:
                     self._look(state, path)
 
     def hint(self, run_name: str, path: Path) -> None:
-        """Something changed at or under ``path``: look at it now."""
+        """Something changed at or under ``path`` (a child of the run root): look at it now."""
         state = self._runs.get(run_name)
-        if state is not None and str(path) not in state.settled:
-            self._look(state, path)
+        if state is None:
+            return
+        if path.is_dir() and is_container(path):
+            targets = _subdirs(path) + [Path(k) for k in state.candidates if Path(k).parent == path]
+        elif not path.is_dir() and str(path) not in state.candidates:
+            # A tracker such as ``latest`` changed beside the checkpoints: it may complete any of them.
+            targets = [Path(k) for k in state.candidates]
+        else:
+            targets = [path]
+        for target in dict.fromkeys(targets):
+            if str(target) not in state.settled:
+                self._look(state, target)
 
     def tick(self) -> None:
         """Re-look at candidates whose quiet period or incomplete limit may have run out."""
@@ -197,36 +239,59 @@ class Discovery:
         state.candidates.pop(str(path), None)
         state.recorded.discard(str(path))
         state.settled.add(str(path))
-        checkpoint_id, step = self._record(state, path, layout or "unknown", new, reason)
-        log_method = log.info if new is CheckpointState.READY else log.warning
-        log_method(f"checkpoint.{event}", run=state.run.config.name, path=str(path), step=step, reason=reason)
-        if new is CheckpointState.READY:
-            with self._db.session() as session:
+        # The checkpoint's new state and its jobs commit together: a crash between them would leave a
+        # ready checkpoint that no restart queues.
+        step, epoch = self._step(path, layout)
+        with self._db.session() as session:
+            checkpoint_id = self._record_in(
+                session, state, path, layout or "unknown", new, reason, step, epoch
+            )
+            created = 0
+            if new is CheckpointState.READY:
                 created = queries.enqueue_jobs(
                     session, checkpoint_id=checkpoint_id, step=step, tasks=state.run.tasks
                 )
+        log_method = log.info if new is CheckpointState.READY else log.warning
+        log_method(f"checkpoint.{event}", run=state.run.config.name, path=str(path), step=step, reason=reason)
+        if new is CheckpointState.READY:
             log.info("job.enqueued", run=state.run.config.name, step=step, jobs=created)
             self.enqueued += created
 
-    def _record(
-        self, state: _RunState, path: Path, layout: str, new: CheckpointState, reason: str
-    ) -> tuple[int, int | None]:
-        step, epoch = (
-            layouts.get(layout).step(path) if layout in layouts.REGISTRY else layouts.parse_step(path.name)
-        )
+    def _record(self, state: _RunState, path: Path, layout: str, new: CheckpointState, reason: str) -> None:
+        step, epoch = self._step(path, layout)
         with self._db.session() as session:
-            checkpoint_id = queries.record_checkpoint(
-                session,
-                run_id=state.run.run_id,
-                path=str(path),
-                name=path.name,
-                step=step,
-                epoch=epoch,
-                layout=layout,
-                state=new,
-                reason=reason,
-            )
-        return checkpoint_id, step
+            self._record_in(session, state, path, layout, new, reason, step, epoch)
+
+    @staticmethod
+    def _step(path: Path, layout: str | None) -> tuple[int | None, int | None]:
+        if layout is not None and layout in layouts.REGISTRY:
+            return layouts.get(layout).step(path)
+        return layouts.parse_step(path.name)
+
+    @staticmethod
+    def _record_in(
+        session: Session,
+        state: _RunState,
+        path: Path,
+        layout: str,
+        new: CheckpointState,
+        reason: str,
+        step: int | None,
+        epoch: int | None,
+    ) -> int:
+        return queries.record_checkpoint(
+            session,
+            run_id=state.run.run_id,
+            path=str(path),
+            name=str(path.relative_to(state.run.config.root))
+            if path.is_relative_to(state.run.config.root)
+            else path.name,
+            step=step,
+            epoch=epoch,
+            layout=layout,
+            state=new,
+            reason=reason,
+        )
 
 
 def _inside(root: Path, path: Path) -> bool:

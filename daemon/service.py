@@ -13,7 +13,8 @@ import structlog
 from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_MISSED, JobExecutionEvent
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from daemon.config import Config
+from daemon import filesystem
+from daemon.config import Config, RunConfig
 from daemon.discovery import Discovery, WatchedRun
 from daemon.notify import SystemdNotifier
 from daemon.runner import JobRunner
@@ -43,6 +44,17 @@ def register_runs(config: Config, database: Database) -> list[WatchedRun]:
             run_id = queries.ensure_run(session, run.name, str(run.root))
             watched.append(WatchedRun(run, run_id, tuple(t.name for t in config.tasks_for(run))))
     return watched
+
+
+def uses_inotify(run: RunConfig) -> bool:
+    """``auto`` watches with inotify unless the root is on a network filesystem, where it would miss
+    every write made by another host."""
+    if run.watch_mode == "auto":
+        network = filesystem.is_network(run.root)
+        if network:
+            log.info("watcher.polling", run=run.name, root=str(run.root), reason="network filesystem")
+        return not network
+    return run.watch_mode == "inotify"
 
 
 class Service:
@@ -110,7 +122,7 @@ class Service:
             self.database, register_runs(self.config, self.database), self.config.scheduling
         )
         runner = JobRunner(self.config, self.database, self.owner)
-        watcher = Watcher({r.name: r.root for r in self.config.runs if r.watch_mode != "poll"}, self.wake)
+        watcher = Watcher({r.name: r.root for r in self.config.runs if uses_inotify(r)}, self.wake)
         scheduler = self._scheduler()
         watcher.start()
         scheduler.start()
@@ -121,8 +133,9 @@ class Service:
         )
         try:
             while not self.stop_requested.is_set():
-                if self._rescan_due.is_set():
+                if self._rescan_due.is_set() or watcher.overflowed.is_set():
                     self._rescan_due.clear()
+                    watcher.overflowed.clear()
                     watcher.refresh()
                     discovery.scan()
                     self._queue_due.set()
