@@ -17,6 +17,17 @@ from storage.database import Database
 
 T = TypeVar("T")
 
+
+class Clock:
+    """A controlled monotonic clock for tests: advance ``now`` instead of sleeping."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+
 CONFIG = """\
 [database]
 url = "{url}"

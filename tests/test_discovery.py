@@ -13,14 +13,7 @@ from storage import queries
 from storage.database import Database
 from storage.models import CheckpointState
 from tests.checkpoints import copy_checkpoint, replay, save_tiny_llama
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.harness import Clock
 
 
 @pytest.fixture(scope="module")
