@@ -1,0 +1,275 @@
+"""DeepSpeed engine checkpoints: ``save_checkpoint(save_dir)`` writes ``save_dir/<tag>/``, then ``latest``.
+
+Write order (``deepspeed/runtime/engine.py``, ``save_checkpoint``): the model states (one
+``mp_rank_XX_model_states.pt`` for ZeRO 0-2, one ``zero_pp_rank_R_mp_rank_XX_model_states.pt`` per rank for
+ZeRO-3), every rank's ``*_optim_states.pt``, a barrier, and only then rank 0 writes the tag into
+``save_dir/latest``. So a tag folder is committed once ``latest`` names it, or names a later tag (DeepSpeed
+moves ``latest`` forward and leaves older tags whole).
+
+The number of optimizer shards is the data-parallel world size. DeepSpeed's own ``zero_to_fp32`` reads it
+from inside the optimizer pickles (``partition_count``); the daemon must not unpickle, so it takes
+``dp_world_size`` from the rank-0 model-states file's pickle opcodes (see :mod:`inference.layouts.torch_zip`),
+and expects one shard per data-parallel rank and model-parallel rank.
+
+Weights are consolidated in the worker with ``deepspeed.utils.zero_to_fp32``, DeepSpeed's own code. It
+calls ``torch.load(..., weights_only=False)``; evald forces ``weights_only=True`` around it (PyTorch's
+``TORCH_FORCE_WEIGHTS_ONLY_LOAD``) and allows only DeepSpeed's plain data classes, so a pickle that would
+run code is refused instead of executed.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import shutil
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager, redirect_stdout
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from inference.errors import CheckpointInvalid
+from inference.layouts import torch_zip
+from inference.layouts.base import (
+    Layout,
+    LayoutSettings,
+    Readiness,
+    Snapshot,
+    Verdict,
+    parse_step,
+    take_snapshot,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+NAME = "deepspeed"
+LATEST = "latest"
+#: The rank-0 model-states file of ZeRO 0-2, then of ZeRO-3 (which partitions the weights).
+RANK0_STATES = ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt")
+_STATES = re.compile(
+    r"(?:zero_pp_rank_\d+_)?mp_rank_\d+_model_states\.pt|(?:bf16_)?zero_pp_rank_\d+_mp_rank_\d+_optim_states\.pt"
+)
+_WORLD_KEYS = frozenset({"dp_world_size", "mp_world_size"})
+#: Files from an ``hf_config`` folder that are never copied next to consolidated weights.
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".index.json")
+CONSOLIDATED = "consolidated"
+
+
+def commit_problem(name: str, latest_text: str | None) -> str | None:
+    """Why the tag folder ``name`` is not committed by ``latest`` yet, or ``None`` when it is (pure)."""
+    if latest_text is None:
+        return f"no {LATEST} file beside it yet (DeepSpeed writes it after every shard)"
+    tag = latest_text.strip()
+    if tag == name:
+        return None
+    step, _ = parse_step(name)
+    latest_step, _ = parse_step(tag)
+    if step is not None and latest_step is not None and latest_step > step:
+        return None  # an older tag: latest only moves on once this one was whole
+    return f"{LATEST} names {tag!r}, not {name!r}: this checkpoint is not committed"
+
+
+@dataclass(frozen=True)
+class Shards:
+    """The files a tag folder must hold, given its rank-0 model-states file and world sizes."""
+
+    model_states: tuple[str, ...]
+    #: Per (dp rank, mp rank): the accepted names (``bf16_`` prefix when bf16 without ZeRO).
+    optim_states: tuple[tuple[str, ...], ...]
+
+
+def expected_shards(rank0: str, dp_world_size: int, mp_world_size: int) -> Shards:
+    """The shard names DeepSpeed writes for these world sizes (pure; ``engine._get_ckpt_name``)."""
+    partitioned = rank0 == RANK0_STATES[1]
+    model: list[str] = []
+    optim: list[tuple[str, ...]] = []
+    for mp in range(mp_world_size):
+        if not partitioned:
+            model.append(f"mp_rank_{mp:02d}_model_states.pt")
+        for dp in range(dp_world_size):
+            if partitioned:
+                model.append(f"zero_pp_rank_{dp}_mp_rank_{mp:02d}_model_states.pt")
+            name = f"zero_pp_rank_{dp}_mp_rank_{mp:02d}_optim_states.pt"
+            optim.append((name, f"bf16_{name}"))
+    return Shards(tuple(model), tuple(optim))
+
+
+def missing_shard(shards: Shards, names: frozenset[str]) -> str | None:
+    """The first shard not in ``names`` (pure)."""
+    for name in shards.model_states:
+        if name not in names:
+            return name
+    for choices in shards.optim_states:
+        if not names.intersection(choices):
+            return choices[0]
+    return None
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return None
+
+
+def inspect(directory: Path, snapshot: Snapshot) -> Verdict:
+    """Readiness of a tag folder from ``latest``, its shards' names and their zip trailers (I/O edge)."""
+    problem = commit_problem(directory.name, _read_text(directory.parent / LATEST))
+    if problem is not None:
+        return Verdict(Readiness.INCOMPLETE, problem)
+    names = snapshot.names()
+    rank0 = next((name for name in RANK0_STATES if name in names), None)
+    if rank0 is None:
+        return Verdict(Readiness.INCOMPLETE, f"no {RANK0_STATES[0]} or {RANK0_STATES[1]}")
+    try:
+        probe = torch_zip.probe(directory / rank0, _WORLD_KEYS)
+    except FileNotFoundError:
+        return Verdict(Readiness.INCOMPLETE, f"{rank0} disappeared while being read")
+    if probe.problem is not None:
+        return Verdict(Readiness.INCOMPLETE, f"{rank0}: {probe.problem}")
+    dp, mp = probe.integers.get("dp_world_size"), probe.integers.get("mp_world_size", 1)
+    if dp is None or dp < 1 or mp < 1:
+        return Verdict(Readiness.INVALID, f"{rank0} records no usable dp_world_size")
+    shards = expected_shards(rank0, dp, mp)
+    missing = missing_shard(shards, names)
+    if missing is not None:
+        return Verdict(
+            Readiness.INCOMPLETE,
+            f"{missing} is missing ({rank0} records dp_world_size {dp}, mp_world_size {mp})",
+        )
+    present = [n for n in shards.model_states] + [n for c in shards.optim_states for n in c if n in names]
+    for name in present:
+        if name == rank0:
+            continue
+        try:
+            whole = torch_zip.probe(directory / name, frozenset())
+        except FileNotFoundError:
+            return Verdict(Readiness.INCOMPLETE, f"{name} disappeared while being read")
+        if whole.problem is not None:
+            return Verdict(Readiness.INCOMPLETE, f"{name}: {whole.problem}")
+    return Verdict.complete()
+
+
+def looks_like(directory: Path, snapshot: Snapshot) -> bool:
+    if any(_STATES.fullmatch(name) for name in snapshot.names()):
+        return True
+    return (
+        re.fullmatch(r"global_step\d+", directory.name) is not None and (directory.parent / LATEST).is_file()
+    )
+
+
+@contextmanager
+def _weights_only_loads() -> Iterator[None]:
+    """Every ``torch.load`` inside runs with ``weights_only=True``, whatever its caller asked for.
+
+    Besides tensors and containers, DeepSpeed's optimizer pickles hold three plain data classes (the ZeRO
+    stage enum, the loss scaler's settings, a fragment's offsets); they are allowed, nothing else is.
+    Not thread-safe (it sets an environment variable), which suits the single-threaded worker.
+    """
+    import torch
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler  # type: ignore[import-untyped]
+    from deepspeed.runtime.zero.config import ZeroStageEnum  # type: ignore[import-untyped]
+    from deepspeed.utils.tensor_fragment import fragment_address  # type: ignore[import-untyped]
+
+    variable = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
+    before = os.environ.get(variable)
+    os.environ[variable] = "1"
+    try:
+        with torch.serialization.safe_globals(
+            [ZeroStageEnum, LossScaler, DynamicLossScaler, fragment_address]
+        ):
+            yield
+    finally:
+        if before is None:
+            os.environ.pop(variable, None)
+        else:
+            os.environ[variable] = before
+
+
+def consolidated_state_dict(directory: Path) -> dict[str, torch.Tensor]:
+    """fp32 weights of a ZeRO checkpoint tag folder, gathered by DeepSpeed's ``zero_to_fp32``.
+
+    Raises :class:`CheckpointInvalid` naming the folder when DeepSpeed cannot read it or a pickle needs
+    more than tensors; ``FileNotFoundError`` passes through (the loader reports a vanished checkpoint).
+    """
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint  # type: ignore[import-untyped]
+
+    try:
+        # zero_to_fp32 prints progress; stdout is not ours to write to in the worker.
+        with _weights_only_loads(), redirect_stdout(sys.stderr):
+            state: dict[str, torch.Tensor] = get_fp32_state_dict_from_zero_checkpoint(
+                str(directory.parent), tag=directory.name
+            )
+    except pickle.UnpicklingError as exc:
+        first = " ".join(str(exc).split())[:300]
+        raise CheckpointInvalid(
+            f"{directory}: refused to unpickle a shard that holds more than tensors: {first}"
+        ) from exc
+    except FileNotFoundError:
+        raise
+    except (ValueError, KeyError, RuntimeError, OSError) as exc:
+        raise CheckpointInvalid(
+            f"{directory}: DeepSpeed's zero_to_fp32 cannot consolidate it: {exc}"
+        ) from exc
+    return state
+
+
+def require_hf_config(directory: Path, settings: LayoutSettings) -> Path:
+    if settings.hf_config is None:
+        raise CheckpointInvalid(
+            f"{directory}: a DeepSpeed checkpoint holds only tensors; set runs[].hf_config to a folder "
+            "with the model's config.json and tokenizer files"
+        )
+    if not (settings.hf_config / "config.json").is_file():
+        raise CheckpointInvalid(f"{settings.hf_config / 'config.json'}: not found (runs[].hf_config)")
+    return settings.hf_config
+
+
+def write_pretrained(state: dict[str, torch.Tensor], hf_config: Path, target: Path) -> Path:
+    """``target`` as a ``save_pretrained`` folder: ``model.safetensors`` plus ``hf_config``'s other files.
+
+    Tied weights come out of DeepSpeed as one tensor under two names; safetensors refuses shared storage, so
+    only the first name is kept and ``from_pretrained`` ties the other again from ``config.json``.
+    """
+    from safetensors.torch import save_file
+
+    target.mkdir(parents=True, exist_ok=True)
+    seen: set[int] = set()
+    tensors: dict[str, torch.Tensor] = {}
+    for key, tensor in state.items():
+        pointer = tensor.data_ptr()
+        if pointer in seen and tensor.numel() > 0:
+            continue
+        seen.add(pointer)
+        tensors[key] = tensor.contiguous()
+    save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
+    for source in hf_config.iterdir():
+        if source.is_file() and not source.name.endswith(_WEIGHT_SUFFIXES):
+            shutil.copyfile(source, target / source.name)
+    return target
+
+
+def consolidate(directory: Path, hf_config: Path, scratch: Path) -> Path:
+    """Turn a committed tag folder into a loadable ``save_pretrained`` folder under ``scratch``."""
+    verdict = inspect(directory, take_snapshot(directory))
+    if verdict.readiness is not Readiness.COMPLETE:
+        raise CheckpointInvalid(f"{directory}: {verdict.reason}")
+    return write_pretrained(consolidated_state_dict(directory), hf_config, scratch / CONSOLIDATED)
+
+
+class DeepSpeedLayout(Layout):
+    """``global_stepN/`` written by ``DeepSpeedEngine.save_checkpoint``, committed by ``latest`` beside it."""
+
+    name = NAME
+
+    def recognise(self, directory: Path, snapshot: Snapshot) -> bool:
+        return looks_like(directory, snapshot)
+
+    def inspect(self, directory: Path, snapshot: Snapshot, settings: LayoutSettings) -> Verdict:
+        return inspect(directory, snapshot)
+
+    def materialise(self, directory: Path, settings: LayoutSettings, scratch: Path) -> Path:
+        return consolidate(directory, require_hf_config(directory, settings), scratch)

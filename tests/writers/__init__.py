@@ -1,0 +1,1 @@
+"""Real trainers' checkpoint writers, run as their own processes (see each module's docstring)."""

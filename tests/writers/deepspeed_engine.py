@@ -1,0 +1,78 @@
+"""Train the toy model with the real DeepSpeed engine on CPU and save engine checkpoints, as a trainer does.
+
+Run under torchrun (2 ranks, gloo)::
+
+    DS_ACCELERATOR=cpu LOCAL_SIZE=2 torchrun --standalone --nproc-per-node 2 \
+        tests/writers/deepspeed_engine.py --out RUN --stage 3 --steps 2
+
+Every step it calls ``engine.save_checkpoint(RUN)``: ``RUN/global_stepN/``, then ``RUN/latest``.
+Rank 0 also writes what a test needs to check a consolidation against the trained model:
+``RUN_reference/hf_config/`` (``config.json`` and the tokenizer, the folder a run's ``hf_config`` names) and
+``RUN_reference/logits.safetensors`` (the engine's logits on fixed prompts after the last step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+PROMPTS = ("12+34=", "7+5=")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--stage", type=int, choices=(0, 1, 2, 3), required=True)
+    parser.add_argument("--steps", type=int, default=2)
+    args = parser.parse_args()
+
+    # DeepSpeed's CPU shared-memory all-reduce needs LOCAL_SIZE; torchrun only sets LOCAL_WORLD_SIZE.
+    os.environ.setdefault("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    import deepspeed  # type: ignore[import-untyped]
+    import torch
+    from safetensors.torch import save_file
+
+    from inference.toy.problems import training_problems
+    from inference.toy.tokenizer import build_tokenizer
+    from inference.toy.trainer import build_model, encode_problems
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer)
+    config = {
+        "train_micro_batch_size_per_gpu": 4,
+        "gradient_accumulation_steps": 1,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True}},
+        "zero_optimization": {"stage": args.stage},
+        "steps_per_print": 1000,
+    }
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    rank = engine.global_rank
+    input_ids, attention_mask, labels = encode_problems(tokenizer, training_problems()[:64])
+    for step in range(args.steps):
+        rows = slice((step * 2 + rank) * 4, (step * 2 + rank + 1) * 4)
+        loss = engine(
+            input_ids=input_ids[rows], attention_mask=attention_mask[rows], labels=labels[rows]
+        ).loss
+        engine.backward(loss)
+        engine.step()
+        engine.save_checkpoint(str(args.out))
+
+    # Every rank runs the forward pass: under ZeRO-3 each holds only a slice of every weight.
+    prompts = tokenizer(list(PROMPTS), return_tensors="pt", padding=True)
+    engine.eval()
+    with torch.no_grad():
+        logits = engine(**prompts).logits
+    if rank == 0:
+        reference = Path(f"{args.out}_reference")
+        model.config.save_pretrained(reference / "hf_config")
+        model.generation_config.save_pretrained(reference / "hf_config")
+        tokenizer.save_pretrained(reference / "hf_config")
+        save_file({"logits": logits.contiguous()}, reference / "logits.safetensors")
+    deepspeed.comm.barrier()
+
+
+if __name__ == "__main__":
+    main()

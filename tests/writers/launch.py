@@ -1,0 +1,71 @@
+"""Run the real writers once per test process and hand each caller its own copy of what they wrote."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+_written: dict[str, Path] = {}
+
+
+def _cache() -> Path:
+    if "root" not in _written:
+        root = Path(tempfile.mkdtemp(prefix="evald-writers-"))
+        atexit.register(shutil.rmtree, root, ignore_errors=True)
+        _written["root"] = root
+    return _written["root"]
+
+
+def writer_env() -> dict[str, str]:
+    return {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+        "DS_ACCELERATOR": "cpu",
+        # DeepSpeed's CPU shared-memory all-reduce reads LOCAL_SIZE; torchrun sets only LOCAL_WORLD_SIZE.
+        "LOCAL_SIZE": "2",
+        "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH")))),
+    }
+
+
+def deepspeed_run(stage: int, target: Path) -> Path:
+    """``target`` holding a 2-rank ZeRO-``stage`` run (``global_step1``, ``global_step2``, ``latest``).
+
+    Beside it, ``target_reference`` holds ``hf_config/`` and the trained engine's ``logits.safetensors``.
+    """
+    key = f"deepspeed-zero{stage}"
+    if key not in _written:
+        out = _cache() / key
+        command = [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+            str(REPO / "tests" / "writers" / "deepspeed_engine.py"), "--out", str(out), "--stage", str(stage),
+        ]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, env=writer_env(), timeout=600)
+        if done.returncode != 0:
+            raise RuntimeError(f"DeepSpeed writer failed ({done.returncode}):\n{done.stderr[-4000:]}")
+        _written[key] = out
+    source = _written[key]
+    shutil.copytree(source, target)
+    shutil.copytree(
+        source.with_name(source.name + "_reference"), target.with_name(target.name + "_reference")
+    )
+    return target
+
+
+def deepspeed_order(run: Path, tag: str) -> tuple[str, ...]:
+    """The files of ``run/tag`` in ``DeepSpeedEngine.save_checkpoint``'s order, relative to ``run``.
+
+    Model states, then every rank's optimizer shard, then rank 0 copies the recovery scripts into the run
+    folder, and ``latest`` comes last (``deepspeed/runtime/engine.py``: ``save_checkpoint``).
+    """
+    shards = sorted(p.name for p in (run / tag).iterdir())
+    model = [name for name in shards if name.endswith("_model_states.pt")]
+    optim = [name for name in shards if name.endswith("_optim_states.pt")]
+    scripts = [name for name in ("zero_to_fp32.py", "zero_to_torch.py") if (run / name).is_file()]
+    return (*(f"{tag}/{name}" for name in model + optim), *scripts, "latest")
