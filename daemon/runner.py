@@ -174,6 +174,12 @@ class JobRunner:
                 duration_s=duration,
                 load_s=load_s,
             )
+        if stored and not Path(job.checkpoint_path).is_dir():
+            # Rotated away after the worker had it in memory: the results stand, the folder is gone.
+            with self._db.session() as session:
+                reason = "deleted after it was evaluated"
+                queries.mark_checkpoint(session, job.checkpoint_id, CheckpointState.VANISHED, reason)
+            log.info("checkpoint.vanished", run=job.run, step=job.step, reason=reason)
         if stored:
             values = {m.name: round(m.value, 4) for m in result.metrics}
             log.info(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import time
@@ -254,3 +255,42 @@ def test_logs_are_json_lines_with_stable_event_names(sqlite_url: str, dataset: P
     names = [e["event"] for e in events]
     assert names[-1] == "daemon.stopped" and "daemon.ready" in names and "daemon.stopping" in names
     assert all(datetime.fromisoformat(e["timestamp"]).tzinfo == UTC for e in events)
+
+
+def test_rotated_checkpoints_end_as_vanished_and_the_daemon_goes_on(
+    sqlite_url: str, trained: Path, tmp_path: Path
+) -> None:
+    big = write_dataset(tmp_path / "big.jsonl", 300)
+    database = upgraded(sqlite_url)
+    config = write_config(tmp_path, sqlite_url, dataset=big, batch_size=4)
+    root = tmp_path / "run"
+    with running_daemon(config, tmp_path / "daemon.log") as daemon:
+        copy_checkpoint(trained, root / "step_10")
+        copy_checkpoint(trained, root / "step_20")
+        # One job runs (max_concurrent = 1) while the other waits.
+        [running] = wait_for(
+            lambda: [j for j in jobs(database) if j.state == "running"] or None,
+            60,
+            "a running job",
+            daemon.process,
+        )
+        waiting = 10 if running.step == 20 else 20
+        log = tmp_path / "state" / "jobs" / f"{running.id}-1" / "worker.log"
+        wait_for(lambda: log.exists() and b"task.loaded" in log.read_bytes(), 60, "the model loaded")
+        shutil.rmtree(root / f"step_{running.step}")  # rotated while being evaluated
+        shutil.rmtree(root / f"step_{waiting}")  # rotated before its worker starts
+        copy_checkpoint(trained, root / "step_30")
+        rows = wait_for(lambda: all_jobs_done(database, 3), 180, "three finished jobs", daemon.process)
+        assert daemon.stop() == 0
+    by_step = {j.step: j for j in rows}
+    assert by_step[running.step].state == "succeeded"  # it had the whole model in memory
+    assert by_step[waiting].state == "failed" and "does not exist" in (by_step[waiting].error or "")
+    assert by_step[30].state == "succeeded"
+    states = {c.name: (c.state, c.reason) for c in checkpoints(database)}
+    assert states[f"step_{running.step}"] == ("vanished", "deleted after it was evaluated")
+    assert states[f"step_{waiting}"][0] == "vanished"
+    assert states["step_30"][0] == "ready"
+    with database.session() as session:
+        kinds = dict(session.execute(select(EvalJob.step, EvalJob.error_kind)).all())
+    assert kinds[waiting] == "checkpoint_vanished"
+    database.dispose()
