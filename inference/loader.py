@@ -1,17 +1,20 @@
-"""Load a Hugging Face checkpoint directory (``save_pretrained`` layout) for generation.
+"""Load a checkpoint of any layout for generation, as a Hugging Face model and tokenizer.
 
-Loading is a trust boundary: only safetensors weights are read (no pickle, so no ``torch.load`` and never
-``training_args.bin``), only local files, and no remote code. Before transformers touches the directory
-its files are checked, so a broken checkpoint is reported by name (``…/config.json: invalid JSON``,
-``…/model-00002-of-00003.safetensors: truncated``) as :class:`CheckpointInvalid`; a directory that
-disappears, as trainers rotating old checkpoints do, is :class:`CheckpointVanished`.
+Loading is a trust boundary: transformers only ever reads safetensors, local files and no remote code.
+Other weights are first turned into safetensors by the layout's ``materialise``, which unpickles nothing
+beyond ``torch.load(weights_only=True)``; ``training_args.bin`` is never opened. Before transformers
+touches the directory its files are checked, so a broken checkpoint is reported by name
+(``…/config.json: invalid JSON``, ``…/model-00002-of-00003.safetensors: truncated``) as
+:class:`CheckpointInvalid`; a directory that disappears, as trainers rotating old checkpoints do, is
+:class:`CheckpointVanished`.
 """
 
 from __future__ import annotations
 
+import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -37,6 +40,16 @@ def check_checkpoint(directory: Path) -> None:
     path by ``evald eval`` that no daemon looked at.
     """
     verdict = layouts.hf.inspect(directory, layouts.take_snapshot(directory))
+    if verdict.readiness is not Readiness.COMPLETE:
+        raise CheckpointInvalid(f"{directory}: {verdict.reason}")
+
+
+def check_layout(directory: Path, layout: str, settings: LayoutSettings) -> None:
+    """Raise :class:`CheckpointInvalid` unless ``layout``'s own readiness rule calls ``directory`` complete.
+
+    The daemon checked this already; ``evald eval`` hands the worker paths nobody checked.
+    """
+    verdict = layouts.inspect(directory, layouts.take_snapshot(directory), layout, settings)
     if verdict.readiness is not Readiness.COMPLETE:
         raise CheckpointInvalid(f"{directory}: {verdict.reason}")
 
@@ -89,28 +102,35 @@ def load_model(
     started = time.perf_counter()
     if not checkpoint.is_dir():
         raise CheckpointVanished(f"{checkpoint}: checkpoint directory does not exist")
-    with _converting_errors(checkpoint, "model"):
-        work = scratch if scratch is not None else checkpoint.parent
-        directory = layouts.get(layout).materialise(checkpoint, settings or LayoutSettings(), work)
-        check_checkpoint(directory)
-        # With output_loading_info, from_pretrained returns (model, info), which its annotation omits.
-        loaded: Any = AutoModelForCausalLM.from_pretrained(
-            directory,
-            dtype=getattr(torch, spec.dtype),
-            use_safetensors=True,
-            local_files_only=True,
-            trust_remote_code=False,
-            output_loading_info=True,
-        )
-    model: PreTrainedModel = loaded[0]
-    info: dict[str, Any] = loaded[1]
-    # transformers fills missing weights with fresh random ones and only warns; that is not this checkpoint.
-    missing = sorted(info.get("missing_keys") or ())
-    if missing:
-        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
-        raise CheckpointInvalid(f"{directory}: weights missing for {shown}")
-    with _converting_errors(directory, "tokenizer"):
-        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True, trust_remote_code=False)
+    settings = settings or LayoutSettings()
+    with ExitStack() as cleanup:
+        if scratch is None:
+            # Never beside the checkpoint: that is the trainer's watched folder.
+            scratch = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="evald-load-")))
+        with _converting_errors(checkpoint, "model"):
+            check_layout(checkpoint, layout, settings)
+            directory = layouts.get(layout).materialise(checkpoint, settings, scratch)
+            check_checkpoint(directory)
+            # With output_loading_info, from_pretrained returns (model, info), which its annotation omits.
+            loaded: Any = AutoModelForCausalLM.from_pretrained(
+                directory,
+                dtype=getattr(torch, spec.dtype),
+                use_safetensors=True,
+                local_files_only=True,
+                trust_remote_code=False,
+                output_loading_info=True,
+            )
+        model: PreTrainedModel = loaded[0]
+        info: dict[str, Any] = loaded[1]
+        # transformers fills missing weights with fresh random ones and only warns: not this checkpoint.
+        missing = sorted(info.get("missing_keys") or ())
+        if missing:
+            shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+            raise CheckpointInvalid(f"{directory}: weights missing for {shown}")
+        with _converting_errors(directory, "tokenizer"):
+            tokenizer = AutoTokenizer.from_pretrained(
+                directory, local_files_only=True, trust_remote_code=False
+            )
 
     # Through nn.Module: transformers' decorators hide these methods' signatures from the type checker.
     module: torch.nn.Module = model

@@ -159,7 +159,7 @@ def test_vanished_checkpoint(toy_dataset: Path, tmp_path: Path) -> None:
     [
         (
             lambda c: (c / "model.safetensors").unlink(),
-            r"no weights \(model\.safetensors or model\.safetensors\.index\.json\)",
+            r"no weights \(model\.safetensors, model\.safetensors\.index\.json, pytorch_model\.bin or ",
         ),
         (lambda c: (c / "config.json").unlink(), r"no config\.json"),
         (

@@ -1,23 +1,43 @@
-"""Hugging Face ``save_pretrained`` layout: ``config.json`` plus single or sharded safetensors.
+"""Hugging Face ``save_pretrained`` layout: ``config.json`` plus safetensors or ``pytorch_model*.bin``.
 
 A safetensors file is whole when its size is ``8 + N + max(data end offset)``, where the first 8 bytes
-are the little-endian header length ``N``. ``save_pretrained`` writes into the final directory with no
-rename, so this check (and the caller's quiet period) is what keeps a half-written shard from being read.
+are the little-endian header length ``N``. A ``.bin`` file (``torch.save``'s zip format) is whole when it
+ends in a zip end-of-central-directory record whose central directory ends right before it: ``torch.save``
+writes that record last. ``save_pretrained`` writes into the final directory with no rename, so these
+checks (and the caller's quiet period) are what keep a half-written shard from being read.
+
+Loading is a trust boundary: ``.bin`` weights are read only with ``torch.load(weights_only=True)`` and
+rewritten as safetensors before transformers sees the folder, so transformers only ever reads
+safetensors; ``training_args.bin`` and other pickles are never opened.
 """
 
 from __future__ import annotations
 
 import json
+import pickle
+import shutil
 import struct
+import zipfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from inference.layouts.base import Layout, LayoutSettings, Readiness, Snapshot, Verdict
+from inference.errors import CheckpointInvalid
+from inference.layouts.base import FileStat, Layout, LayoutSettings, Readiness, Snapshot, Verdict
+
+if TYPE_CHECKING:
+    import torch
 
 NAME = "hf"
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+BIN_SINGLE_FILE = "pytorch_model.bin"
+BIN_INDEX_FILE = "pytorch_model.bin.index.json"
 CONFIG_FILE = "config.json"
+#: Files copied beside converted weights: config, generation config, tokenizer and chat template.
+#: Pickles (``training_args.bin``) and weights are never copied.
+SIDE_FILE_SUFFIXES = (".json", ".txt", ".model", ".jinja", ".tiktoken")
 #: A header larger than this is not a safetensors header (the format itself caps it at 100 MB).
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 
@@ -48,6 +68,66 @@ def read_shard_header(path: Path) -> ShardHeader:
     return header_expected_size(raw, length)
 
 
+_ZIP_LOCAL = b"PK\x03\x04"
+_ZIP_END = b"PK\x05\x06"
+_ZIP64_LOCATOR = b"PK\x06\x07"
+_ZIP64_END = b"PK\x06\x06"
+_ZIP64_RECORD_SIZE = 56
+_ZIP_END_SIZE = 22
+_ZIP64_LOCATOR_SIZE = 20
+
+
+def read_torch_zip_end(path: Path) -> ShardHeader:
+    """Whether a ``torch.save`` file is whole, from its last bytes (I/O edge; no unpickling).
+
+    ``torch.save`` writes the zip's central directory and end record last, with no comment, so a whole
+    file ends in the 22-byte end record and its central directory ends where that record (or the zip64
+    locator before it) begins. Raises ``FileNotFoundError`` if the file is gone.
+    """
+    with path.open("rb") as handle:
+        start = handle.read(4)
+        size = handle.seek(0, 2)
+        if len(start) < 4:
+            return ShardHeader(None, "shorter than a zip header", maybe_partial=True)
+        if start != _ZIP_LOCAL:
+            return ShardHeader(
+                None,
+                "not a zip-format torch.save file (the legacy format cannot be checked for completeness;"
+                " re-save it with torch.save's defaults or as safetensors)",
+            )
+        if size < 4 + _ZIP_END_SIZE + _ZIP64_LOCATOR_SIZE:
+            return ShardHeader(None, "zip end record not written yet", maybe_partial=True)
+        handle.seek(size - _ZIP_END_SIZE - _ZIP64_LOCATOR_SIZE)
+        tail = handle.read(_ZIP_END_SIZE + _ZIP64_LOCATOR_SIZE)
+    end = tail[_ZIP64_LOCATOR_SIZE:]
+    if end[:4] != _ZIP_END or end[20:22] != b"\x00\x00":
+        return ShardHeader(None, "zip end record not written yet", maybe_partial=True)
+    cd_size, cd_offset = struct.unpack("<II", end[12:20])
+    cd_end = size - _ZIP_END_SIZE
+    if tail[:4] == _ZIP64_LOCATOR:
+        # torch writes zip64 records: the central directory ends where the zip64 end record begins.
+        (record_offset,) = struct.unpack("<Q", tail[8:16])
+        if record_offset + _ZIP64_RECORD_SIZE != size - _ZIP_END_SIZE - _ZIP64_LOCATOR_SIZE:
+            return ShardHeader(None, "zip64 end record does not match the file size", maybe_partial=True)
+        with path.open("rb") as handle:
+            handle.seek(record_offset)
+            record = handle.read(_ZIP64_RECORD_SIZE)
+        if record[:4] != _ZIP64_END:
+            return ShardHeader(None, "zip64 end record missing", maybe_partial=True)
+        cd_size, cd_offset = struct.unpack("<QQ", record[40:56])
+        cd_end = record_offset
+    if cd_offset + cd_size != cd_end:
+        return ShardHeader(None, "zip end record does not match the file size", maybe_partial=True)
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except zipfile.BadZipFile as exc:
+        return ShardHeader(None, f"not a readable zip file ({exc})")
+    if not any(name.endswith("/data.pkl") or name == "data.pkl" for name in names):
+        return ShardHeader(None, "zip file holds no torch.save data.pkl")
+    return ShardHeader(size)
+
+
 def header_expected_size(raw: bytes, length: int) -> ShardHeader:
     try:
         header = json.loads(raw)
@@ -66,24 +146,43 @@ def header_expected_size(raw: bytes, length: int) -> ShardHeader:
     return ShardHeader(8 + length + end)
 
 
-def weight_files(snapshot: Snapshot, index_text: str | None) -> tuple[list[str], str | None]:
-    """The safetensors files the checkpoint needs, or why that cannot be known yet (pure)."""
+def index_file(snapshot: Snapshot) -> str | None:
+    """The weight index the checkpoint uses, safetensors first (pure)."""
     names = snapshot.names()
-    if INDEX_FILE in names:
+    for name in (INDEX_FILE, BIN_INDEX_FILE):
+        if name in names:
+            return name
+    return None
+
+
+def weight_files(snapshot: Snapshot, index_text: str | None) -> tuple[list[str], str | None]:
+    """The weight files the checkpoint needs, or why that cannot be known yet (pure).
+
+    Safetensors win over ``.bin`` when both are there, as transformers itself prefers them.
+    """
+    names = snapshot.names()
+    index_name = index_file(snapshot)
+    if SINGLE_FILE in names and index_name != INDEX_FILE:
+        return [SINGLE_FILE], None
+    if index_name is not None:
         if index_text is None:
-            return [], f"{INDEX_FILE} could not be read"
+            return [], f"{index_name} could not be read"
         try:
             index = json.loads(index_text)
             weight_map = index["weight_map"]
             shards = sorted(set(weight_map.values()))
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-            return [], f"{INDEX_FILE} does not parse: {exc}"
+            return [], f"{index_name} does not parse: {exc}"
         if not shards or not all(isinstance(s, str) for s in shards):
-            return [], f"{INDEX_FILE} has an empty or malformed weight_map"
+            return [], f"{index_name} has an empty or malformed weight_map"
         return shards, None
-    if SINGLE_FILE in names:
-        return [SINGLE_FILE], None
+    if BIN_SINGLE_FILE in names:
+        return [BIN_SINGLE_FILE], None
     return [], None
+
+
+def is_bin(name: str) -> bool:
+    return not name.endswith(".safetensors")
 
 
 def assess(
@@ -105,10 +204,13 @@ def assess(
         # An index that does not parse may be half-written; it turns invalid only if it stays that way.
         return Verdict(Readiness.INCOMPLETE, problem)
     if not shards:
-        return Verdict(Readiness.INCOMPLETE, f"no weights ({SINGLE_FILE} or {INDEX_FILE})")
+        return Verdict(
+            Readiness.INCOMPLETE,
+            f"no weights ({SINGLE_FILE}, {INDEX_FILE}, {BIN_SINGLE_FILE} or {BIN_INDEX_FILE})",
+        )
     missing = [s for s in shards if s not in names]
     if missing:
-        return Verdict(Readiness.INCOMPLETE, f"shard {missing[0]} named in {INDEX_FILE} is missing")
+        return Verdict(Readiness.INCOMPLETE, f"shard {missing[0]} named in {index_file(snapshot)} is missing")
     for shard in shards:
         header = headers.get(shard)
         if header is None:
@@ -138,7 +240,7 @@ def assess(
 
 def looks_like(snapshot: Snapshot) -> bool:
     names = snapshot.names()
-    return bool({CONFIG_FILE, SINGLE_FILE, INDEX_FILE} & names)
+    return bool({CONFIG_FILE, SINGLE_FILE, INDEX_FILE, BIN_SINGLE_FILE, BIN_INDEX_FILE} & names)
 
 
 def _read_text(path: Path) -> str | None:
@@ -152,13 +254,15 @@ def _read_text(path: Path) -> str | None:
 
 def inspect(directory: Path, snapshot: Snapshot) -> Verdict:
     """Read what :func:`assess` needs from ``directory`` (I/O edge) and judge it."""
-    index_text = _read_text(directory / INDEX_FILE) if INDEX_FILE in snapshot.names() else None
+    index_name = index_file(snapshot)
+    index_text = _read_text(directory / index_name) if index_name is not None else None
     shards, _ = weight_files(snapshot, index_text)
     headers = {}
     for shard in shards:
         if shard in snapshot.names():
+            read = read_torch_zip_end if is_bin(shard) else read_shard_header
             try:
-                headers[shard] = read_shard_header(directory / shard)
+                headers[shard] = read(directory / shard)
             except FileNotFoundError:
                 continue
     return assess(
@@ -176,3 +280,80 @@ class HfLayout(Layout):
 
     def inspect(self, directory: Path, snapshot: Snapshot, settings: LayoutSettings) -> Verdict:
         return inspect(directory, snapshot)
+
+    def materialise(self, directory: Path, settings: LayoutSettings, scratch: Path) -> Path:
+        return as_safetensors(directory, scratch)
+
+
+def load_torch_file(path: Path) -> dict[str, torch.Tensor]:
+    """A ``torch.save`` state dict, unpickled only as far as ``weights_only=True`` allows.
+
+    A pickle that asks for anything beyond tensors and plain containers (a ``__reduce__`` calling
+    ``os.system``) is refused by torch's restricted unpickler before it runs, and reported by file name.
+    """
+    import torch
+
+    try:
+        loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointInvalid(
+            f"{path}: refused to unpickle: it needs more than tensors (torch.load weights_only=True"
+            f" said: {first_line})"
+        ) from exc
+    except (RuntimeError, EOFError, zipfile.BadZipFile) as exc:
+        raise CheckpointInvalid(f"{path}: not a readable torch.save file: {exc}") from exc
+    if not isinstance(loaded, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in loaded.items()
+    ):
+        raise CheckpointInvalid(f"{path}: holds no flat name-to-tensor state dict")
+    return dict(loaded)
+
+
+def copy_side_files(source: Path, target: Path) -> None:
+    """Copy config, generation config and tokenizer files (never weights or pickles) into ``target``."""
+    target.mkdir(parents=True, exist_ok=True)
+    for path in sorted(source.iterdir()):
+        if not path.is_file() or not path.name.endswith(SIDE_FILE_SUFFIXES):
+            continue
+        if path.name in (INDEX_FILE, BIN_INDEX_FILE):
+            continue
+        shutil.copyfile(path, target / path.name)
+
+
+def write_safetensors(state_dict: Mapping[str, torch.Tensor], target: Path) -> None:
+    """Write ``state_dict`` as ``target/model.safetensors``; tied weights are written once per name.
+
+    safetensors refuses tensors that share memory (tied embeddings in a ``.bin``), so a second name for
+    the same storage gets its own copy.
+    """
+    from safetensors.torch import save_file
+
+    seen: set[int] = set()
+    tensors = {}
+    for name, tensor in state_dict.items():
+        key = tensor.untyped_storage().data_ptr()
+        plain = tensor.detach().to("cpu").contiguous()
+        tensors[name] = plain.clone() if key in seen else plain
+        seen.add(key)
+    target.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(target / SINGLE_FILE), metadata={"format": "pt"})
+
+
+def as_safetensors(directory: Path, scratch: Path) -> Path:
+    """``directory`` itself when its weights are safetensors; else a safetensors copy in ``scratch``."""
+    snapshot = Snapshot(tuple(FileStat(p.name, 0, 0) for p in directory.iterdir() if p.is_file()))
+    index_name = index_file(snapshot)
+    index_text = _read_text(directory / index_name) if index_name is not None else None
+    shards, problem = weight_files(snapshot, index_text)
+    if problem is not None:
+        raise CheckpointInvalid(f"{directory}: {problem}")
+    if not shards or not is_bin(shards[0]):
+        return directory  # safetensors already, or nothing: the check that follows names what is missing
+    state_dict: dict[str, torch.Tensor] = {}
+    for shard in shards:
+        state_dict.update(load_torch_file(directory / shard))
+    target = scratch / "safetensors"
+    copy_side_files(directory, target)
+    write_safetensors(state_dict, target)
+    return target

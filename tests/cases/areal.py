@@ -1,0 +1,36 @@
+"""An AReaL ``save_pretrained`` checkpoint, named and written as AReaL does.
+
+Folder: ``areal/utils/saver.py`` ``Saver.get_save_checkpoint_path`` —
+``checkpoints/{user}/{experiment}/{trial}/{name}/epoch{E}epochstep{S}globalstep{G}``.
+Files, in order: ``areal/engine/fsdp_engine.py`` ``_save_model_to_hf`` — ``model.save_pretrained``
+(``config.json``, ``generation_config.json``, ``model.safetensors``), ``model_config.save_pretrained``
+(``config.json`` rewritten), ``tokenizer.save_pretrained`` (``tokenizer_config.json``, ``tokenizer.json``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.cases._toy import toy_model
+from tests.checkpoints import LayoutCase
+
+CANDIDATE = "checkpoints/evald/toy/trial0/default/epoch1epochstep3globalstep11"
+
+
+def build(tmp: Path) -> LayoutCase:
+    model, tokenizer = toy_model(seed=11)
+    folder = tmp / "run" / CANDIDATE
+    model.save_pretrained(folder)
+    model.config.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    order = tuple(
+        f"{CANDIDATE}/{name}"
+        for name in (
+            "config.json",
+            "generation_config.json",
+            "model.safetensors",
+            "tokenizer_config.json",
+            "tokenizer.json",
+        )
+    )
+    return LayoutCase(layout="areal", source=tmp / "run", candidate=CANDIDATE, order=order, step=11, epoch=1)
