@@ -75,7 +75,7 @@ def source_weights(case: LayoutCase) -> dict[str, torch.Tensor]:
         for shard in hf_bin.SHARDS:
             merged.update(torch.load(folder / shard, weights_only=True))
         return merged
-    import torch.distributed.checkpoint as tdcp
+    from torch.distributed.checkpoint.state_dict_loader import load
 
     from tests.cases._toy import toy_model
 
@@ -83,7 +83,7 @@ def source_weights(case: LayoutCase) -> dict[str, torch.Tensor]:
     model = {name: torch.zeros_like(t) for name, t in toy_model()[0].state_dict().items()}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "assuming the intent is to load in a single process"
-        tdcp.load({"model": model}, checkpoint_id=str(folder), no_dist=True)
+        load({"model": model}, checkpoint_id=str(folder), no_dist=True)
     return model
 
 

@@ -16,7 +16,7 @@ CANDIDATE = "step-7"
 
 
 def build(tmp: Path) -> LayoutCase:
-    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict_saver import save
 
     model, tokenizer = toy_model(seed=7)
     hf_config = tmp / "hf_config"
@@ -26,7 +26,7 @@ def build(tmp: Path) -> LayoutCase:
     with warnings.catch_warnings():
         # "torch.distributed is disabled ... assuming the intent is to save in a single process": it is.
         warnings.simplefilter("ignore", UserWarning)
-        dcp.save({"model": model.state_dict(), "step": 7}, checkpoint_id=str(folder))
+        save({"model": model.state_dict(), "step": 7}, checkpoint_id=str(folder))
     data = sorted(p.name for p in folder.iterdir() if p.name.endswith(".distcp"))
     order = (*(f"{CANDIDATE}/{name}" for name in data), f"{CANDIDATE}/.metadata")
     return LayoutCase(
