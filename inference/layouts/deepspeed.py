@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import pickle
 import re
-import shutil
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stdout
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from inference.errors import CheckpointInvalid
-from inference.layouts import torch_zip
+from inference.layouts import hf, torch_zip
 from inference.layouts.base import (
     Layout,
     LayoutSettings,
@@ -53,8 +52,6 @@ _STATES = re.compile(
     r"(?:zero_pp_rank_\d+_)?mp_rank_\d+_model_states\.pt|(?:bf16_)?zero_pp_rank_\d+_mp_rank_\d+_optim_states\.pt"
 )
 _WORLD_KEYS = frozenset({"dp_world_size", "mp_world_size"})
-#: Files from an ``hf_config`` folder that are never copied next to consolidated weights.
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".index.json")
 CONSOLIDATED = "consolidated"
 
 
@@ -124,12 +121,15 @@ def inspect(directory: Path, snapshot: Snapshot) -> Verdict:
     rank0 = next((name for name in RANK0_STATES if name in names), None)
     if rank0 is None:
         return Verdict(Readiness.INCOMPLETE, f"no {RANK0_STATES[0]} or {RANK0_STATES[1]}")
+    unfinished = _unfinished(directory, rank0)
+    if unfinished is not None:
+        return unfinished
     try:
         probe = torch_zip.probe(directory / rank0, _WORLD_KEYS)
     except FileNotFoundError:
         return Verdict(Readiness.INCOMPLETE, f"{rank0} disappeared while being read")
     if probe.problem is not None:
-        return Verdict(Readiness.INCOMPLETE, f"{rank0}: {probe.problem}")
+        return Verdict(Readiness.INVALID, f"{rank0}: {probe.problem}")
     dp, mp = probe.integers.get("dp_world_size"), probe.integers.get("mp_world_size", 1)
     if dp is None or dp < 1 or mp < 1:
         return Verdict(Readiness.INVALID, f"{rank0} records no usable dp_world_size")
@@ -140,17 +140,25 @@ def inspect(directory: Path, snapshot: Snapshot) -> Verdict:
             Readiness.INCOMPLETE,
             f"{missing} is missing ({rank0} records dp_world_size {dp}, mp_world_size {mp})",
         )
-    present = [n for n in shards.model_states] + [n for c in shards.optim_states for n in c if n in names]
+    present = [*shards.model_states, *(n for c in shards.optim_states for n in c if n in names)]
     for name in present:
-        if name == rank0:
-            continue
-        try:
-            whole = torch_zip.probe(directory / name, frozenset())
-        except FileNotFoundError:
-            return Verdict(Readiness.INCOMPLETE, f"{name} disappeared while being read")
-        if whole.problem is not None:
-            return Verdict(Readiness.INCOMPLETE, f"{name}: {whole.problem}")
+        unfinished = _unfinished(directory, name) if name != rank0 else None
+        if unfinished is not None:
+            return unfinished
     return Verdict.complete()
+
+
+def _unfinished(directory: Path, name: str) -> Verdict | None:
+    """Why the ``torch.save`` file ``name`` is not whole yet (its zip end record comes last), if it is not."""
+    try:
+        header = hf.read_torch_zip_end(directory / name)
+    except FileNotFoundError:
+        return Verdict(Readiness.INCOMPLETE, f"{name} disappeared while being read")
+    if header.problem is None:
+        return None
+    return Verdict(
+        Readiness.INCOMPLETE if header.maybe_partial else Readiness.INVALID, f"{name}: {header.problem}"
+    )
 
 
 def looks_like(directory: Path, snapshot: Snapshot) -> bool:
@@ -228,36 +236,15 @@ def require_hf_config(directory: Path, settings: LayoutSettings) -> Path:
     return settings.hf_config
 
 
-def write_pretrained(state: dict[str, torch.Tensor], hf_config: Path, target: Path) -> Path:
-    """``target`` as a ``save_pretrained`` folder: ``model.safetensors`` plus ``hf_config``'s other files.
-
-    Tied weights come out of DeepSpeed as one tensor under two names; safetensors refuses shared storage, so
-    only the first name is kept and ``from_pretrained`` ties the other again from ``config.json``.
-    """
-    from safetensors.torch import save_file
-
-    target.mkdir(parents=True, exist_ok=True)
-    seen: set[int] = set()
-    tensors: dict[str, torch.Tensor] = {}
-    for key, tensor in state.items():
-        pointer = tensor.data_ptr()
-        if pointer in seen and tensor.numel() > 0:
-            continue
-        seen.add(pointer)
-        tensors[key] = tensor.contiguous()
-    save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
-    for source in hf_config.iterdir():
-        if source.is_file() and not source.name.endswith(_WEIGHT_SUFFIXES):
-            shutil.copyfile(source, target / source.name)
-    return target
-
-
 def consolidate(directory: Path, hf_config: Path, scratch: Path) -> Path:
     """Turn a committed tag folder into a loadable ``save_pretrained`` folder under ``scratch``."""
     verdict = inspect(directory, take_snapshot(directory))
     if verdict.readiness is not Readiness.COMPLETE:
         raise CheckpointInvalid(f"{directory}: {verdict.reason}")
-    return write_pretrained(consolidated_state_dict(directory), hf_config, scratch / CONSOLIDATED)
+    target = scratch / CONSOLIDATED
+    hf.copy_side_files(hf_config, target)
+    hf.write_safetensors(consolidated_state_dict(directory), target)
+    return target
 
 
 class DeepSpeedLayout(Layout):

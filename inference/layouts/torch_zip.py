@@ -1,7 +1,7 @@
-"""What a ``torch.save`` file says about itself, read without unpickling anything.
+"""What a whole ``torch.save`` file says about itself, read without unpickling anything.
 
-``torch.save`` writes a zip archive whose central directory comes last, so an archive that opens is whole.
-Its ``data.pkl`` holds the pickled object with tensors stored as separate entries; scanning that pickle's
+``torch.save`` writes a zip archive (:func:`inference.layouts.hf.read_torch_zip_end` tells whether it is
+whole); its ``data.pkl`` holds the pickled object, tensors stored as separate entries; scanning the pickle's
 opcodes (``pickletools.genops`` parses, it never calls anything) finds small integers stored under a key,
 such as the world sizes DeepSpeed records, without running code from a file the trainer wrote.
 """
@@ -31,8 +31,7 @@ class ArchiveProbe:
 def probe(path: Path, keys: frozenset[str]) -> ArchiveProbe:
     """Open ``path`` as a torch zip archive and find the first integer stored under each of ``keys``.
 
-    ``problem`` says "not a whole zip archive" while the file is still being written (its central directory
-    is the last thing written). Raises ``FileNotFoundError`` if the file is gone.
+    ``problem`` says why the archive could not be read. Raises ``FileNotFoundError`` if the file is gone.
     """
     try:
         with zipfile.ZipFile(path) as archive:
@@ -43,7 +42,7 @@ def probe(path: Path, keys: frozenset[str]) -> ArchiveProbe:
                 return ArchiveProbe({}, f"data.pkl is {pickles[0].file_size} bytes, too large to scan")
             data = archive.read(pickles[0])
     except zipfile.BadZipFile as exc:
-        return ArchiveProbe({}, f"not a whole zip archive ({exc})")
+        return ArchiveProbe({}, f"not a readable zip archive ({exc})")
     return ArchiveProbe(integers_under(data, keys))
 
 
