@@ -69,3 +69,68 @@ def deepspeed_order(run: Path, tag: str) -> tuple[str, ...]:
     optim = [name for name in shards if name.endswith("_optim_states.pt")]
     scripts = [name for name in ("zero_to_fp32.py", "zero_to_torch.py") if (run / name).is_file()]
     return (*(f"{tag}/{name}" for name in model + optim), *scripts, "latest")
+
+
+def trainer_run(target: Path, zero_stage: int | None = None) -> Path:
+    """``target`` holding a ``transformers.Trainer`` run (``checkpoint-2``, ``checkpoint-4``).
+
+    With ``zero_stage`` it trains under DeepSpeed on 2 ranks. Beside it, ``target_reference`` holds the
+    trained model's ``logits.safetensors``.
+    """
+    key = f"trainer-zero{zero_stage}" if zero_stage is not None else "trainer"
+    if key not in _written:
+        out = _cache() / key
+        script = [str(REPO / "tests" / "writers" / "hf_trainer.py"), "--out", str(out)]
+        if zero_stage is None:
+            command = [sys.executable, *script]
+        else:
+            launcher = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                "2",
+            ]
+            command = [*launcher, *script, "--zero-stage", str(zero_stage)]
+        done = subprocess.run(command, capture_output=True, text=True, env=writer_env(), timeout=600)
+        if done.returncode != 0:
+            raise RuntimeError(f"Trainer writer failed ({done.returncode}):\n{done.stderr[-4000:]}")
+        _written[key] = out
+    source = _written[key]
+    shutil.copytree(source, target)
+    shutil.copytree(
+        source.with_name(source.name + "_reference"), target.with_name(target.name + "_reference")
+    )
+    return target
+
+
+def _trainer_rank(relpath: str) -> int:
+    """Where ``Trainer._save_checkpoint`` writes a file (``transformers/trainer.py``): ``save_model`` first
+    (config, weights, tokenizer, ``training_args.bin``; under DeepSpeed without gathered weights, then
+    ``engine.save_checkpoint``: shards, recovery scripts, ``latest``), then optimizer, scheduler and RNG
+    states, and ``trainer_state.json`` last."""
+    name = relpath.rsplit("/", 1)[-1]
+    ranks = (
+        ("config.json", "generation_config.json"),
+        (".safetensors", ".safetensors.index.json"),
+        ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"),
+        ("training_args.bin",),
+        ("_model_states.pt",),
+        ("_optim_states.pt",),
+        ("zero_to_fp32.py", "zero_to_torch.py"),
+        ("latest",),
+        ("optimizer.pt",),
+        ("scheduler.pt", "scaler.pt"),
+        (".pth",),
+        ("trainer_state.json",),
+    )
+    for rank, endings in enumerate(ranks):
+        if name.endswith(endings):
+            return rank
+    raise ValueError(f"{relpath}: a file the Trainer's write order does not place")
+
+
+def trainer_order(run: Path, folder: str) -> tuple[str, ...]:
+    files = [p.relative_to(run).as_posix() for p in (run / folder).rglob("*") if p.is_file()]
+    return tuple(sorted(files, key=lambda relpath: (_trainer_rank(relpath), relpath)))
