@@ -77,7 +77,7 @@ def source_weights(case: LayoutCase) -> dict[str, torch.Tensor]:
         return merged
     from torch.distributed.checkpoint.state_dict_loader import load
 
-    from tests.cases._toy import toy_model
+    from tests.toy_model import toy_model
 
     # Zeroed tensors shaped like the model's, for torch's own (trusting) reader to fill in place.
     model = {name: torch.zeros_like(t) for name, t in toy_model()[0].state_dict().items()}

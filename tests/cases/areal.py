@@ -11,15 +11,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.cases._toy import toy_model
 from tests.checkpoints import LayoutCase
+from tests.toy_model import toy_model
 
-CANDIDATE = "checkpoints/evald/toy/trial0/default/epoch1epochstep3globalstep11"
+#: The run root a user points evald at: AReaL's per-trial, per-model folder.
+ROOT = "checkpoints/evald/toy/trial0/default"
+CANDIDATE = "epoch1epochstep3globalstep11"
 
 
 def build(tmp: Path) -> LayoutCase:
     model, tokenizer = toy_model(seed=11)
-    folder = tmp / "run" / CANDIDATE
+    root = tmp / ROOT
+    folder = root / CANDIDATE
     model.save_pretrained(folder)
     model.config.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -33,4 +36,4 @@ def build(tmp: Path) -> LayoutCase:
             "tokenizer.json",
         )
     )
-    return LayoutCase(layout="areal", source=tmp / "run", candidate=CANDIDATE, order=order, step=11, epoch=1)
+    return LayoutCase(layout="areal", source=root, candidate=CANDIDATE, order=order, step=11, epoch=1)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-from tests.cases._toy import toy_model
 from tests.checkpoints import LayoutCase
+from tests.toy_model import toy_model
 
 CANDIDATE = "step-7"
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.cases._toy import toy_model
 from tests.checkpoints import LayoutCase
+from tests.toy_model import toy_model
 
 CANDIDATE = "checkpoint_bin_5"
 SHARDS = ("pytorch_model-00001-of-00002.bin", "pytorch_model-00002-of-00002.bin")

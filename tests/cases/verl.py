@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.cases._toy import toy_model
 from tests.checkpoints import LayoutCase
+from tests.toy_model import toy_model
 
 STEP = 2
 CANDIDATE = f"global_step_{STEP}"

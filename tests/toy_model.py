@@ -1,4 +1,4 @@
-"""The tiny toy model and tokenizer every trainer case saves (private: not a layout case)."""
+"""The tiny toy model and tokenizer the trainer layout cases save."""
 
 from __future__ import annotations
 
