@@ -9,7 +9,8 @@ from tests.writers.launch import deepspeed_order, deepspeed_run
 
 
 def build(tmp: Path) -> LayoutCase:
-    run = deepspeed_run(3, tmp / "run")
+    # The writer saves as OpenRLHF does; its _actor folder is a plain DeepSpeed save_dir.
+    run = deepspeed_run(3, tmp / "run") / "_actor"
     return LayoutCase(
         layout="deepspeed",
         source=run,

@@ -6,6 +6,12 @@ Run under torchrun (2 ranks, gloo)::
         tests/writers/deepspeed_engine.py --out RUN --stage 3 --steps 2
 
 Every step it calls ``engine.save_checkpoint(RUN)``: ``RUN/global_stepN/``, then ``RUN/latest``.
+With ``--openrlhf`` it saves as OpenRLHF's PPO actor does (``openrlhf/trainer/ray/ppo_actor.py``,
+``PolicyModelActor.save_checkpoint``, with ``--save_hf_ckpt``): the engine checkpoint into ``RUN/_actor``
+(``strategy.save_ckpt`` calls ``engine.save_checkpoint(RUN/_actor, tag="global_stepN")``), then
+``strategy.save_model`` (``openrlhf/utils/deepspeed/deepspeed.py``) into ``RUN/global_stepN_hf``: weights
+gathered on every rank, then rank 0 runs ``save_pretrained``, rewrites ``config.json``, saves the tokenizer.
+
 Rank 0 also writes what a test needs to check a consolidation against the trained model:
 ``RUN_reference/hf_config/`` (``config.json`` and the tokenizer, the folder a run's ``hf_config`` names) and
 ``RUN_reference/logits.safetensors`` (the engine's logits on fixed prompts after the last step).
@@ -25,6 +31,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--stage", type=int, choices=(0, 1, 2, 3), required=True)
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--openrlhf", action="store_true")
     args = parser.parse_args()
 
     # DeepSpeed's CPU shared-memory all-reduce needs LOCAL_SIZE; torchrun only sets LOCAL_WORLD_SIZE.
@@ -58,7 +65,19 @@ def main() -> None:
         ).loss
         engine.backward(loss)
         engine.step()
-        engine.save_checkpoint(str(args.out))
+        tag = f"global_step{engine.global_steps}"
+        if not args.openrlhf:
+            engine.save_checkpoint(str(args.out))
+            continue
+        engine.save_checkpoint(str(args.out / "_actor"), tag=tag)
+        # OpenRLHF's save_model: every rank joins the gather, rank 0 writes.
+        gathered = engine._consolidated_16bit_state_dict() if args.stage == 3 else model.state_dict()
+        if rank == 0:
+            folder = args.out / f"{tag}_hf"
+            model.save_pretrained(folder, state_dict=gathered)
+            model.config.to_json_file(folder / "config.json")
+            tokenizer.save_pretrained(folder)
+        deepspeed.comm.barrier()
 
     # Every rank runs the forward pass: under ZeRO-3 each holds only a slice of every weight.
     prompts = tokenizer(list(PROMPTS), return_tensors="pt", padding=True)

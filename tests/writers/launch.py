@@ -37,7 +37,9 @@ def writer_env() -> dict[str, str]:
 def deepspeed_run(stage: int, target: Path) -> Path:
     """``target`` holding a 2-rank ZeRO-``stage`` run (``global_step1``, ``global_step2``, ``latest``).
 
-    Beside it, ``target_reference`` holds ``hf_config/`` and the trained engine's ``logits.safetensors``.
+    ZeRO-3 runs are saved as OpenRLHF saves its actor: the engine checkpoints in ``target/_actor``, and
+    ``target/global_stepN_hf`` beside them. Beside ``target``, ``target_reference`` holds ``hf_config/`` and
+    the trained engine's ``logits.safetensors``.
     """
     key = f"deepspeed-zero{stage}"
     if key not in _written:
@@ -46,6 +48,8 @@ def deepspeed_run(stage: int, target: Path) -> Path:
             sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
             str(REPO / "tests" / "writers" / "deepspeed_engine.py"), "--out", str(out), "--stage", str(stage),
         ]  # fmt: skip
+        if stage == 3:
+            command.append("--openrlhf")
         done = subprocess.run(command, capture_output=True, text=True, env=writer_env(), timeout=600)
         if done.returncode != 0:
             raise RuntimeError(f"DeepSpeed writer failed ({done.returncode}):\n{done.stderr[-4000:]}")
