@@ -259,3 +259,66 @@ def test_verl_waits_for_the_tracker(cases: dict[str, LayoutCase], tmp_path: Path
     assert verdict_of(case, root).reason == "latest_checkpointed_iteration.txt says step 1, before 2"
     (root / "latest_checkpointed_iteration.txt").write_text("4")
     assert verdict_of(case, root) == layouts.Verdict.complete()
+
+
+MODEL_NAMES = frozenset({"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"})
+
+
+@pytest.mark.parametrize(
+    ("stored", "expected"),
+    [
+        # {"model": state_dict} flattened by DCP
+        (
+            ["model.model.embed_tokens.weight", "model.model.norm.weight", "model.lm_head.weight", "optim.x"],
+            {
+                "model.model.embed_tokens.weight": "model.embed_tokens.weight",
+                "model.model.norm.weight": "model.norm.weight",
+                "model.lm_head.weight": "lm_head.weight",
+            },
+        ),
+        # the HF names as they are
+        (sorted(MODEL_NAMES), {name: name for name in MODEL_NAMES}),
+        # a DDP / torch.compile wrapper
+        (
+            ["module._orig_mod.model.embed_tokens.weight", "module._orig_mod.lm_head.weight"],
+            {
+                "module._orig_mod.model.embed_tokens.weight": "model.embed_tokens.weight",
+                "module._orig_mod.lm_head.weight": "lm_head.weight",
+            },
+        ),
+        # the inner base model saved on its own (tied embeddings: no lm_head)
+        (
+            ["embed_tokens.weight", "norm.weight"],
+            {"embed_tokens.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"},
+        ),
+        (["optimizer.state.0.exp_avg"], {}),
+    ],
+)
+def test_dcp_names_map_onto_the_model(stored: list[str], expected: dict[str, str]) -> None:
+    from inference.layouts.dcp import key_mapping
+
+    assert key_mapping(stored, MODEL_NAMES) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "readiness", "reason"),
+    [
+        (None, Readiness.INCOMPLETE, "no latest_checkpointed_iteration.txt beside it yet"),
+        ("", Readiness.INCOMPLETE, "latest_checkpointed_iteration.txt is empty (being written)"),
+        ("1", Readiness.INCOMPLETE, "latest_checkpointed_iteration.txt says step 1, before 2"),
+        (
+            "release",
+            Readiness.INVALID,
+            "latest_checkpointed_iteration.txt holds 'release', not a step number",
+        ),
+    ],
+)
+def test_verl_tracker_rule(text: str | None, readiness: Readiness, reason: str) -> None:
+    from inference.layouts.verl import assess_tracker
+
+    verdict = assess_tracker(2, text)
+    assert verdict is not None
+    assert verdict.readiness is readiness
+    assert verdict.reason.startswith(reason)
+    assert assess_tracker(2, "2\n") is None
+    assert assess_tracker(2, "3") is None
