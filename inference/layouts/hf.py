@@ -80,9 +80,10 @@ _ZIP64_LOCATOR_SIZE = 20
 def read_torch_zip_end(path: Path) -> ShardHeader:
     """Whether a ``torch.save`` file is whole, from its last bytes (I/O edge; no unpickling).
 
-    ``torch.save`` writes the zip's central directory and end record last, with no comment, so a whole
-    file ends in the 22-byte end record and its central directory ends where that record (or the zip64
-    locator before it) begins. Raises ``FileNotFoundError`` if the file is gone.
+    ``torch.save`` writes the zip's central directory and end records last, with no comment, so a whole
+    file ends in the 22-byte end record, and its central directory ends where the end records begin (the
+    zip64 end record, which torch always writes, or the plain one). A file cut anywhere else fails one of
+    these checks. Raises ``FileNotFoundError`` if the file is gone.
     """
     with path.open("rb") as handle:
         start = handle.read(4)
