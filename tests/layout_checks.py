@@ -38,11 +38,14 @@ def replay_order(case: LayoutCase, target: Path, *, chunks: int = 4) -> Iterator
 
 
 def reference_logits(case: LayoutCase) -> torch.Tensor:
+    """The logits the writer computed after training, kept beside its output (``RUN_reference``)."""
     from safetensors.torch import load_file
 
-    return load_file(str(case.source.with_name(case.source.name + "_reference") / "logits.safetensors"))[
-        "logits"
-    ]
+    for folder in (case.source, *case.source.parents):
+        reference = folder.with_name(folder.name + "_reference") / "logits.safetensors"
+        if reference.is_file():
+            return load_file(str(reference))["logits"]
+    raise FileNotFoundError(f"no *_reference/logits.safetensors beside {case.source} or its parents")
 
 
 def consolidated_logits(folder: Path) -> torch.Tensor:
