@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 from inference.spec import InferenceSpec, JobResult, JobSpec, TaskSpec
 from inference.toy.problems import PROMPT_TEMPLATE, held_out_problems, write_jsonl
 from tests.checkpoints import LayoutCase
-from tests.writers.launch import writer_env
+from tests.conftest import SUBPROCESS_ENV
+from tests.writers.launch import REPO
 
 if TYPE_CHECKING:
     import torch
@@ -79,7 +80,8 @@ def run_job(case: LayoutCase, tmp_path: Path, *, hf_config: Path | str | None = 
         [sys.executable, "-m", "inference.worker", str(spec_path)],
         capture_output=True,
         text=True,
-        env=writer_env(),
+        # As the daemon starts it: no DS_ACCELERATOR, so DeepSpeed picks the accelerator itself.
+        env={**SUBPROCESS_ENV, "PYTHONPATH": str(REPO)},
         timeout=300,
     )
     assert done.returncode in (0, 3), done.stderr[-4000:]
