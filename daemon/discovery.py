@@ -8,9 +8,12 @@ half-written one through.
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import structlog
@@ -56,6 +59,10 @@ class _RunState:
     #: quiet period afresh.
     recorded: set[str] = field(default_factory=set)
     root_missing_logged: bool = False
+
+    @cached_property
+    def real_root(self) -> str:
+        return os.path.realpath(self.run.config.root)
 
 
 #: Files trainers keep beside their checkpoint folders to say which one is newest.
@@ -123,6 +130,7 @@ class Discovery:
         self._runs: dict[str, _RunState] = {}
         #: Jobs created since the caller last reset it: the queue only needs a look when this moved.
         self.enqueued = 0
+        self._discovered: list[tuple[_RunState, Path, str, str]] = []
         for run in runs:
             with database.session() as session:
                 states = queries.checkpoint_states(session, run.run_id)
@@ -134,11 +142,37 @@ class Discovery:
                     state.settled.add(path)
             self._runs[run.config.name] = state
 
+    @contextmanager
+    def _batched(self) -> Iterator[None]:
+        """Newly discovered checkpoints are written in one transaction per pass, not one each: a restart
+        over thousands of folders registers them in one commit."""
+        try:
+            yield
+        finally:
+            if self._discovered:
+                batch, self._discovered = self._discovered, []
+                rows = []
+                for state, path, layout, reason in batch:
+                    if str(path) in state.settled:
+                        continue  # settled later in the same pass; its own write stands
+                    step, epoch = self._step(path, layout)
+                    rows.append(
+                        queries.NewCheckpoint(
+                            state.run.run_id, str(path), _name(state, path), step, epoch, layout, reason
+                        )
+                    )
+                with self._db.session() as session:
+                    queries.register_discovered(session, rows)
+
     def pending_count(self) -> int:
         return sum(len(s.candidates) for s in self._runs.values())
 
     def scan(self) -> None:
         """Look at every directory under every root (the safety net under events)."""
+        with self._batched():
+            self._scan()
+
+    def _scan(self) -> None:
         for state in self._runs.values():
             root = state.run.config.root
             if not root.is_dir():
@@ -153,6 +187,10 @@ class Discovery:
 
     def hint(self, run_name: str, path: Path) -> None:
         """Something changed at or under ``path`` (a child of the run root): look at it now."""
+        with self._batched():
+            self._hint(run_name, path)
+
+    def _hint(self, run_name: str, path: Path) -> None:
         state = self._runs.get(run_name)
         if state is None:
             return
@@ -169,6 +207,10 @@ class Discovery:
 
     def tick(self) -> None:
         """Re-look at candidates whose quiet period or incomplete limit may have run out."""
+        with self._batched():
+            self._tick()
+
+    def _tick(self) -> None:
         now = self._clock()
         quiet = self._scheduling.quiet_secs
         limit = self._scheduling.invalid_after_secs
@@ -182,7 +224,7 @@ class Discovery:
         key = str(path)
         run = state.run
         now = self._clock()
-        if not _inside(run.config.root, path):
+        if not _inside(state.real_root, path):
             self._settle(
                 state, path, None, CheckpointState.INVALID, "symlink leaves the watched root", "refused"
             )
@@ -228,7 +270,7 @@ class Discovery:
             self._settle(state, path, layout, CheckpointState.INVALID, outcome.reason, "invalid")
         else:
             if not candidate.recorded:
-                self._record(state, path, layout, CheckpointState.DISCOVERED, outcome.reason)
+                self._discovered.append((state, path, layout, outcome.reason))
                 candidate.recorded = True
                 log.info("checkpoint.discovered", run=state.run.config.name, path=str(path), layout=layout)
             candidate.last_reason = outcome.reason
@@ -257,11 +299,6 @@ class Discovery:
             log.info("job.enqueued", run=state.run.config.name, step=step, jobs=created)
             self.enqueued += created
 
-    def _record(self, state: _RunState, path: Path, layout: str, new: CheckpointState, reason: str) -> None:
-        step, epoch = self._step(path, layout)
-        with self._db.session() as session:
-            self._record_in(session, state, path, layout, new, reason, step, epoch)
-
     @staticmethod
     def _step(path: Path, layout: str | None) -> tuple[int | None, int | None]:
         if layout is not None and layout in layouts.REGISTRY:
@@ -283,9 +320,7 @@ class Discovery:
             session,
             run_id=state.run.run_id,
             path=str(path),
-            name=str(path.relative_to(state.run.config.root))
-            if path.is_relative_to(state.run.config.root)
-            else path.name,
+            name=_name(state, path),
             step=step,
             epoch=epoch,
             layout=layout,
@@ -294,9 +329,13 @@ class Discovery:
         )
 
 
-def _inside(root: Path, path: Path) -> bool:
-    try:
-        path.resolve().relative_to(root.resolve())
-    except ValueError:
-        return False
-    return True
+def _name(state: _RunState, path: Path) -> str:
+    """A checkpoint's name is its path under the run root (``_actor/global_step7``)."""
+    root = state.run.config.root
+    return str(path.relative_to(root)) if path.is_relative_to(root) else path.name
+
+
+def _inside(real_root: str, path: Path) -> bool:
+    """Whether ``path``, symlinks followed, stays under the (already resolved) run root."""
+    real = os.path.realpath(path)
+    return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)

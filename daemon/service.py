@@ -124,9 +124,12 @@ class Service:
         runner = JobRunner(self.config, self.database, self.owner)
         watcher = Watcher({r.name: r.root for r in self.config.runs if uses_inotify(r)}, self.wake)
         scheduler = self._scheduler()
-        watcher.start()
-        scheduler.start()
+        # Register what is already there before paying for the recursive watches (a restart over
+        # thousands of checkpoints), then look again for whatever changed in between.
         discovery.scan()
+        watcher.start()
+        discovery.scan()
+        scheduler.start()
         notifier.ready()
         log.info(
             "daemon.ready", database=describe_url(self.database.url), runs=[r.name for r in self.config.runs]

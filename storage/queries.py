@@ -145,6 +145,44 @@ def record_checkpoint(
     return checkpoint.id
 
 
+@dataclass(frozen=True)
+class NewCheckpoint:
+    run_id: int
+    path: str
+    name: str
+    step: int | None
+    epoch: int | None
+    layout: str
+    reason: str
+
+
+def register_discovered(session: Session, checkpoints: Sequence[NewCheckpoint]) -> None:
+    """Insert checkpoints first seen incomplete; ones already known are left alone.
+
+    One executemany of a statement compiled once, because a restart may find thousands at once.
+    """
+    if not checkpoints:
+        return
+    now = utcnow()
+    rows = [
+        {
+            "run_id": c.run_id,
+            "path": c.path,
+            "name": c.name,
+            "step": c.step,
+            "epoch": c.epoch,
+            "layout": c.layout,
+            "state": CheckpointState.DISCOVERED,
+            "reason": c.reason,
+            "discovered_at": now,
+            "updated_at": now,
+        }
+        for c in checkpoints
+    ]
+    insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+    session.execute(insert(Checkpoint).on_conflict_do_nothing(index_elements=["run_id", "path"]), rows)
+
+
 def enqueue_jobs(
     session: Session, *, checkpoint_id: int, step: int | None, tasks: Iterable[str], stage: str = "full"
 ) -> int:

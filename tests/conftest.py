@@ -50,7 +50,8 @@ def toy_run(tmp_path_factory: pytest.TempPathFactory) -> ToyRun:
     ]
     done = subprocess.run(command, capture_output=True, text=True, env=SUBPROCESS_ENV, timeout=120)
     assert done.returncode == 0, done.stderr
-    saved = tuple(json.loads(line) for line in done.stdout.splitlines() if line.strip())
+    # Only the trainer's own JSON lines: libraries (DeepSpeed's accelerator notice) may print too.
+    saved = tuple(json.loads(line) for line in done.stdout.splitlines() if line.startswith("{"))
     return ToyRun(path=run_dir, saved=saved, stderr=done.stderr)
 
 
