@@ -203,11 +203,16 @@ def consolidated_state_dict(directory: Path) -> dict[str, torch.Tensor]:
     Raises :class:`CheckpointInvalid` naming the folder when DeepSpeed cannot read it or a pickle needs
     more than tensors; ``FileNotFoundError`` passes through (the loader reports a vanished checkpoint).
     """
+    # DeepSpeed logs to stdout (from its import on) and zero_to_fp32 prints progress; stdout is not ours.
+    with redirect_stdout(sys.stderr):
+        return _gathered(directory)
+
+
+def _gathered(directory: Path) -> dict[str, torch.Tensor]:
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint  # type: ignore[import-untyped]
 
     try:
-        # zero_to_fp32 prints progress; stdout is not ours to write to in the worker.
-        with _weights_only_loads(), redirect_stdout(sys.stderr):
+        with _weights_only_loads():
             state: dict[str, torch.Tensor] = get_fp32_state_dict_from_zero_checkpoint(
                 str(directory.parent), tag=directory.name
             )
