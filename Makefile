@@ -11,6 +11,10 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "evald needs Python 3.11 or newer (set PYTHON=...)")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	# DeepSpeed's setup.py imports torch, so it is built against the pinned CPU torch already in the venv
+	# rather than in an isolated build environment (which would fetch another torch).
+	$(BIN)/python -m pip install --quiet torch==2.13.0 setuptools wheel
+	$(BIN)/python -m pip install --quiet --no-build-isolation 'deepspeed>=0.16'
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 

@@ -1,11 +1,12 @@
-"""Idle cost of the daemon watching one run: CPU share and resident memory over a window (60 s default).
+"""Idle cost of the daemon: CPU share and resident memory over a window (60 s default).
 
-The daemon (``evald run``, SQLite, inotify plus the default 30 s rescan, the default 0.2 s main-loop tick)
-watches a run folder that already holds one evaluated checkpoint and receives nothing new. The baseline,
-measured the same way at the same time, is an idle Python process that imported the same modules and
-sleeps: the ratios say what the daemon's loop, watcher and scheduler cost on top of its imports.
+The daemon (``evald run``, SQLite, the default 30 s rescan and 0.2 s main-loop tick) watches ``--runs``
+run folders, each holding ``--checkpoints`` settled checkpoints, and receives nothing new; ``--watch-mode``
+is inotify or poll. The baseline, measured the same way at the same time, is an idle Python process that
+imported the same modules and sleeps: the ratios say what the daemon's loop, watchers, rescans and
+scheduler cost on top of its imports.
 
-    python -m bench.idle_cost [--seconds 60]
+    python -m bench.idle_cost [--seconds 60] [--runs 1] [--checkpoints 0] [--watch-mode inotify|poll]
 """
 
 from __future__ import annotations
@@ -19,16 +20,13 @@ from pathlib import Path
 
 import psutil
 
-from storage import migrations
+from storage import migrations, queries
 from storage.database import Database
+from storage.models import CheckpointState
 
 CONFIG = """\
 [database]
 url = "sqlite:///{db}"
-
-[[runs]]
-name = "idle"
-root = "{root}"
 
 [[tasks]]
 name = "arith"
@@ -37,6 +35,13 @@ dataset = "{dataset}"
 [daemon]
 state_dir = "{state}"
 log_format = "json"
+"""
+RUN = """
+[[runs]]
+name = "{name}"
+root = "{root}"
+watch_mode = "{mode}"
+layout = "hf"
 """
 
 BASELINE = "import daemon.service, daemon.cli, time; time.sleep(1e6)"
@@ -63,19 +68,38 @@ def sample(processes: dict[str, psutil.Process], seconds: float) -> dict[str, tu
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--checkpoints", type=int, default=0, help="settled checkpoints per run")
+    parser.add_argument("--watch-mode", choices=("inotify", "poll"), default="inotify")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="evald-idle-") as tmp:
         work = Path(tmp)
-        (work / "run").mkdir()
         (work / "data.jsonl").write_text('{"problem": "1+1", "answer": "2"}\n')
         config = work / "evald.toml"
-        config.write_text(
-            CONFIG.format(
-                db=work / "e.db", root=work / "run", dataset=work / "data.jsonl", state=work / "state"
-            )
-        )
+        text = CONFIG.format(db=work / "e.db", dataset=work / "data.jsonl", state=work / "state")
         database = Database(f"sqlite:///{work / 'e.db'}")
         migrations.upgrade(database)
+        for r in range(args.runs):
+            root = work / "runs" / f"run{r:03d}"
+            root.mkdir(parents=True)
+            text += RUN.format(name=f"run{r:03d}", root=root, mode=args.watch_mode)
+            with database.session() as session:
+                run_id = queries.ensure_run(session, f"run{r:03d}", str(root))
+                for c in range(args.checkpoints):
+                    folder = root / f"step_{c}"
+                    folder.mkdir()
+                    (folder / "config.json").write_text("{}")
+                    queries.record_checkpoint(
+                        session,
+                        run_id=run_id,
+                        path=str(folder),
+                        name=folder.name,
+                        step=c,
+                        epoch=None,
+                        layout="hf",
+                        state=CheckpointState.READY,
+                    )
+        config.write_text(text)
         database.dispose()
         log = (work / "daemon.log").open("wb")
         daemon = subprocess.Popen(
@@ -98,7 +122,7 @@ def main() -> None:
             baseline.wait()
             log.close()
     (cpu, rss), (base_cpu, base_rss) = result["daemon"], result["baseline"]
-    print(f"window {args.seconds:g} s")
+    print(f"window {args.seconds:g} s, {args.runs} runs x {args.checkpoints} checkpoints, {args.watch_mode}")
     print(f"daemon    cpu {cpu:6.2f} % of a core   peak rss {rss:7.1f} MiB")
     print(
         f"baseline  cpu {base_cpu:6.2f} % of a core   peak rss {base_rss:7.1f} MiB   (same imports, asleep)"

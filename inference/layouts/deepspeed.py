@@ -178,9 +178,9 @@ def _weights_only_loads() -> Iterator[None]:
     Not thread-safe (it sets an environment variable), which suits the single-threaded worker.
     """
     import torch
-    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler  # type: ignore[import-untyped]
-    from deepspeed.runtime.zero.config import ZeroStageEnum  # type: ignore[import-untyped]
-    from deepspeed.utils.tensor_fragment import fragment_address  # type: ignore[import-untyped]
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
 
     variable = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
     before = os.environ.get(variable)
@@ -209,7 +209,7 @@ def consolidated_state_dict(directory: Path) -> dict[str, torch.Tensor]:
 
 
 def _gathered(directory: Path) -> dict[str, torch.Tensor]:
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint  # type: ignore[import-untyped]
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     try:
         with _weights_only_loads():

@@ -36,7 +36,7 @@ def main() -> None:
 
     # DeepSpeed's CPU shared-memory all-reduce needs LOCAL_SIZE; torchrun only sets LOCAL_WORLD_SIZE.
     os.environ.setdefault("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    import deepspeed  # type: ignore[import-untyped]
+    import deepspeed
     import torch
     from safetensors.torch import save_file
 
