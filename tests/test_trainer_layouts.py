@@ -6,7 +6,7 @@ import shutil
 import subprocess
 import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -24,6 +24,7 @@ from inference.toy.problems import PROMPT_TEMPLATE, held_out_problems, write_jso
 from tests.cases import areal, dcp, hf_bin, verl
 from tests.checkpoints import LayoutCase
 from tests.conftest import SUBPROCESS_ENV
+from tests.layout_checks import replay_order
 
 CASES: dict[str, ModuleType] = {"dcp": dcp, "verl": verl, "areal": areal, "hf_bin": hf_bin}
 
@@ -47,20 +48,6 @@ def settings_of(case: LayoutCase) -> LayoutSettings:
 def verdict_of(case: LayoutCase, root: Path) -> layouts.Verdict:
     directory = root / case.candidate
     return layouts.get(case.layout).inspect(directory, take_snapshot(directory), settings_of(case))
-
-
-def slow_write(case: LayoutCase, target: Path, chunks: int = 3) -> Iterator[str]:
-    """Write ``case.order`` into ``target`` file by file, each in ``chunks`` appends; yield after each."""
-    for relpath in case.order:
-        data = (case.source / relpath).read_bytes()
-        destination = target / relpath
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        size = max(1, -(-len(data) // chunks))
-        with destination.open("wb") as handle:
-            for start in range(0, max(len(data), 1), size):
-                handle.write(data[start : start + size])
-                handle.flush()
-                yield f"{relpath}: {min(start + size, len(data))}/{len(data)} bytes"
 
 
 def source_weights(case: LayoutCase) -> dict[str, torch.Tensor]:
@@ -109,7 +96,7 @@ def test_never_complete_before_the_last_write(
 ) -> None:
     case = cases[name]
     states = 0
-    for described in slow_write(case, tmp_path):
+    for described in replay_order(case, tmp_path):
         if not (tmp_path / case.candidate).is_dir():
             continue
         verdict = verdict_of(case, tmp_path)

@@ -105,16 +105,9 @@ def missing_shard(shards: Shards, names: frozenset[str]) -> str | None:
     return None
 
 
-def _read_text(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        return None
-
-
 def inspect(directory: Path, snapshot: Snapshot) -> Verdict:
     """Readiness of a tag folder from ``latest``, its shards' names and their zip trailers (I/O edge)."""
-    problem = commit_problem(directory.name, _read_text(directory.parent / LATEST))
+    problem = commit_problem(directory.name, hf.read_text(directory.parent / LATEST))
     if problem is not None:
         return Verdict(Readiness.INCOMPLETE, problem)
     names = snapshot.names()

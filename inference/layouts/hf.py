@@ -244,7 +244,8 @@ def looks_like(snapshot: Snapshot) -> bool:
     return bool({CONFIG_FILE, SINGLE_FILE, INDEX_FILE, BIN_SINGLE_FILE, BIN_INDEX_FILE} & names)
 
 
-def _read_text(path: Path) -> str | None:
+def read_text(path: Path) -> str | None:
+    """A small text file, ``None`` if it is not there (yet)."""
     try:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -256,7 +257,7 @@ def _read_text(path: Path) -> str | None:
 def inspect(directory: Path, snapshot: Snapshot) -> Verdict:
     """Read what :func:`assess` needs from ``directory`` (I/O edge) and judge it."""
     index_name = index_file(snapshot)
-    index_text = _read_text(directory / index_name) if index_name is not None else None
+    index_text = read_text(directory / index_name) if index_name is not None else None
     shards, _ = weight_files(snapshot, index_text)
     headers = {}
     for shard in shards:
@@ -267,7 +268,7 @@ def inspect(directory: Path, snapshot: Snapshot) -> Verdict:
             except FileNotFoundError:
                 continue
     return assess(
-        snapshot, config_text=_read_text(directory / CONFIG_FILE), index_text=index_text, headers=headers
+        snapshot, config_text=read_text(directory / CONFIG_FILE), index_text=index_text, headers=headers
     )
 
 
@@ -345,7 +346,7 @@ def as_safetensors(directory: Path, scratch: Path) -> Path:
     """``directory`` itself when its weights are safetensors; else a safetensors copy in ``scratch``."""
     snapshot = Snapshot(tuple(FileStat(p.name, 0, 0) for p in directory.iterdir() if p.is_file()))
     index_name = index_file(snapshot)
-    index_text = _read_text(directory / index_name) if index_name is not None else None
+    index_text = read_text(directory / index_name) if index_name is not None else None
     shards, problem = weight_files(snapshot, index_text)
     if problem is not None:
         raise CheckpointInvalid(f"{directory}: {problem}")

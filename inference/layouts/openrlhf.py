@@ -56,17 +56,10 @@ def tokenizer_problem(config_text: str | None, tokenizer_text: str | None) -> st
     return None
 
 
-def _read_text(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        return None
-
-
 def inspect_hf(directory: Path, snapshot: Snapshot) -> Verdict:
     problem = tokenizer_problem(
-        _read_text(directory / TOKENIZER_CONFIG) if TOKENIZER_CONFIG in snapshot.names() else None,
-        _read_text(directory / TOKENIZER_FILE) if TOKENIZER_FILE in snapshot.names() else None,
+        hf.read_text(directory / TOKENIZER_CONFIG) if TOKENIZER_CONFIG in snapshot.names() else None,
+        hf.read_text(directory / TOKENIZER_FILE) if TOKENIZER_FILE in snapshot.names() else None,
     )
     if problem is not None:
         return Verdict(Readiness.INCOMPLETE, problem)
