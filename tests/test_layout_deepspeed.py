@@ -11,7 +11,7 @@ from inference.errors import CheckpointInvalid
 from inference.layouts import LayoutSettings, Readiness, get, take_snapshot
 from inference.layouts.deepspeed import commit_problem, expected_shards, missing_shard
 from inference.layouts.torch_zip import integers_under
-from tests.cases import deepspeed_zero1, deepspeed_zero3
+from tests.cases import deepspeed_zero0, deepspeed_zero1, deepspeed_zero3
 from tests.checkpoints import LayoutCase
 from tests.layout_checks import consolidated_logits, reference_logits, replay_order, run_job
 
@@ -158,3 +158,26 @@ def test_rules_without_files() -> None:
         "dp_world_size": 4,
         "mp_world_size": 2,
     }
+
+
+@pytest.fixture(scope="module")
+def zero0(tmp_path_factory: pytest.TempPathFactory) -> LayoutCase:
+    return deepspeed_zero0.build(tmp_path_factory.mktemp("zero0"))
+
+
+def test_stage0_is_complete_once_latest_commits_it(zero0: LayoutCase, tmp_path: Path) -> None:
+    assert verdict(zero0.source / zero0.candidate) == (Readiness.COMPLETE, "complete")
+    folder = tmp_path / "run" / zero0.candidate
+    states = [
+        (step, verdict(folder)[0] if folder.is_dir() else Readiness.INCOMPLETE)
+        for step in replay_order(zero0, tmp_path / "run")
+    ]
+    early = [step for step, readiness in states[:-1] if readiness is Readiness.COMPLETE]
+    assert early == [] and states[-1][1] is Readiness.COMPLETE
+
+
+def test_stage0_weights_come_from_the_model_states(zero0: LayoutCase, tmp_path: Path) -> None:
+    folder = LAYOUT.materialise(
+        zero0.source / zero0.candidate, LayoutSettings(hf_config=zero0.hf_config), tmp_path
+    )
+    assert consolidated_logits(folder).sub(reference_logits(zero0)).abs().max().item() < 1e-5

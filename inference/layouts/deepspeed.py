@@ -94,6 +94,17 @@ def expected_shards(rank0: str, dp_world_size: int, mp_world_size: int) -> Shard
     return Shards(tuple(model), tuple(optim))
 
 
+def is_stage0(rank0: str, names: frozenset[str]) -> bool:
+    """A committed tag folder without ZeRO (stage 0): DeepSpeed kept the optimizer inside the model
+    states and wrote no optimizer shard at all (pure).
+
+    Only meaningful once ``latest`` commits the folder: DeepSpeed writes ``latest`` after a barrier that
+    follows every rank's shards, so a committed folder with no ``*optim_states.pt`` has none to wait for.
+    (bf16 without ZeRO still writes ``bf16_*optim_states.pt`` shards, so it is not taken for stage 0.)
+    """
+    return rank0 == RANK0_STATES[0] and not any(name.endswith("optim_states.pt") for name in names)
+
+
 def missing_shard(shards: Shards, names: frozenset[str]) -> str | None:
     """The first shard not in ``names`` (pure)."""
     for name in shards.model_states:
@@ -127,6 +138,12 @@ def inspect(directory: Path, snapshot: Snapshot) -> Verdict:
     if dp is None or dp < 1 or mp < 1:
         return Verdict(Readiness.INVALID, f"{rank0} records no usable dp_world_size")
     shards = expected_shards(rank0, dp, mp)
+    if is_stage0(rank0, names):
+        missing_states = next((n for n in shards.model_states if n not in names), None)
+        if missing_states is not None:
+            return Verdict(Readiness.INCOMPLETE, f"{missing_states} is missing (mp_world_size {mp})")
+        unfinished = next((u for n in shards.model_states if (u := _unfinished(directory, n))), None)
+        return unfinished or Verdict.complete()
     missing = missing_shard(shards, names)
     if missing is not None:
         return Verdict(
@@ -201,11 +218,25 @@ def consolidated_state_dict(directory: Path) -> dict[str, torch.Tensor]:
         return _gathered(directory)
 
 
+def _stage0_weights(directory: Path) -> dict[str, torch.Tensor]:
+    """Without ZeRO the whole model is the ``module`` entry of the rank-0 model states."""
+    import torch
+
+    state = torch.load(directory / RANK0_STATES[0], map_location="cpu", weights_only=True)
+    module = state.get("module") if isinstance(state, dict) else None
+    if not isinstance(module, dict):
+        raise CheckpointInvalid(f"{directory / RANK0_STATES[0]}: no 'module' state dict inside")
+    return {name: tensor.float() for name, tensor in module.items() if isinstance(tensor, torch.Tensor)}
+
+
 def _gathered(directory: Path) -> dict[str, torch.Tensor]:
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
+    names = take_snapshot(directory).names()
     try:
         with _weights_only_loads():
+            if is_stage0(RANK0_STATES[0] if RANK0_STATES[0] in names else "", names):
+                return _stage0_weights(directory)
             state: dict[str, torch.Tensor] = get_fp32_state_dict_from_zero_checkpoint(
                 str(directory.parent), tag=directory.name
             )
