@@ -11,16 +11,16 @@ from inference.errors import CheckpointInvalid
 from inference.layouts import LayoutSettings, Readiness, get, take_snapshot
 from inference.layouts.deepspeed import commit_problem, expected_shards, missing_shard
 from inference.layouts.torch_zip import integers_under
-from tests.cases import deepspeed_zero0, deepspeed_zero1, deepspeed_zero3
+from tests.cases import deepspeed_zero0, deepspeed_zero1, deepspeed_zero2, deepspeed_zero3
 from tests.checkpoints import LayoutCase
 from tests.layout_checks import consolidated_logits, reference_logits, replay_order, run_job
 
 LAYOUT = get("deepspeed")
 
 
-@pytest.fixture(scope="module", params=[1, 3], ids=["zero1", "zero3"])
+@pytest.fixture(scope="module", params=[1, 2, 3], ids=["zero1", "zero2", "zero3"])
 def case(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> LayoutCase:
-    build = deepspeed_zero1.build if request.param == 1 else deepspeed_zero3.build
+    build = {1: deepspeed_zero1.build, 2: deepspeed_zero2.build, 3: deepspeed_zero3.build}[request.param]
     return build(tmp_path_factory.mktemp(f"zero{request.param}"))
 
 
