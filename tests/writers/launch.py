@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import atexit
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -11,7 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-import pytest
+from tests.checkpoints import LayoutCase
 
 REPO = Path(__file__).resolve().parents[2]
 _written: dict[str, Path] = {}
@@ -84,10 +83,6 @@ def trainer_run(target: Path, zero_stage: int | None = None) -> Path:
     With ``zero_stage`` it trains under DeepSpeed on 2 ranks. Beside it, ``target_reference`` holds the
     trained model's ``logits.safetensors``.
     """
-    if importlib.util.find_spec("accelerate") is None:
-        # Installing it makes transformers import DeepSpeed everywhere, whose CPU warning then lands on the
-        # toy trainer's stdout (a JSON-lines protocol): it needs DS_ACCELERATOR=cpu or a quieter trainer.
-        pytest.skip("transformers.Trainer needs accelerate (pip install accelerate)")
     key = f"trainer-zero{zero_stage}" if zero_stage is not None else "trainer"
     if key not in _written:
         out = _cache() / key
@@ -145,3 +140,16 @@ def _trainer_rank(relpath: str) -> int:
 def trainer_order(run: Path, folder: str) -> tuple[str, ...]:
     files = [p.relative_to(run).as_posix() for p in (run / folder).rglob("*") if p.is_file()]
     return tuple(sorted(files, key=lambda relpath: (_trainer_rank(relpath), relpath)))
+
+
+def deepspeed_case(stage: int, tmp: Path) -> LayoutCase:
+    """The ``global_step2`` tag of a real 2-rank ZeRO-``stage`` run, as a slow-writer case."""
+    run = deepspeed_run(stage, tmp / "run")
+    return LayoutCase(
+        layout="deepspeed",
+        source=run,
+        candidate="global_step2",
+        order=deepspeed_order(run, "global_step2"),
+        step=2,
+        hf_config=tmp / "run_reference" / "hf_config",
+    )
