@@ -14,6 +14,7 @@ from tests.checkpoints import LayoutCase
 
 REPO = Path(__file__).resolve().parents[2]
 _written: dict[str, Path] = {}
+TWO_RANKS = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
 
 
 def _cache() -> Path:
@@ -44,24 +45,12 @@ def deepspeed_run(stage: int, target: Path) -> Path:
     the trained engine's ``logits.safetensors``.
     """
     key = f"deepspeed-zero{stage}"
-    if key not in _written:
-        out = _cache() / key
-        command = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-            str(REPO / "tests" / "writers" / "deepspeed_engine.py"), "--out", str(out), "--stage", str(stage),
-        ]  # fmt: skip
-        if stage == 3:
-            command.append("--openrlhf")
-        done = subprocess.run(command, capture_output=True, text=True, env=writer_env(), timeout=600)
-        if done.returncode != 0:
-            raise RuntimeError(f"DeepSpeed writer failed ({done.returncode}):\n{done.stderr[-4000:]}")
-        _written[key] = out
-    source = _written[key]
-    shutil.copytree(source, target)
-    shutil.copytree(
-        source.with_name(source.name + "_reference"), target.with_name(target.name + "_reference")
-    )
-    return target
+    out = _cache() / key
+    command = [
+        *TWO_RANKS, str(REPO / "tests" / "writers" / "deepspeed_engine.py"), "--out", str(out),
+        "--stage", str(stage), *(["--openrlhf"] if stage == 3 else []),
+    ]  # fmt: skip
+    return _copy_of(key, command, target, "DeepSpeed")
 
 
 def deepspeed_order(run: Path, tag: str) -> tuple[str, ...]:
@@ -84,25 +73,21 @@ def trainer_run(target: Path, zero_stage: int | None = None) -> Path:
     trained model's ``logits.safetensors``.
     """
     key = f"trainer-zero{zero_stage}" if zero_stage is not None else "trainer"
+    script = [str(REPO / "tests" / "writers" / "hf_trainer.py"), "--out", str(_cache() / key)]
+    if zero_stage is None:
+        command = [sys.executable, *script]
+    else:
+        command = [*TWO_RANKS, *script, "--zero-stage", str(zero_stage)]
+    return _copy_of(key, command, target, "Trainer")
+
+
+def _copy_of(key: str, command: list[str], target: Path, writer: str) -> Path:
+    """Run ``command`` (which writes ``_cache() / key``) once per process; copy its output to ``target``."""
     if key not in _written:
-        out = _cache() / key
-        script = [str(REPO / "tests" / "writers" / "hf_trainer.py"), "--out", str(out)]
-        if zero_stage is None:
-            command = [sys.executable, *script]
-        else:
-            launcher = [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                "--nproc-per-node",
-                "2",
-            ]
-            command = [*launcher, *script, "--zero-stage", str(zero_stage)]
         done = subprocess.run(command, capture_output=True, text=True, env=writer_env(), timeout=600)
         if done.returncode != 0:
-            raise RuntimeError(f"Trainer writer failed ({done.returncode}):\n{done.stderr[-4000:]}")
-        _written[key] = out
+            raise RuntimeError(f"{writer} writer failed ({done.returncode}):\n{done.stderr[-4000:]}")
+        _written[key] = _cache() / key
     source = _written[key]
     shutil.copytree(source, target)
     shutil.copytree(
