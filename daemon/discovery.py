@@ -164,9 +164,6 @@ class Discovery:
                 with self._db.session() as session:
                     queries.register_discovered(session, rows)
 
-    def pending_count(self) -> int:
-        return sum(len(s.candidates) for s in self._runs.values())
-
     def scan(self) -> None:
         """Look at every directory under every root (the safety net under events)."""
         with self._batched():

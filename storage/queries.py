@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import ColumnElement, and_, func, or_, select, update
+from sqlalchemy import ColumnElement, and_, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -447,14 +447,3 @@ def job_rows(session: Session, run: str | None = None) -> list[JobRow]:
         JobRow(id=i, run=r, checkpoint=c, step=s, task=t, stage=sg, state=str(st.value), attempts=a, error=e)
         for i, r, c, s, t, sg, st, a, e in session.execute(query)
     ]
-
-
-def count_unfinished_jobs(session: Session) -> int:
-    return int(
-        session.scalar(
-            select(func.count(EvalJob.id)).where(
-                EvalJob.state.in_([JobState.PENDING, JobState.RUNNING, JobState.DEFERRED])
-            )
-        )
-        or 0
-    )
