@@ -1,9 +1,11 @@
 """Evaluation datasets: JSONL files, one object per line, read into typed items.
 
 A row needs a prompt (``prompt_field``, or else the first of ``prompt``, ``question``, ``problem``) and a
-reference answer (``answer_field``); its id is ``id_field`` or else its line number. The whole file is
-checked before anything is evaluated, and every error names the file and line: ``data.jsonl:17:
-missing field 'answer'``. Blank lines are skipped.
+reference answer (``answer_field``); its id is ``id_field`` or else its line number. With a
+``stratify_field`` every row needs that field too (a string or a number), and it becomes the item's stratum
+for :func:`inference.sampling.stratified_subset`. The whole file is checked before anything is evaluated,
+and every error names the file and line: ``data.jsonl:17: missing field 'answer'``. Blank lines are
+skipped.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ class Item:
     prompt_id: str
     prompt: str
     reference: str
+    #: The value of the dataset's ``stratify_field``, as text; ``None`` when none is set.
+    stratum: str | None = None
 
 
 def _describe(value: Any) -> str:
@@ -42,6 +46,13 @@ def _text(row: dict[str, Any], field: str, where: str, *, numbers: bool) -> str:
     if not value.strip():
         raise DatasetInvalid(f"{where}: empty field {field!r}")
     return value
+
+
+def _stratum(row: dict[str, Any], field: str, where: str) -> str:
+    # The setting is named too: the task's subset needs this field, not the dataset format.
+    if field not in row:
+        raise DatasetInvalid(f"{where}: missing field {field!r} (stratify_field)")
+    return _text(row, field, where, numbers=True)
 
 
 def _prompt_field(row: dict[str, Any], configured: str | None, where: str) -> str:
@@ -77,6 +88,7 @@ def load_dataset(
     answer_field: str = "answer",
     id_field: str | None = None,
     limit: int | None = None,
+    stratify_field: str | None = None,
 ) -> tuple[Item, ...]:
     """Read and check every row of ``path``; return the first ``limit`` items (all when ``None``)."""
     try:
@@ -99,7 +111,8 @@ def load_dataset(
                 f"{where}: duplicate id {prompt_id!r} (first on line {first_seen[prompt_id]})"
             )
         first_seen[prompt_id] = number
-        items.append(Item(prompt_id=prompt_id, prompt=prompt, reference=reference))
+        stratum = None if stratify_field is None else _stratum(row, stratify_field, where)
+        items.append(Item(prompt_id=prompt_id, prompt=prompt, reference=reference, stratum=stratum))
 
     if not items:
         raise DatasetInvalid(f"{path}: no rows")

@@ -26,6 +26,15 @@ class _Plain(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class SubsetSpec(_Plain):
+    """A fixed, seeded, stratified subset of a task's rows: the same items at every checkpoint."""
+
+    size: int = Field(ge=1)
+    seed: int = 0
+    #: Field whose value (a string or a number) puts a row in its stratum; ``None`` samples plainly.
+    stratify_field: str | None = None
+
+
 class TaskSpec(_Plain):
     """One generation task against reference answers, as the worker needs it."""
 
@@ -41,6 +50,8 @@ class TaskSpec(_Plain):
     batch_size: int = Field(default=16, ge=1)
     #: Evaluate only the first ``limit`` rows; ``None`` evaluates all.
     limit: int | None = Field(default=None, ge=1)
+    #: Evaluate only this subset of the rows (taken after ``limit``); ``None`` evaluates all.
+    subset: SubsetSpec | None = None
     metrics: tuple[str, ...] = ("accuracy", "response_length", "tokens_per_s", "wall_s")
 
 

@@ -17,6 +17,7 @@ from inference.errors import TaskInvalid
 from inference.grading import Grade, grade
 from inference.layouts import LayoutSettings
 from inference.metrics import EvalRecord, SampleRecord, compute_metrics, resolve_metrics
+from inference.sampling import stratified_subset
 from inference.spec import JobResult, JobSpec, SampleOutput, TaskSpec, Timing
 
 log = structlog.get_logger("inference.task")
@@ -39,6 +40,20 @@ def render_prompts(task: TaskSpec, items: Sequence[Item]) -> list[str]:
         return [template.format(prompt=item.prompt) for item in items]
     except (KeyError, IndexError, ValueError) as exc:
         raise TaskInvalid(f"{where}: does not format: {exc!r}") from exc
+
+
+def select_items(task: TaskSpec, items: Sequence[Item]) -> tuple[Item, ...]:
+    """The items ``task`` evaluates: all of ``items``, or its subset (the same at every checkpoint)."""
+    subset = task.subset
+    if subset is None:
+        return tuple(items)
+    stratum = None if subset.stratify_field is None else _stratum
+    return tuple(stratified_subset(items, subset.size, seed=subset.seed, stratum=stratum))
+
+
+def _stratum(item: Item) -> str:
+    # Never None here: load_dataset fills every stratum when the subset names a stratify_field.
+    return "" if item.stratum is None else item.stratum
 
 
 def cut_text(text: str, limit: int) -> str:
@@ -88,7 +103,9 @@ def run_task(spec: JobSpec) -> JobResult:
         answer_field=task.answer_field,
         id_field=task.id_field,
         limit=task.limit,
+        stratify_field=None if task.subset is None else task.subset.stratify_field,
     )
+    items = select_items(task, items)
     prompts = render_prompts(task, items)
 
     # Imported only now: a job with a bad dataset or task is rejected without paying for torch.
