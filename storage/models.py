@@ -43,9 +43,20 @@ class JobState(enum.StrEnum):
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
+    #: Superseded before it ran (backlog ``newest_only``): never runs.
+    SKIPPED = "skipped"
 
 
-TERMINAL_JOB_STATES = (JobState.SUCCEEDED, JobState.FAILED)
+TERMINAL_JOB_STATES = (JobState.SUCCEEDED, JobState.FAILED, JobState.SKIPPED)
+
+
+class Plan(enum.StrEnum):
+    """What the frequency policy made of a ready checkpoint."""
+
+    DUE = "due"
+    SKIPPED = "skipped"
+    #: Not due by step or epoch; the time trigger takes it if it is still the newest at the next tick.
+    WAITING = "waiting"
 
 
 def _enum(cls: type[enum.StrEnum], name: str) -> Enum:
@@ -87,6 +98,37 @@ class Run(Base):
     checkpoints: Mapped[list[Checkpoint]] = relationship(back_populates="run")
 
 
+class RunSchedule(Base):
+    """A run's frequency state: what the last evaluation reset. Kept here so restarts neither repeat nor
+    skip a checkpoint."""
+
+    __tablename__ = "run_schedules"
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    anchor_step: Mapped[int] = mapped_column(Integer, default=0)
+    anchor_epoch: Mapped[int] = mapped_column(Integer, default=0)
+    anchor_at: Mapped[datetime]
+    #: How many checkpoints the policy has called due (two-stage counts its n-th by it).
+    evaluated: Mapped[int] = mapped_column(Integer, default=0)
+    #: Adaptive frequency: the interval now in force, and why.
+    every_steps: Mapped[int | None] = mapped_column(Integer)
+    every_reason: Mapped[str | None] = mapped_column(Text)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class Event(Base):
+    """Something an operator should hear about (a job stuck in deferral); alerts are built from these."""
+
+    __tablename__ = "events"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("eval_jobs.id", ondelete="CASCADE"))
+    message: Mapped[str] = mapped_column(Text)
+
+
 class Checkpoint(Base):
     __tablename__ = "checkpoints"
     __table_args__ = (UniqueConstraint("run_id", "path", name="uq_checkpoints_run_path"),)
@@ -103,6 +145,10 @@ class Checkpoint(Base):
     discovered_at: Mapped[datetime] = mapped_column(default=utcnow)
     ready_at: Mapped[datetime | None]
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    #: The frequency policy's verdict on a ready checkpoint; NULL until it has been planned.
+    plan: Mapped[Plan | None] = mapped_column(_enum(Plan, "checkpoint_plan"))
+    plan_reason: Mapped[str | None] = mapped_column(Text)
+    planned_at: Mapped[datetime | None]
 
     run: Mapped[Run] = relationship(back_populates="checkpoints")
     jobs: Mapped[list[EvalJob]] = relationship(back_populates="checkpoint")
@@ -133,6 +179,11 @@ class EvalJob(Base):
     load_s: Mapped[float | None] = mapped_column(Float)
     error_kind: Mapped[str | None] = mapped_column(String(64))
     error: Mapped[str | None] = mapped_column(Text)
+    #: Why a deferred or skipped job is not running (the unmet threshold, the newer checkpoint).
+    wait_reason: Mapped[str | None] = mapped_column(Text)
+    #: When the job was first deferred since it was last started; the stuck limit counts from here.
+    deferred_at: Mapped[datetime | None]
+    stuck_at: Mapped[datetime | None]
 
     checkpoint: Mapped[Checkpoint] = relationship(back_populates="jobs")
     results: Mapped[list[Result]] = relationship(back_populates="job")

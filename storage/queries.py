@@ -6,11 +6,12 @@ caller can make several steps atomic (a job's results, samples and ``succeeded``
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from sqlalchemy import ColumnElement, and_, or_, select, update
+from sqlalchemy import ColumnElement, and_, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -96,6 +97,9 @@ class JobRow:
     state: str
     attempts: int
     error: str | None
+    priority: int = 0
+    #: Why a deferred or skipped job is not running.
+    wait_reason: str | None = None
 
 
 def ensure_run(session: Session, name: str, root: str) -> int:
@@ -184,7 +188,13 @@ def register_discovered(session: Session, checkpoints: Sequence[NewCheckpoint]) 
 
 
 def enqueue_jobs(
-    session: Session, *, checkpoint_id: int, step: int | None, tasks: Iterable[str], stage: str = "full"
+    session: Session,
+    *,
+    checkpoint_id: int,
+    step: int | None,
+    tasks: Iterable[str],
+    stage: str = "full",
+    priority: int = 0,
 ) -> int:
     """Create one pending job per task unless it exists; returns how many were new.
 
@@ -198,7 +208,7 @@ def enqueue_jobs(
             "stage": stage,
             "step": step,
             "state": JobState.PENDING,
-            "priority": 0,
+            "priority": priority,
             "attempts": 0,
             "created_at": utcnow(),
         }
@@ -216,21 +226,79 @@ def enqueue_jobs(
     return len(session.execute(statement).all())
 
 
-def claim_next_job(session: Session, owner: str) -> ClaimedJob | None:
+def _pairs(rows: Iterable[Any]) -> dict[Any, Any]:
+    # ``dict(result)`` would take a Result for a mapping (it has ``keys()``).
+    return {key: value for key, value in rows}
+
+
+def _fair_run_order(session: Session) -> list[int]:
+    """Runs with pending jobs, the one most in need first: the most urgent priority, then the fewest
+    running jobs, then the longest since one of its jobs started. One busy run cannot starve the rest."""
+    pending: dict[int, int] = _pairs(
+        session.execute(
+            select(Checkpoint.run_id, func.max(EvalJob.priority))
+            .select_from(EvalJob)
+            .join(Checkpoint, EvalJob.checkpoint_id == Checkpoint.id)
+            .where(EvalJob.state == JobState.PENDING)
+            .group_by(Checkpoint.run_id)
+        )
+    )
+    if len(pending) < 2:
+        return list(pending)
+    running: dict[int, int] = _pairs(
+        session.execute(
+            select(Checkpoint.run_id, func.count())
+            .select_from(EvalJob)
+            .join(Checkpoint, EvalJob.checkpoint_id == Checkpoint.id)
+            .where(EvalJob.state == JobState.RUNNING)
+            .group_by(Checkpoint.run_id)
+        )
+    )
+    started: dict[int, datetime | None] = _pairs(
+        session.execute(
+            select(Checkpoint.run_id, func.max(EvalJob.started_at))
+            .select_from(EvalJob)
+            .join(Checkpoint, EvalJob.checkpoint_id == Checkpoint.id)
+            .group_by(Checkpoint.run_id)
+        )
+    )
+    never = datetime.min.replace(tzinfo=UTC)
+
+    def need(run_id: int) -> tuple[int, int, datetime, int]:
+        last = started.get(run_id)
+        if last is not None and last.tzinfo is None:
+            last = last.replace(tzinfo=UTC)
+        return (-pending[run_id], running.get(run_id, 0), last or never, run_id)
+
+    return sorted(pending, key=need)
+
+
+def claim_next_job(
+    session: Session, owner: str, *, oldest_first: Collection[int] = frozenset()
+) -> ClaimedJob | None:
     """Move the most urgent pending job to ``running`` for ``owner``.
 
-    ``FOR UPDATE SKIP LOCKED`` lets daemons on PostgreSQL share the queue without two taking one job; on
-    SQLite the transaction already holds the database's write lock.
+    Runs take turns (:func:`_fair_run_order`); within a run, higher priority (quick before full) comes
+    first, then the newest step, or the oldest for runs in ``oldest_first``. ``FOR UPDATE SKIP LOCKED``
+    lets daemons on PostgreSQL share the queue without two taking one job; on SQLite the transaction
+    already holds the database's write lock.
     """
-    job = session.scalar(
-        select(EvalJob)
-        .where(EvalJob.state == JobState.PENDING)
-        .order_by(EvalJob.priority.desc(), EvalJob.step.desc(), EvalJob.id)
-        .limit(1)
-        .with_for_update(skip_locked=True)
-    )
-    if job is None:
-        return None
+    for run_id in _fair_run_order(session):
+        by_step = EvalJob.step.asc() if run_id in oldest_first else EvalJob.step.desc()
+        job = session.scalar(
+            select(EvalJob)
+            .join(Checkpoint, EvalJob.checkpoint_id == Checkpoint.id)
+            .where(EvalJob.state == JobState.PENDING, Checkpoint.run_id == run_id)
+            .order_by(EvalJob.priority.desc(), by_step, EvalJob.id)
+            .limit(1)
+            .with_for_update(skip_locked=True, of=EvalJob)
+        )
+        if job is not None:
+            return _claim(session, job, owner)
+    return None
+
+
+def _claim(session: Session, job: EvalJob, owner: str) -> ClaimedJob:
     now = utcnow()
     job.state = JobState.RUNNING
     job.attempts += 1
@@ -239,6 +307,9 @@ def claim_next_job(session: Session, owner: str) -> ClaimedJob | None:
     job.heartbeat_at = now
     job.error = None
     job.error_kind = None
+    job.wait_reason = None
+    job.deferred_at = None
+    job.stuck_at = None
     checkpoint = job.checkpoint
     session.flush()
     return ClaimedJob(
@@ -436,6 +507,8 @@ def job_rows(session: Session, run: str | None = None) -> list[JobRow]:
             EvalJob.state,
             EvalJob.attempts,
             EvalJob.error,
+            EvalJob.priority,
+            EvalJob.wait_reason,
         )
         .join(Checkpoint, EvalJob.checkpoint_id == Checkpoint.id)
         .join(Run, Checkpoint.run_id == Run.id)
@@ -444,6 +517,18 @@ def job_rows(session: Session, run: str | None = None) -> list[JobRow]:
     if run is not None:
         query = query.where(Run.name == run)
     return [
-        JobRow(id=i, run=r, checkpoint=c, step=s, task=t, stage=sg, state=str(st.value), attempts=a, error=e)
-        for i, r, c, s, t, sg, st, a, e in session.execute(query)
+        JobRow(
+            id=i,
+            run=r,
+            checkpoint=c,
+            step=s,
+            task=t,
+            stage=sg,
+            state=str(st.value),
+            attempts=a,
+            error=e,
+            priority=p,
+            wait_reason=w,
+        )
+        for i, r, c, s, t, sg, st, a, e, p, w in session.execute(query)
     ]
