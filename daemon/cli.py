@@ -19,11 +19,12 @@ from daemon import log as logs
 from daemon import report
 from daemon.config import Config, config_path, load_config
 from daemon.errors import ConfigError, EvaldError
+from daemon.planner import schedule_summary
 from inference import layouts
 from inference.dataset import load_dataset
 from inference.errors import InferenceError
 from inference.spec import EXIT_INPUT_ERROR, JobResult, JobSpec
-from storage import migrations, queries
+from storage import migrations, queries, scheduling
 from storage.database import Database, describe_url
 from storage.errors import DatabaseUnreachable, StorageError
 
@@ -112,9 +113,16 @@ def cmd_status(args: argparse.Namespace) -> int:
         with database.session() as session:
             checkpoints = queries.checkpoint_rows(session)
             jobs = queries.job_rows(session)
+            plans = scheduling.plan_rows(session)
+            stored = scheduling.schedules(session)
     finally:
         database.dispose()
-    summary = report.status(checkpoints, jobs, [r.name for r in config.runs])
+    schedules = {
+        run.name: schedule_summary(config.scheduling, run, stored[run.name])
+        for run in config.runs
+        if run.name in stored
+    }
+    summary = report.status(checkpoints, jobs, [r.name for r in config.runs], plans, schedules)
     print(json.dumps(summary, indent=1) if args.format == "json" else report.status_text(summary))
     return 0
 

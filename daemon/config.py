@@ -24,9 +24,10 @@ from pydantic import (
     model_validator,
 )
 
+from daemon import frequency, resources, units
 from daemon.errors import ConfigError
 from inference import layouts
-from inference.spec import InferenceSpec, TaskSpec
+from inference.spec import InferenceSpec, SubsetSpec, TaskSpec
 
 ENV_PREFIX = "EVALD_"
 DEFAULT_CONFIG = Path("evald.toml")
@@ -61,6 +62,29 @@ class DatabaseConfig(_Section):
         return url
 
 
+Backlog = Literal["newest_first", "oldest_first", "newest_only"]
+
+
+class AdaptiveConfig(_Section):
+    """Evaluate more often while ``metric`` of ``task`` moves by more than its noise, less on a plateau."""
+
+    task: str
+    metric: str = "accuracy"
+    min_every_steps: int = Field(ge=1)
+    max_every_steps: int = Field(ge=1)
+    #: A change counts as movement when it exceeds this many combined standard errors.
+    noise_sigmas: float = Field(default=2.0, gt=0)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AdaptiveConfig:
+        if self.min_every_steps > self.max_every_steps:
+            raise ValueError(
+                f"min_every_steps ({self.min_every_steps}) is larger than max_every_steps "
+                f"({self.max_every_steps})"
+            )
+        return self
+
+
 class RunConfig(_Section):
     name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     root: Path
@@ -77,6 +101,19 @@ class RunConfig(_Section):
     watch_mode: Literal["auto", "inotify", "poll"] = "auto"
     #: Task names to evaluate for this run; empty means every task.
     tasks: tuple[str, ...] = ()
+    #: How often to evaluate; unset fields take ``[scheduling]``'s (see :class:`SchedulingConfig`).
+    freq_steps: int | None = Field(default=None, ge=1)
+    freq_epochs: int | None = Field(default=None, ge=1)
+    freq_secs: float | None = Field(default=None, gt=0)
+    backlog: Backlog | None = None
+    #: Turns steps into epochs for checkpoints whose folder names carry only a step.
+    steps_per_epoch: int | None = Field(default=None, ge=1)
+    #: Evaluate ``base_model`` as step 0 before the first checkpoint.
+    eval_before_train: bool = False
+    base_model: Path | None = None
+    #: The run's last step: the checkpoint that reaches it is final (two-stage: gets its full stage).
+    final_step: int | None = Field(default=None, ge=0)
+    adaptive: AdaptiveConfig | None = None
 
     @field_validator("root")
     @classmethod
@@ -102,6 +139,22 @@ class RunConfig(_Section):
         if not (folder / "config.json").is_file():
             raise ValueError(f"no config.json in {folder}")
         return folder
+
+    @field_validator("base_model")
+    @classmethod
+    def _base_model(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if value is None:
+            return None
+        folder = _resolve(value, info)
+        if not folder.is_dir():
+            raise ValueError(f"not a directory: {folder}")
+        return folder
+
+    @model_validator(mode="after")
+    def _before_train(self) -> RunConfig:
+        if self.eval_before_train and self.base_model is None:
+            raise ValueError("eval_before_train needs base_model (the model the run starts from)")
+        return self
 
     def layout_settings(self) -> layouts.LayoutSettings:
         return layouts.LayoutSettings(marker=self.marker, hf_config=self.hf_config)
@@ -139,7 +192,7 @@ class TaskConfig(_Section):
             ) from exc
         return value
 
-    def spec(self) -> TaskSpec:
+    def spec(self, subset: SubsetSpec | None = None) -> TaskSpec:
         return TaskSpec(
             name=self.name,
             dataset=self.dataset,
@@ -151,6 +204,67 @@ class TaskConfig(_Section):
             batch_size=self.batch_size,
             limit=self.limit,
             metrics=self.metrics,
+            subset=subset,
+        )
+
+
+class TwoStageConfig(_Section):
+    """A quick stage on a fixed subset at every due checkpoint, the full set only now and then."""
+
+    quick_size: int = Field(ge=1)
+    #: Dataset field to stratify the quick subset by (difficulty level, subject, ...).
+    stratify_field: str | None = None
+    seed: int = 0
+    #: The full stage runs on the 1st, (n+1)th, (2n+1)th ... evaluated checkpoint.
+    full_every: int = Field(default=5, ge=1)
+    #: The metric whose quick result, when a new best or an anomaly candidate, triggers the full stage.
+    watch_metric: str = "accuracy"
+    #: A quick result further than this many combined standard errors from the previous one is an
+    #: anomaly candidate.
+    anomaly_sigmas: float = Field(default=3.0, gt=0)
+
+    def subset(self) -> SubsetSpec:
+        return SubsetSpec(size=self.quick_size, seed=self.seed, stratify_field=self.stratify_field)
+
+
+def _memory(value: object) -> int | None:
+    return None if value is None else units.parse_memory(value)
+
+
+class ResourcesConfig(_Section):
+    """What the evaluation node must have free before a job starts; unset means not checked."""
+
+    #: Free memory on every GPU the job uses, with a unit: ``"20GiB"``.
+    min_gpu_free_memory: int | None = None
+    #: Utilisation of every GPU the job uses, in percent: ``"80%"``.
+    max_gpu_utilization: float | None = None
+    #: Available host memory, with a unit: ``"8GiB"``.
+    min_host_free_memory: int | None = None
+    #: NVML indices of the GPUs evaluations use; default: those in CUDA_VISIBLE_DEVICES, else all.
+    gpus: tuple[int, ...] | None = None
+
+    @field_validator("min_gpu_free_memory", "min_host_free_memory", mode="before")
+    @classmethod
+    def _memory_size(cls, value: object) -> int | None:
+        return _memory(value)
+
+    @field_validator("max_gpu_utilization", mode="before")
+    @classmethod
+    def _percent(cls, value: object) -> float | None:
+        return None if value is None else units.parse_percent(value)
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus(cls, value: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        if value is not None and (not value or min(value) < 0 or len(set(value)) != len(value)):
+            raise ValueError("must list distinct GPU indices (0, 1, ...), at least one")
+        return value
+
+    def thresholds(self) -> resources.Thresholds:
+        return resources.Thresholds(
+            min_gpu_free_bytes=self.min_gpu_free_memory,
+            max_gpu_utilization_percent=self.max_gpu_utilization,
+            min_host_free_bytes=self.min_host_free_memory,
         )
 
 
@@ -185,6 +299,36 @@ class SchedulingConfig(_Section):
     heartbeat_secs: float = Field(default=10.0, gt=0)
     #: On SIGTERM, how long a running job may finish before it is requeued.
     shutdown_grace_secs: float = Field(default=20.0, ge=0)
+    #: Default frequency for every run (a run's own fields win). A checkpoint is due when ANY set trigger
+    #: fires; with none set, every checkpoint is due.
+    freq_steps: int | None = Field(default=None, ge=1)
+    freq_epochs: int | None = Field(default=None, ge=1)
+    freq_secs: float | None = Field(default=None, gt=0)
+    #: Which due checkpoint runs first when several wait: the newest then backfill, the oldest, or only
+    #: the newest (older due ones are skipped).
+    backlog: Backlog = "newest_first"
+    resources: ResourcesConfig = ResourcesConfig()
+    #: How often deferred jobs look at the resources again.
+    recheck_secs: float = Field(default=15.0, gt=0)
+    #: A job deferred longer than this raises a ``job.stuck`` event.
+    stuck_after_secs: float = Field(default=3600.0, gt=0)
+    #: Housekeeping: stuck jobs, and the final checkpoint of runs that went quiet.
+    housekeeping_secs: float = Field(default=60.0, gt=0)
+    #: Two-stage: the newest checkpoint counts as final once no newer one appeared for this long.
+    final_after_secs: float = Field(default=3600.0, gt=0)
+    #: Per task name: evaluate it in two stages (see :class:`TwoStageConfig`).
+    two_stage: dict[str, TwoStageConfig] = Field(default_factory=dict)
+
+    def frequency_for(self, run: RunConfig) -> frequency.Frequency:
+        """The run's own triggers, each unset one taken from ``[scheduling]``."""
+        return frequency.Frequency(
+            steps=run.freq_steps if run.freq_steps is not None else self.freq_steps,
+            epochs=run.freq_epochs if run.freq_epochs is not None else self.freq_epochs,
+            secs=run.freq_secs if run.freq_secs is not None else self.freq_secs,
+        )
+
+    def backlog_for(self, run: RunConfig) -> Backlog:
+        return run.backlog or self.backlog
 
     @model_validator(mode="after")
     def _lease(self) -> SchedulingConfig:
@@ -239,9 +383,40 @@ class Config(_Section):
                     problems.append(
                         f"runs[{i}].tasks[{j}]: unknown task {task!r} (defined: {', '.join(sorted(known))})"
                     )
+        for name, stages in self.scheduling.two_stage.items():
+            staged = self.task(name)
+            if staged is None:
+                problems.append(
+                    f"scheduling.two_stage.{name}: unknown task {name!r} "
+                    f"(defined: {', '.join(sorted(known))})"
+                )
+            elif stages.watch_metric not in staged.metrics:
+                problems.append(
+                    f"scheduling.two_stage.{name}.watch_metric: task {name!r} does not compute "
+                    f"{stages.watch_metric!r} (its metrics: {', '.join(staged.metrics)})"
+                )
+        for i, run in enumerate(self.runs):
+            if run.adaptive is not None:
+                problems.extend(self._adaptive_problems(f"runs[{i}].adaptive", run))
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    def _adaptive_problems(self, where: str, run: RunConfig) -> list[str]:
+        assert run.adaptive is not None
+        names = [t.name for t in self.tasks_for(run)]
+        task = self.task(run.adaptive.task)
+        if task is None or task.name not in names:
+            return [
+                f"{where}.task: {run.adaptive.task!r} is not a task of this run "
+                f"(its tasks: {', '.join(names)})"
+            ]
+        if run.adaptive.metric not in task.metrics:
+            return [
+                f"{where}.metric: task {task.name!r} does not compute {run.adaptive.metric!r} "
+                f"(its metrics: {', '.join(task.metrics)})"
+            ]
+        return []
 
     def tasks_for(self, run: RunConfig) -> tuple[TaskConfig, ...]:
         return tuple(t for t in self.tasks if not run.tasks or t.name in run.tasks)

@@ -123,14 +123,18 @@ class Discovery:
         runs: Iterable[WatchedRun],
         scheduling: SchedulingConfig,
         clock: Callable[[], float] = time.monotonic,
+        after_ready: Callable[[], int] | None = None,
     ) -> None:
         self._db = database
+        #: Plans what became ready (the frequency policy) and returns how many jobs that created.
+        self._after_ready = after_ready
         self._scheduling = scheduling
         self._clock = clock
         self._runs: dict[str, _RunState] = {}
         #: Jobs created since the caller last reset it: the queue only needs a look when this moved.
         self.enqueued = 0
         self._discovered: list[tuple[_RunState, Path, str, str]] = []
+        self._settled_any = False
         for run in runs:
             with database.session() as session:
                 states = queries.checkpoint_states(session, run.run_id)
@@ -163,6 +167,12 @@ class Discovery:
                     )
                 with self._db.session() as session:
                     queries.register_discovered(session, rows)
+            # Planned once per pass, in a transaction of its own: a crash in between leaves ready, unplanned
+            # checkpoints, which the planner takes up at the next start. An invalid or vanished checkpoint
+            # counts too: it may release newer ones held behind it.
+            if self._settled_any and self._after_ready is not None:
+                self._settled_any = False
+                self.enqueued += self._after_ready()
 
     def scan(self) -> None:
         """Look at every directory under every root (the safety net under events)."""
@@ -178,9 +188,16 @@ class Discovery:
                     state.root_missing_logged = True
                 continue
             state.root_missing_logged = False
-            for path in candidate_dirs(root):
+            found = candidate_dirs(root)
+            for path in found:
                 if str(path) not in state.settled:
                     self._look(state, path)
+            # Recorded ones deleted while nobody watched are marked vanished: left as discovered, they
+            # would hold every newer checkpoint back from planning.
+            present = {str(p) for p in found}
+            for key in [*state.recorded, *state.candidates]:
+                if key not in present and key not in state.settled:
+                    self._look(state, Path(key))
 
     def hint(self, run_name: str, path: Path) -> None:
         """Something changed at or under ``path`` (a child of the run root): look at it now."""
@@ -278,23 +295,12 @@ class Discovery:
         state.candidates.pop(str(path), None)
         state.recorded.discard(str(path))
         state.settled.add(str(path))
-        # The checkpoint's new state and its jobs commit together: a crash between them would leave a
-        # ready checkpoint that no restart queues.
         step, epoch = self._step(path, layout)
         with self._db.session() as session:
-            checkpoint_id = self._record_in(
-                session, state, path, layout or "unknown", new, reason, step, epoch
-            )
-            created = 0
-            if new is CheckpointState.READY:
-                created = queries.enqueue_jobs(
-                    session, checkpoint_id=checkpoint_id, step=step, tasks=state.run.tasks
-                )
+            self._record_in(session, state, path, layout or "unknown", new, reason, step, epoch)
         log_method = log.info if new is CheckpointState.READY else log.warning
         log_method(f"checkpoint.{event}", run=state.run.config.name, path=str(path), step=step, reason=reason)
-        if new is CheckpointState.READY:
-            log.info("job.enqueued", run=state.run.config.name, step=step, jobs=created)
-            self.enqueued += created
+        self._settled_any = True
 
     @staticmethod
     def _step(path: Path, layout: str | None) -> tuple[int | None, int | None]:

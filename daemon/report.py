@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from storage.queries import CheckpointRow, JobRow, ResultRow
+from storage.scheduling import PlanRow
 
 Format = Literal["table", "json", "csv"]
 
@@ -84,18 +85,34 @@ def metrics_by_checkpoint(rows: Iterable[ResultRow]) -> dict[CheckpointKey, dict
 
 
 def status(
-    checkpoints: Sequence[CheckpointRow], jobs: Sequence[JobRow], runs: Sequence[str]
+    checkpoints: Sequence[CheckpointRow],
+    jobs: Sequence[JobRow],
+    runs: Sequence[str],
+    plans: Sequence[PlanRow] = (),
+    schedules: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    """Per run: counts by state, the frequency and when the next checkpoint is due, the queue by
+    priority, and every deferred job, waiting and skipped checkpoint with its reason."""
     out: dict[str, Any] = {}
     for run in runs:
         run_checkpoints = [c for c in checkpoints if c.run == run]
         run_jobs = [j for j in jobs if j.run == run]
+        run_plans = [p for p in plans if p.run == run]
         out[run] = {
             "checkpoints": _count(c.state for c in run_checkpoints),
             "jobs": _count(j.state for j in run_jobs),
             "last_evaluated_step": max(
                 (j.step for j in run_jobs if j.state == "succeeded" and j.step is not None), default=None
             ),
+            "schedule": {k: _jsonable_deep(v) for k, v in (schedules or {}).get(run, {}).items()},
+            "queue": _queue(run_jobs),
+            "deferred": [
+                {"job": j.id, "step": j.step, "task": j.task, "stage": j.stage, "reason": j.wait_reason}
+                for j in run_jobs
+                if j.state == "deferred"
+            ],
+            "waiting": [_plan(p) for p in run_plans if p.plan == "waiting"],
+            "skipped": [_plan(p) for p in run_plans if p.plan == "skipped"],
             "problems": [
                 {"checkpoint": c.name, "step": c.step, "state": c.state, "reason": c.reason}
                 for c in run_checkpoints
@@ -116,11 +133,42 @@ def status(
     return out
 
 
+def _jsonable_deep(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _jsonable_deep(v) for k, v in value.items()}
+    return _jsonable(value)
+
+
+def _plan(row: PlanRow) -> dict[str, Any]:
+    return {"checkpoint": row.checkpoint, "step": row.step, "reason": row.reason}
+
+
+def _queue(jobs: Sequence[JobRow]) -> list[dict[str, Any]]:
+    """Jobs waiting to run, grouped by priority (highest, which runs first, first)."""
+    groups: dict[tuple[int, str], list[JobRow]] = {}
+    for job in jobs:
+        if job.state == "pending":
+            groups.setdefault((job.priority, job.stage), []).append(job)
+    return [
+        {
+            "priority": priority,
+            "stage": stage,
+            "jobs": len(group),
+            "steps": sorted({j.step for j in group if j.step is not None}, reverse=True),
+        }
+        for (priority, stage), group in sorted(groups.items(), key=lambda item: (-item[0][0], item[0][1]))
+    ]
+
+
 def _count(states: Iterable[str]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for state in states:
         counts[state] = counts.get(state, 0) + 1
     return dict(sorted(counts.items()))
+
+
+#: How many skipped checkpoints the text status lists (the JSON lists all).
+SKIPPED_SHOWN = 10
 
 
 def status_text(summary: Mapping[str, Any]) -> str:
@@ -129,8 +177,34 @@ def status_text(summary: Mapping[str, Any]) -> str:
         checkpoints = ", ".join(f"{k} {v}" for k, v in info["checkpoints"].items()) or "none"
         jobs = ", ".join(f"{k} {v}" for k, v in info["jobs"].items()) or "none"
         lines.append(f"run {run}: last evaluated step {_cell(info['last_evaluated_step'])}")
+        schedule = info.get("schedule") or {}
+        if schedule:
+            lines.append(f"  frequency:   {schedule['frequency']} (backlog {schedule['backlog']})")
+            lines.append(f"  next due:    {schedule['next_due']}")
+            if "adaptive" in schedule:
+                adaptive = schedule["adaptive"]
+                lines.append(f"  adaptive:    every {adaptive['every_steps']} steps: {adaptive['reason']}")
         lines.append(f"  checkpoints: {checkpoints}")
         lines.append(f"  jobs:        {jobs}")
+        for group in info.get("queue", []):
+            steps = ", ".join(str(s) for s in group["steps"][:8]) + (
+                " ..." if len(group["steps"]) > 8 else ""
+            )
+            where = f"priority {group['priority']} {group['stage']}"
+            lines.append(f"  queue:       {where}: {group['jobs']} job(s), steps {steps}")
+        for job in info.get("deferred", []):
+            lines.append(
+                f"  deferred:    step {_cell(job['step'])} [{job['task']}/{job['stage']}]: {job['reason']}"
+            )
+        for plan in info.get("waiting", []):
+            lines.append(f"  waiting:     {plan['checkpoint']}: {plan['reason']}")
+        skipped = info.get("skipped", [])
+        for plan in skipped[-SKIPPED_SHOWN:]:
+            lines.append(f"  skipped:     {plan['checkpoint']}: {plan['reason']}")
+        if len(skipped) > SKIPPED_SHOWN:
+            lines.append(
+                f"  skipped:     ... and {len(skipped) - SKIPPED_SHOWN} earlier (--format json lists all)"
+            )
         for problem in info["problems"]:
             what = problem["checkpoint"] + (f" [{problem['task']}]" if "task" in problem else "")
             lines.append(f"  {problem['state']}: {what}: {problem['reason']}")

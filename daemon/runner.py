@@ -14,16 +14,21 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 
 import structlog
 
+from daemon import stages
 from daemon.config import Config
 from daemon.errors import JobSetupError
+from daemon.planner import Planner
+from daemon.resources import ResourceProbe
 from inference.spec import EXIT_INPUT_ERROR, PARENT_PID_ENV, JobResult, JobSpec
 from storage import queries
+from storage import scheduling as store
 from storage.database import Database
-from storage.models import CheckpointState
+from storage.models import CheckpointState, JobState, utcnow
 
 log = structlog.get_logger("evald.runner")
 
@@ -35,13 +40,19 @@ def build_spec(config: Config, job: queries.ClaimedJob, job_dir: Path) -> JobSpe
     task = config.task(job.task)
     if task is None:
         raise JobSetupError(f"task {job.task!r} is no longer in the config")
+    subset = None
+    if job.stage == stages.QUICK:
+        two_stage = config.scheduling.two_stage.get(job.task)
+        if two_stage is None:
+            raise JobSetupError(f"task {job.task!r} has a quick job but no [scheduling.two_stage.{job.task}]")
+        subset = two_stage.subset()
     run = config.run(job.run)
     return JobSpec(
         job_id=job.id,
         checkpoint_path=Path(job.checkpoint_path),
         layout=job.layout,
         hf_config=run.hf_config if run is not None else None,
-        task=task.spec(),
+        task=task.spec(subset),
         inference=config.inference.spec(),
         result_path=job_dir / "result.json",
         seed=config.inference.seed,
@@ -76,20 +87,89 @@ class RunningJob:
 
 
 class JobRunner:
-    def __init__(self, config: Config, database: Database, owner: str) -> None:
+    def __init__(
+        self,
+        config: Config,
+        database: Database,
+        owner: str,
+        *,
+        planner: Planner | None = None,
+        probe: ResourceProbe | None = None,
+    ) -> None:
         self._config = config
         self._db = database
         self._owner = owner
+        #: Plans the follow-ups of a stored result (full stage, adaptive interval) in its transaction.
+        self._planner = planner
+        #: The resource thresholds; None when none is set.
+        self._probe = probe
         self._python = str(config.inference.python or sys.executable)
         self.running: dict[int, RunningJob] = {}
+        self._deferred_reason: str | None = None
 
     def has_capacity(self) -> bool:
         return len(self.running) < self._config.scheduling.max_concurrent
 
-    def claim_and_start(self) -> bool:
-        """Claim the most urgent pending job and start its worker; False when the queue is empty."""
+    def resources_met(self) -> bool:
+        """Check the thresholds; when unmet, defer every waiting job with the reason and return False."""
+        if self._probe is None:
+            return True
+        check = self._probe.check()
+        if check.met:
+            if self._deferred_reason is not None:
+                log.info("resources.met", previously=self._deferred_reason)
+                self._deferred_reason = None
+            return True
         with self._db.session() as session:
-            job = queries.claim_next_job(session, self._owner)
+            newly = store.defer_pending(session, check.reason, utcnow())
+        if newly or check.reason != self._deferred_reason:
+            log.warning("job.deferred", jobs=newly, reason=check.reason)
+        self._deferred_reason = check.reason
+        return False
+
+    def recheck_deferred(self) -> int:
+        """The deferral re-check: release deferred jobs once the resources are there; returns how many."""
+        with self._db.session() as session:
+            if store.count_jobs(session, JobState.DEFERRED) == 0:
+                return 0
+        if not self.resources_met():
+            return 0
+        with self._db.session() as session:
+            released = store.release_deferred(session)
+        if released:
+            log.info("job.released", jobs=released)
+        return released
+
+    def report_stuck(self) -> int:
+        """Housekeeping: a ``stuck`` event for each job deferred past ``stuck_after_secs``."""
+        now = utcnow()
+        limit = timedelta(seconds=self._config.scheduling.stuck_after_secs)
+        with self._db.session() as session:
+            stuck = store.mark_stuck(session, deferred_before=now - limit, now=now)
+        for job in stuck:
+            log.error(
+                "job.stuck",
+                job_id=job.id,
+                run=job.run,
+                step=job.step,
+                task=job.task,
+                stage=job.stage,
+                deferred_secs=round((now - job.deferred_at).total_seconds()),
+                reason=job.reason,
+            )
+        return len(stuck)
+
+    def claim_and_start(self) -> bool:
+        """Claim the most urgent pending job and start its worker; False when the queue is empty or the
+        resources are not there (the waiting jobs are then deferred)."""
+        with self._db.session() as session:
+            if store.count_jobs(session, JobState.PENDING) == 0:
+                return False
+        if not self.resources_met():
+            return False
+        oldest_first = self._planner.oldest_first if self._planner is not None else frozenset()
+        with self._db.session() as session:
+            job = queries.claim_next_job(session, self._owner, oldest_first=oldest_first)
         if job is None:
             return False
         job_dir = self._config.daemon.state_dir / "jobs" / f"{job.id}-{job.attempts}"
@@ -174,6 +254,8 @@ class JobRunner:
                 duration_s=duration,
                 load_s=load_s,
             )
+            if stored and self._planner is not None:
+                self._planner.after_result(session, job, metrics)
         if stored and not Path(job.checkpoint_path).is_dir():
             # Rotated away after the worker had it in memory: the results stand, the folder is gone.
             with self._db.session() as session:

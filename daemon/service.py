@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import queue
 import signal
 import socket
 import threading
-from datetime import timedelta
+from collections.abc import Callable
+from datetime import datetime, timedelta
 from types import FrameType
 
 import structlog
-from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_MISSED, JobExecutionEvent
-from apscheduler.schedulers.background import BackgroundScheduler
 
-from daemon import filesystem
+from daemon import filesystem, resources
 from daemon.config import Config, RunConfig
 from daemon.discovery import Discovery, WatchedRun
 from daemon.notify import SystemdNotifier
+from daemon.planner import Planner
 from daemon.runner import JobRunner
+from daemon.timers import Timers
 from daemon.watcher import Watcher
 from storage import migrations, queries
 from storage.database import Database, describe_url
@@ -57,6 +60,18 @@ def uses_inotify(run: RunConfig) -> bool:
     return run.watch_mode == "inotify"
 
 
+def resource_probe(config: Config) -> resources.ResourceProbe | None:
+    settings = config.scheduling.resources
+    thresholds = settings.thresholds()
+    if not thresholds.any_set:
+        return None
+    return resources.ResourceProbe(
+        thresholds,
+        uses_gpu=config.inference.device != "cpu",
+        gpu_indices=resources.visible_gpu_indices(settings.gpus, os.environ),
+    )
+
+
 class Service:
     def __init__(self, config: Config, database: Database) -> None:
         self.config = config
@@ -66,19 +81,43 @@ class Service:
         self.wake = threading.Event()
         self._rescan_due = threading.Event()
         self._recover_due = threading.Event()
+        self._recheck_due = threading.Event()
+        self._housekeeping_due = threading.Event()
+        #: Runs whose time trigger fired.
+        self._time_due: queue.SimpleQueue[str] = queue.SimpleQueue()
         #: Look at the queue: at start, after a rescan (another daemon may share it) and after recovery.
         self._queue_due = threading.Event()
         self._queue_due.set()
+        self.timers = Timers()
 
     def request_stop(self, signum: int, _frame: FrameType | None = None) -> None:
         log.info("daemon.stopping", signal=signal.Signals(signum).name)
         self.stop_requested.set()
         self.wake.set()
 
-    def _flag(self, event: threading.Event) -> None:
-        # Scheduler jobs only raise flags: the database and the runner stay on the main thread.
-        event.set()
-        self.wake.set()
+    def _flag(self, event: threading.Event) -> Callable[[], None]:
+        # Timer jobs only raise flags: the database and the runner stay on the main thread.
+        def raise_flag() -> None:
+            event.set()
+            self.wake.set()
+
+        return raise_flag
+
+    def _time_trigger(self, run: str) -> Callable[[], None]:
+        def fire() -> None:
+            self._time_due.put(run)
+            self.wake.set()
+
+        return fire
+
+    def arm_time_trigger(self, run: str, anchor_at: datetime) -> None:
+        """(Re)start a run's time trigger so that it fires ``freq_secs`` after its last evaluation."""
+        run_config = self.config.run(run)
+        secs = self.config.scheduling.frequency_for(run_config).secs if run_config else None
+        if secs is not None:
+            self.timers.every(
+                f"time:{run}", secs, self._time_trigger(run), first=anchor_at + timedelta(seconds=secs)
+            )
 
     def _recover(self) -> None:
         lease = timedelta(seconds=self.config.scheduling.lease_secs)
@@ -87,52 +126,52 @@ class Service:
         if ids:
             log.warning("job.recovered", job_ids=ids, reason="its daemon stopped while it ran")
 
-    def _scheduler(self) -> BackgroundScheduler:
+    def _arm_timers(self, planner: Planner) -> None:
         scheduling = self.config.scheduling
-        scheduler = BackgroundScheduler(job_defaults={"coalesce": True, "max_instances": 1})
-        scheduler.add_job(
-            self._flag,
-            "interval",
-            args=[self._rescan_due],
-            seconds=scheduling.rescan_secs,
-            id="rescan",
-            name="rescan",
-        )
+        self.timers.every("rescan", scheduling.rescan_secs, self._flag(self._rescan_due))
         if not self.database.is_sqlite:
-            scheduler.add_job(
-                self._flag,
-                "interval",
-                args=[self._recover_due],
-                seconds=scheduling.lease_secs / 2,
-                id="recover",
-                name="recover orphaned jobs",
-            )
+            self.timers.every("recover", scheduling.lease_secs / 2, self._flag(self._recover_due))
+        if scheduling.resources.thresholds().any_set:
+            self.timers.every("recheck", scheduling.recheck_secs, self._flag(self._recheck_due))
+        self.timers.every("housekeeping", scheduling.housekeeping_secs, self._flag(self._housekeeping_due))
+        for run, anchor_at in planner.anchors().items():
+            self.arm_time_trigger(run, anchor_at)
 
-        def on_problem(event: JobExecutionEvent) -> None:
-            log.error("scheduler.job_problem", job=event.job_id, error=repr(event.exception))
-
-        scheduler.add_listener(on_problem, EVENT_JOB_ERROR | EVENT_JOB_MISSED)
-        return scheduler
+    def _guarded(self, name: str, action: Callable[[], object]) -> object:
+        """One pass of timed work; a failure is logged with the pass's name and the loop goes on."""
+        try:
+            return action()
+        except Exception as exc:
+            log.exception("scheduler.pass_failed", job=name, error=repr(exc))
+            return None
 
     def run(self) -> None:
         """The main loop; returns after a stop request, once running jobs finished or were requeued."""
         notifier = SystemdNotifier()
         self._recover()
-        discovery = Discovery(
-            self.database, register_runs(self.config, self.database), self.config.scheduling
+        watched = register_runs(self.config, self.database)
+        planner = Planner(self.config.scheduling, self.database, watched, on_reset=self.arm_time_trigger)
+        planner.register_base_models()
+        discovery = Discovery(self.database, watched, self.config.scheduling, after_ready=planner.plan)
+        runner = JobRunner(
+            self.config, self.database, self.owner, planner=planner, probe=resource_probe(self.config)
         )
-        runner = JobRunner(self.config, self.database, self.owner)
         watcher = Watcher({r.name: r.root for r in self.config.runs if uses_inotify(r)}, self.wake)
-        scheduler = self._scheduler()
         # Register what is already there before paying for the recursive watches (a restart over
-        # thousands of checkpoints), then look again for whatever changed in between.
+        # thousands of checkpoints), then look again for whatever changed in between. Ready checkpoints
+        # a crash left unplanned are planned here too.
         discovery.scan()
+        planner.plan()
         watcher.start()
         discovery.scan()
-        scheduler.start()
+        self._arm_timers(planner)
+        self.timers.start()
         notifier.ready()
         log.info(
-            "daemon.ready", database=describe_url(self.database.url), runs=[r.name for r in self.config.runs]
+            "daemon.ready",
+            database=describe_url(self.database.url),
+            runs=[r.name for r in self.config.runs],
+            timers=self.timers.names(),
         )
         try:
             while not self.stop_requested.is_set():
@@ -140,12 +179,25 @@ class Service:
                     self._rescan_due.clear()
                     watcher.overflowed.clear()
                     watcher.refresh()
-                    discovery.scan()
+                    self._guarded("rescan", discovery.scan)
                     self._queue_due.set()
                 if self._recover_due.is_set():
                     self._recover_due.clear()
-                    self._recover()
+                    self._guarded("recover", self._recover)
                     self._queue_due.set()
+                while not self._time_due.empty():
+                    run = self._time_due.get()
+                    if self._guarded(f"time:{run}", functools.partial(planner.time_tick, run)):
+                        self._queue_due.set()
+                if self._recheck_due.is_set():
+                    self._recheck_due.clear()
+                    if self._guarded("recheck", runner.recheck_deferred):
+                        self._queue_due.set()
+                if self._housekeeping_due.is_set():
+                    self._housekeeping_due.clear()
+                    self._guarded("housekeeping", runner.report_stuck)
+                    if self._guarded("housekeeping", planner.finalize_quiet_runs):
+                        self._queue_due.set()
                 for run_name, path in watcher.drain():
                     discovery.hint(run_name, path)
                 discovery.tick()
@@ -162,6 +214,6 @@ class Service:
         finally:
             notifier.stopping()
             runner.shutdown(self.config.scheduling.shutdown_grace_secs)
-            scheduler.shutdown(wait=False)
+            self.timers.shutdown()
             watcher.stop()
             log.info("daemon.stopped")

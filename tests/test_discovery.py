@@ -9,6 +9,7 @@ import pytest
 
 from daemon.config import RunConfig, SchedulingConfig
 from daemon.discovery import Discovery, WatchedRun
+from daemon.planner import Planner
 from storage import queries
 from storage.database import Database
 from storage.models import CheckpointState
@@ -26,7 +27,7 @@ def _discovery(db: Database, root: Path, clock: Clock, marker: str | None = None
         run_id = queries.ensure_run(s, "r", str(root))
     run = WatchedRun(RunConfig(name="r", root=root, marker=marker), run_id, ("arith",))
     scheduling = SchedulingConfig(quiet_secs=2.0, invalid_after_secs=30.0)
-    return Discovery(db, [run], scheduling, clock=clock)
+    return Discovery(db, [run], scheduling, clock=clock, after_ready=Planner(scheduling, db, [run]).plan)
 
 
 def _states(db: Database) -> dict[str, str]:

@@ -20,6 +20,7 @@ import pytest
 import tests.cases
 from daemon.config import RunConfig, SchedulingConfig
 from daemon.discovery import Discovery, WatchedRun, top_level_child
+from daemon.planner import Planner
 from storage import migrations, queries
 from storage.database import Database
 from tests.checkpoints import LayoutCase
@@ -63,7 +64,8 @@ def test_slow_writer_is_never_read_early(case: LayoutCase, tmp_path: Path) -> No
         clock = Clock()
         run = WatchedRun(RunConfig(name="r", root=root, hf_config=case.hf_config), run_id, ("t",))
         scheduling = SchedulingConfig(quiet_secs=QUIET, invalid_after_secs=3600, rescan_secs=5)
-        discovery = Discovery(database, [run], scheduling, clock=clock)
+        planner = Planner(scheduling, database, [run])
+        discovery = Discovery(database, [run], scheduling, clock=clock, after_ready=planner.plan)
         writes = _writes(case, rng)
         for number, (relpath, chunk, first) in enumerate(writes):
             target = root / relpath

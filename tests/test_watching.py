@@ -13,6 +13,7 @@ import structlog
 from daemon import filesystem
 from daemon.config import RunConfig, SchedulingConfig
 from daemon.discovery import Discovery, WatchedRun, candidate_dirs, is_container
+from daemon.planner import Planner
 from daemon.watcher import Watcher
 from storage import queries
 from storage.database import Database
@@ -77,7 +78,9 @@ def test_container_checkpoint_is_found_and_named_by_its_path(
         run_id = queries.ensure_run(s, "r", str(root))
     now = [0.0]
     run = WatchedRun(RunConfig(name="r", root=root, layout="hf"), run_id, ("t",))
-    discovery = Discovery(database, [run], SchedulingConfig(quiet_secs=1.0), clock=lambda: now[0])
+    scheduling = SchedulingConfig(quiet_secs=1.0)
+    planner = Planner(scheduling, database, [run])
+    discovery = Discovery(database, [run], scheduling, clock=lambda: now[0], after_ready=planner.plan)
     copy_checkpoint(source, root / "_actor" / "global_step7")
     discovery.hint("r", root / "_actor")
     now[0] += 1.5

@@ -11,6 +11,7 @@ from inference.spec import MetricValue
 
 class Accuracy(SampleMetric):
     name: ClassVar[str] = "accuracy"
+    higher_is_better: ClassVar[bool | None] = True
     description: ClassVar[str] = "share of answers graded correct by math-verify"
 
     def score(self, sample: SampleRecord) -> float:

@@ -37,6 +37,9 @@ class EvalRecord:
 class Metric(ABC):
     name: ClassVar[str]
     description: ClassVar[str]
+    #: Which way is better: what "new best" and "regression" mean. ``None`` for metrics with no good
+    #: direction (response length).
+    higher_is_better: ClassVar[bool | None]
 
     @abstractmethod
     def compute(self, record: EvalRecord) -> MetricValue: ...

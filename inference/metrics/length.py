@@ -11,6 +11,7 @@ from inference.spec import MetricValue
 
 class ResponseLength(SampleMetric):
     name: ClassVar[str] = "response_length"
+    higher_is_better: ClassVar[bool | None] = None
     description: ClassVar[str] = "mean generated tokens per answer (EOS not counted)"
 
     def score(self, sample: SampleRecord) -> float:
@@ -19,6 +20,7 @@ class ResponseLength(SampleMetric):
 
 class TruncationRate(SampleMetric):
     name: ClassVar[str] = "truncation_rate"
+    higher_is_better: ClassVar[bool | None] = False
     description: ClassVar[str] = "share of answers that hit max_new_tokens before EOS"
 
     def score(self, sample: SampleRecord) -> float:

@@ -10,6 +10,7 @@ from inference.spec import MetricValue
 
 class TokensPerSecond(RunMetric):
     name: ClassVar[str] = "tokens_per_s"
+    higher_is_better: ClassVar[bool | None] = True
     description: ClassVar[str] = "generated tokens per second of generation (loading excluded)"
 
     def compute(self, record: EvalRecord) -> MetricValue:
@@ -20,6 +21,7 @@ class TokensPerSecond(RunMetric):
 
 class WallTime(RunMetric):
     name: ClassVar[str] = "wall_s"
+    higher_is_better: ClassVar[bool | None] = False
     description: ClassVar[str] = "seconds for the whole evaluation, loading included"
 
     def compute(self, record: EvalRecord) -> MetricValue:
@@ -28,6 +30,7 @@ class WallTime(RunMetric):
 
 class LoadTime(RunMetric):
     name: ClassVar[str] = "load_s"
+    higher_is_better: ClassVar[bool | None] = False
     description: ClassVar[str] = "seconds to load model and tokenizer"
 
     def compute(self, record: EvalRecord) -> MetricValue:

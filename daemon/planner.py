@@ -1,0 +1,481 @@
+"""Turns ready checkpoints into jobs, as each run's frequency, backlog and two-stage policy say.
+
+Every verdict is stored on the checkpoint with its reason (``not due: 10 steps since step 40,
+freq_steps=20``), and the verdict, the counters it resets and the jobs it creates commit in one
+transaction. Checkpoints are planned in step order and a newer one waits while an older one is still
+being written, so the same checkpoints are chosen whatever the timing of discoveries and restarts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import structlog
+from sqlalchemy.orm import Session
+
+from daemon import adaptive, frequency, stages
+from daemon.config import RunConfig, SchedulingConfig, TwoStageConfig
+from daemon.discovery import WatchedRun
+from inference import layouts
+from inference.metrics import METRICS
+from storage import queries
+from storage import scheduling as store
+from storage.database import Database
+from storage.models import CheckpointState, Plan, utcnow
+
+log = structlog.get_logger("evald.planner")
+
+#: The base model's checkpoint name when ``eval_before_train`` is set.
+BASE_MODEL_NAME = "base-model"
+
+
+@dataclass(frozen=True)
+class RunPolicy:
+    watched: WatchedRun
+    triggers: frequency.Frequency
+    backlog: str
+
+    @property
+    def config(self) -> RunConfig:
+        return self.watched.config
+
+    @property
+    def name(self) -> str:
+        return self.watched.config.name
+
+    @property
+    def run_id(self) -> int:
+        return self.watched.run_id
+
+    def effective(self, schedule: store.Schedule) -> frequency.Frequency:
+        """The frequency in force: adaptive runs replace ``freq_steps`` by their current interval."""
+        if self.config.adaptive is None:
+            return self.triggers
+        every = schedule.every_steps or self.triggers.steps or self.config.adaptive.min_every_steps
+        return frequency.Frequency(steps=every, epochs=self.triggers.epochs, secs=self.triggers.secs)
+
+
+def _anchor(schedule: store.Schedule) -> frequency.Anchor:
+    return frequency.Anchor(schedule.anchor_step, schedule.anchor_epoch, schedule.anchor_at)
+
+
+def schedule_summary(
+    scheduling: SchedulingConfig, run: RunConfig, schedule: store.Schedule
+) -> dict[str, Any]:
+    """What ``evald status`` says about a run's frequency: the triggers, the next due point, and the
+    adaptive interval with its reason."""
+    policy = RunPolicy(
+        WatchedRun(run, schedule.run_id, ()), scheduling.frequency_for(run), scheduling.backlog_for(run)
+    )
+    effective = policy.effective(schedule)
+    summary: dict[str, Any] = {
+        "frequency": effective.describe(),
+        "backlog": policy.backlog,
+        "next_due": frequency.next_due(effective, _anchor(schedule)),
+        "last_reset": {
+            "step": schedule.anchor_step,
+            "epoch": schedule.anchor_epoch,
+            "at": schedule.anchor_at,
+        },
+        "evaluated_checkpoints": schedule.evaluated,
+    }
+    if run.adaptive is not None:
+        summary["adaptive"] = {
+            "every_steps": effective.steps,
+            "reason": schedule.every_reason or "no movement measured yet: the starting interval",
+        }
+    return summary
+
+
+class Planner:
+    def __init__(
+        self,
+        scheduling: SchedulingConfig,
+        database: Database,
+        runs: Iterable[WatchedRun],
+        clock: Callable[[], datetime] = utcnow,
+        on_reset: Callable[[str, datetime], None] | None = None,
+    ) -> None:
+        self._scheduling = scheduling
+        self._db = database
+        self._clock = clock
+        #: Told when a run's counters reset, so its time trigger is re-armed from then.
+        self._on_reset = on_reset
+        self.policies = {
+            run.config.name: RunPolicy(
+                run, scheduling.frequency_for(run.config), scheduling.backlog_for(run.config)
+            )
+            for run in runs
+        }
+        self._held: dict[str, int | None] = {}
+        now = clock()
+        with database.session() as session:
+            for policy in self.policies.values():
+                store.ensure_schedule(session, policy.run_id, now)
+
+    @property
+    def oldest_first(self) -> frozenset[int]:
+        return frozenset(p.run_id for p in self.policies.values() if p.backlog == "oldest_first")
+
+    def anchors(self) -> dict[str, datetime]:
+        with self._db.session() as session:
+            rows = store.schedules(session)
+        return {name: rows[name].anchor_at for name in self.policies if name in rows}
+
+    # -- base model ---------------------------------------------------------------------------------
+
+    def register_base_models(self) -> None:
+        """Record each ``eval_before_train`` run's base model as a ready checkpoint at step 0."""
+        for policy in self.policies.values():
+            base = policy.config.base_model
+            if not policy.config.eval_before_train or base is None:
+                continue
+            try:
+                layout = layouts.detect(base, layouts.take_snapshot(base), policy.config.layout) or "hf"
+            except OSError as exc:
+                log.error("base_model.unreadable", run=policy.name, path=str(base), error=str(exc))
+                continue
+            with self._db.session() as session:
+                if str(base) in queries.checkpoint_states(session, policy.run_id):
+                    continue
+                queries.record_checkpoint(
+                    session,
+                    run_id=policy.run_id,
+                    path=str(base),
+                    name=BASE_MODEL_NAME,
+                    step=0,
+                    epoch=0,
+                    layout=layout,
+                    state=CheckpointState.READY,
+                    reason="eval_before_train: the base model, as step 0",
+                )
+            log.info("base_model.registered", run=policy.name, path=str(base), layout=layout)
+
+    # -- planning -----------------------------------------------------------------------------------
+
+    def plan(self) -> int:
+        """Decide every ready checkpoint not yet planned; returns how many jobs were created."""
+        created = 0
+        for policy in self.policies.values():
+            with self._db.session() as session:
+                created += self._plan_run(session, policy)
+        return created
+
+    def _plan_run(self, session: Session, policy: RunPolicy) -> int:
+        candidates = store.unplanned(session, policy.run_id)
+        if not candidates:
+            return 0
+        now = self._clock()
+        schedule = store.load_schedule(session, policy.run_id)
+        hold_from = store.lowest_unsettled_step(session, policy.run_id)
+        created = 0
+        for candidate in candidates:
+            if candidate.name == BASE_MODEL_NAME and policy.config.eval_before_train:
+                created += self._make_due(session, policy, schedule, candidate, "eval_before_train", now)
+                continue
+            if candidate.step is not None and hold_from is not None and candidate.step > hold_from:
+                if self._held.get(policy.name) != hold_from:
+                    log.info("checkpoint.held", run=policy.name, step=candidate.step, until_step=hold_from)
+                    self._held[policy.name] = hold_from
+                break
+            created += self._decide(session, policy, schedule, candidate, now)
+        store.save_schedule(session, schedule, now)
+        return created
+
+    def _decide(
+        self,
+        session: Session,
+        policy: RunPolicy,
+        schedule: store.Schedule,
+        candidate: store.PlanCandidate,
+        now: datetime,
+    ) -> int:
+        epoch = frequency.epoch_of(candidate.step, candidate.epoch, policy.config.steps_per_epoch)
+        decision = frequency.decide(
+            policy.effective(schedule), _anchor(schedule), step=candidate.step, epoch=epoch, now=now
+        )
+        if candidate.step is not None:
+            # The time trigger only ever takes the newest checkpoint: older waiting ones are done for.
+            reason = f"not due: superseded by step {candidate.step} (the time trigger takes the newest)"
+            self._skip(session, policy, store.waiting(session, policy.run_id), reason, now)
+        if decision.verdict is frequency.Verdict.DUE:
+            return self._make_due(session, policy, schedule, candidate, decision.reason, now)
+        plan = Plan.WAITING if decision.verdict is frequency.Verdict.WAITING else Plan.SKIPPED
+        store.set_plan(session, candidate.id, plan, decision.reason, now)
+        log.info(f"checkpoint.{plan.value}", run=policy.name, step=candidate.step, reason=decision.reason)
+        return 0
+
+    def _skip(
+        self,
+        session: Session,
+        policy: RunPolicy,
+        candidates: Sequence[store.PlanCandidate],
+        reason: str,
+        now: datetime,
+    ) -> None:
+        for candidate in candidates:
+            store.set_plan(session, candidate.id, Plan.SKIPPED, reason, now)
+            log.info("checkpoint.skipped", run=policy.name, step=candidate.step, reason=reason)
+
+    def _make_due(
+        self,
+        session: Session,
+        policy: RunPolicy,
+        schedule: store.Schedule,
+        candidate: store.PlanCandidate,
+        reason: str,
+        now: datetime,
+        *,
+        final: str | None = None,
+    ) -> int:
+        # Any evaluation resets every trigger (AReaL reset only the one that fired).
+        schedule.evaluated += 1
+        if candidate.step is not None:
+            schedule.anchor_step = max(schedule.anchor_step, candidate.step)
+        epoch = frequency.epoch_of(candidate.step, candidate.epoch, policy.config.steps_per_epoch)
+        if epoch is not None:
+            schedule.anchor_epoch = max(schedule.anchor_epoch, epoch)
+        schedule.anchor_at = now
+        store.set_plan(session, candidate.id, Plan.DUE, reason, now)
+        final_step = policy.config.final_step
+        if (
+            final is None
+            and final_step is not None
+            and candidate.step is not None
+            and candidate.step >= final_step
+        ):
+            final = f"final step (final_step={final_step})"
+        created = self._enqueue(session, policy, candidate, schedule.evaluated, final)
+        log.info(
+            "checkpoint.due",
+            run=policy.name,
+            step=candidate.step,
+            reason=reason,
+            jobs=created,
+            seq=schedule.evaluated,
+        )
+        if policy.backlog == "newest_only" and candidate.step is not None:
+            superseded = store.supersede(
+                session,
+                policy.run_id,
+                below_step=candidate.step,
+                reason=f"superseded by step {candidate.step} before it ran (backlog = newest_only)",
+            )
+            if superseded:
+                log.info("job.superseded", run=policy.name, by_step=candidate.step, job_ids=superseded)
+        if self._on_reset is not None:
+            self._on_reset(policy.name, now)
+        return created
+
+    def _enqueue(
+        self,
+        session: Session,
+        policy: RunPolicy,
+        candidate: store.PlanCandidate,
+        sequence: int,
+        final: str | None,
+    ) -> int:
+        created = 0
+        two_stage = self._scheduling.two_stage
+        single = [t for t in policy.watched.tasks if t not in two_stage]
+        created += queries.enqueue_jobs(
+            session,
+            checkpoint_id=candidate.id,
+            step=candidate.step,
+            tasks=single,
+            stage=stages.FULL,
+            priority=stages.PRIORITY_QUICK,
+        )
+        for task in policy.watched.tasks:
+            if task not in two_stage:
+                continue
+            created += queries.enqueue_jobs(
+                session,
+                checkpoint_id=candidate.id,
+                step=candidate.step,
+                tasks=[task],
+                stage=stages.QUICK,
+                priority=stages.PRIORITY_QUICK,
+            )
+            why = final or (
+                f"every {two_stage[task].full_every} evaluated checkpoints (this is number {sequence})"
+                if stages.full_by_count(sequence, two_stage[task].full_every)
+                else None
+            )
+            if why is not None:
+                created += self._enqueue_full(session, policy, candidate.id, candidate.step, task, why)
+        return created
+
+    def _enqueue_full(
+        self, session: Session, policy: RunPolicy, checkpoint_id: int, step: int | None, task: str, why: str
+    ) -> int:
+        created = queries.enqueue_jobs(
+            session,
+            checkpoint_id=checkpoint_id,
+            step=step,
+            tasks=[task],
+            stage=stages.FULL,
+            priority=stages.PRIORITY_FULL,
+        )
+        if created:
+            log.info("stage.full_queued", run=policy.name, step=step, task=task, reason=why)
+        return created
+
+    # -- the time trigger ---------------------------------------------------------------------------
+
+    def time_tick(self, run_name: str) -> int:
+        """The run's time trigger fired: the newest waiting checkpoint is due if ``freq_secs`` passed."""
+        policy = self.policies.get(run_name)
+        if policy is None or policy.triggers.secs is None:
+            return 0
+        with self._db.session() as session:
+            schedule = store.load_schedule(session, policy.run_id)
+            now = self._clock()
+            anchor = _anchor(schedule)
+            if not frequency.time_due(policy.triggers, anchor, now):
+                return 0
+            waiting = store.waiting(session, policy.run_id)
+            if not waiting:
+                return 0
+            newest = waiting[-1]
+            self._skip(
+                session,
+                policy,
+                waiting[:-1],
+                f"not due: superseded by step {newest.step} (the time trigger takes the newest)",
+                now,
+            )
+            elapsed = (now - anchor.at).total_seconds()
+            reason = (
+                f"time trigger: {elapsed:.0f} s since the last evaluation, freq_secs={policy.triggers.secs:g}"
+            )
+            created = self._make_due(session, policy, schedule, newest, reason, now)
+            store.save_schedule(session, schedule, now)
+        return created
+
+    # -- after a result -----------------------------------------------------------------------------
+
+    def after_result(
+        self, session: Session, job: queries.ClaimedJob, metrics: Sequence[queries.MetricRow]
+    ) -> int:
+        """Follow-ups of a stored result, in its transaction: the full stage when a quick result is a new
+        best or an anomaly candidate, and the adaptive interval. Returns how many jobs were created."""
+        policy = self.policies.get(job.run)
+        if policy is None:
+            return 0
+        values = {m.name: m for m in metrics}
+        created = 0
+        stage_config = self._scheduling.two_stage.get(job.task)
+        if job.stage == stages.QUICK and stage_config is not None:
+            created += self._full_after_quick(session, policy, job, stage_config, values)
+        settings = policy.config.adaptive
+        watched_stage = stages.QUICK if job.task in self._scheduling.two_stage else stages.FULL
+        if settings is not None and job.task == settings.task and job.stage == watched_stage:
+            self._adapt(session, policy, job, values)
+        return created
+
+    def _series(
+        self, session: Session, policy: RunPolicy, job: queries.ClaimedJob, metric: str
+    ) -> tuple[list[adaptive.Point], adaptive.Point | None]:
+        """The metric's earlier points (steps below the job's) and the job's own point."""
+        points = store.metric_series(
+            session, run_id=policy.run_id, task=job.task, stage=job.stage, metric=metric
+        )
+        mine = [p for p in points if p.step == job.step]
+        earlier = [p for p in points if p.step is not None and job.step is not None and p.step < job.step]
+        current = adaptive.Point(job.step, mine[-1].value, mine[-1].stderr) if mine else None
+        return [adaptive.Point(p.step, p.value, p.stderr) for p in earlier], current
+
+    def _full_after_quick(
+        self,
+        session: Session,
+        policy: RunPolicy,
+        job: queries.ClaimedJob,
+        stage_config: TwoStageConfig,
+        values: dict[str, queries.MetricRow],
+    ) -> int:
+        metric = stage_config.watch_metric
+        value = values.get(metric)
+        if value is None:
+            return 0
+        history, _ = self._series(session, policy, job, metric)
+        registered = METRICS.get(metric)
+        why = stages.full_after_quick(
+            history,
+            adaptive.Point(job.step, value.value, value.stderr),
+            metric=metric,
+            higher_is_better=registered.higher_is_better if registered is not None else None,
+            sigmas=stage_config.anomaly_sigmas,
+        )
+        if why is None:
+            return 0
+        return self._enqueue_full(session, policy, job.checkpoint_id, job.step, job.task, why)
+
+    def _adapt(
+        self,
+        session: Session,
+        policy: RunPolicy,
+        job: queries.ClaimedJob,
+        values: dict[str, queries.MetricRow],
+    ) -> None:
+        settings = policy.config.adaptive
+        assert settings is not None
+        value = values.get(settings.metric)
+        if value is None or job.step is None:
+            return
+        points = store.metric_series(
+            session, run_id=policy.run_id, task=job.task, stage=job.stage, metric=settings.metric
+        )
+        if any(p.step is not None and p.step > job.step for p in points):
+            return  # a backfilled older checkpoint says nothing about where the run is now
+        earlier = [p for p in points if p.step is not None and p.step < job.step]
+        if not earlier:
+            return
+        schedule = store.load_schedule(session, policy.run_id)
+        current_every = policy.effective(schedule).steps
+        assert current_every is not None
+        interval = adaptive.adapt(
+            current_every,
+            adaptive.Point(earlier[-1].step, earlier[-1].value, earlier[-1].stderr),
+            adaptive.Point(job.step, value.value, value.stderr),
+            metric=settings.metric,
+            min_every=settings.min_every_steps,
+            max_every=settings.max_every_steps,
+            sigmas=settings.noise_sigmas,
+        )
+        schedule.every_steps = interval.every_steps
+        schedule.every_reason = interval.reason
+        store.save_schedule(session, schedule, self._clock())
+        log.info(
+            "schedule.adapted", run=policy.name, every_steps=interval.every_steps, reason=interval.reason
+        )
+
+    # -- housekeeping -------------------------------------------------------------------------------
+
+    def finalize_quiet_runs(self) -> int:
+        """A run whose newest checkpoint has had no successor for ``final_after_secs`` has finished:
+        that checkpoint is evaluated (even if its frequency skipped it), with its full stage."""
+        limit = timedelta(seconds=self._scheduling.final_after_secs)
+        created = 0
+        now = self._clock()
+        for policy in self.policies.values():
+            with self._db.session() as session:
+                # A newer checkpoint still being written is the newest: the run is not quiet.
+                newest = store.newest_checkpoint(session, policy.run_id)
+                if newest is None or newest.planned_at is None or now - newest.planned_at < limit:
+                    continue
+                quiet = f"final: no newer checkpoint for {limit.total_seconds():.0f} s"
+                if newest.plan is not Plan.DUE:
+                    schedule = store.load_schedule(session, policy.run_id)
+                    created += self._make_due(session, policy, schedule, newest, quiet, now, final=quiet)
+                    store.save_schedule(session, schedule, now)
+                else:
+                    for task in policy.watched.tasks:
+                        if task in self._scheduling.two_stage:
+                            created += self._enqueue_full(
+                                session, policy, newest.id, newest.step, task, quiet
+                            )
+        return created
