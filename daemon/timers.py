@@ -7,11 +7,13 @@ is in memory and rebuilt from config at every start: the schedule's state lives 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from datetime import datetime
 
 import structlog
 from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_MISSED, JobExecutionEvent
+from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.background import BackgroundScheduler
 
 log = structlog.get_logger("evald.timers")
@@ -38,6 +40,9 @@ class Timers:
         self, name: str, seconds: float, action: Callable[[], None], *, first: datetime | None = None
     ) -> None:
         """Run ``action`` every ``seconds`` (from ``first`` when given), replacing a job of that name."""
+        # Before the scheduler starts, add_job queues without replacing: drop a queued one by hand.
+        with contextlib.suppress(JobLookupError):
+            self._scheduler.remove_job(name)
         self._scheduler.add_job(
             action,
             "interval",

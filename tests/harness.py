@@ -48,6 +48,7 @@ batch_size = {batch_size}
 
 [inference]
 threads = 1
+{inference_extra}
 
 [scheduling]
 quiet_secs = {quiet}
@@ -57,6 +58,7 @@ tick_secs = 0.05
 heartbeat_secs = 1.0
 lease_secs = 5.0
 shutdown_grace_secs = {grace}
+{scheduling_extra}
 
 [daemon]
 state_dir = "{state}"
@@ -82,6 +84,8 @@ def write_config(
     grace: float = 20.0,
     batch_size: int = 16,
     run_extra: str = "",
+    scheduling_extra: str = "",
+    inference_extra: str = "",
 ) -> Path:
     root = tmp / "run"
     root.mkdir(exist_ok=True)
@@ -97,6 +101,8 @@ def write_config(
             state=tmp / "state",
             batch_size=batch_size,
             run_extra=run_extra,
+            scheduling_extra=scheduling_extra,
+            inference_extra=inference_extra,
         )
     )
     return path
@@ -193,5 +199,5 @@ def checkpoints(database: Database) -> list[queries.CheckpointRow]:
 
 def all_jobs_done(database: Database, expected: int) -> list[queries.JobRow] | None:
     rows = jobs(database)
-    done = [j for j in rows if j.state in ("succeeded", "failed")]
+    done = [j for j in rows if j.state in ("succeeded", "failed", "skipped")]
     return rows if len(rows) >= expected and len(done) == len(rows) else None

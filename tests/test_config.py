@@ -103,3 +103,122 @@ def test_config_path_precedence() -> None:
     assert config_path("a.toml", {"EVALD_CONFIG": "b.toml"}) == Path("a.toml")
     assert config_path(None, {"EVALD_CONFIG": "b.toml"}) == Path("b.toml")
     assert config_path(None, {}) == Path("evald.toml")
+
+
+SCHEDULED = (
+    GOOD
+    + """
+[scheduling]
+freq_steps = 50
+freq_secs = 1800
+backlog = "oldest_first"
+
+[scheduling.resources]
+min_gpu_free_memory = "20GiB"
+max_gpu_utilization = "80%"
+min_host_free_memory = "512MiB"
+gpus = [0, 1]
+
+[scheduling.two_stage.math]
+quick_size = 64
+stratify_field = "level"
+full_every = 4
+"""
+)
+
+
+def test_scheduling_policy_resolves_per_run(tmp_path: Path) -> None:
+    text = SCHEDULED.replace(
+        'root = "runs/grpo"',
+        'root = "runs/grpo"\nfreq_steps = 20\nbacklog = "newest_only"\n'
+        '[runs.adaptive]\ntask = "math"\nmin_every_steps = 10\nmax_every_steps = 200',
+    )
+    config = load_config(_write(tmp_path, text), environ={})
+    run = config.runs[0]
+    frequency = config.scheduling.frequency_for(run)
+    assert (frequency.steps, frequency.epochs, frequency.secs) == (
+        20,
+        None,
+        1800,
+    )  # the run's, then the default
+    assert config.scheduling.backlog_for(run) == "newest_only"
+    resources = config.scheduling.resources
+    assert resources.min_gpu_free_memory == 20 * 2**30
+    assert resources.max_gpu_utilization == 80.0
+    assert resources.min_host_free_memory == 512 * 2**20
+    assert config.scheduling.two_stage["math"].subset().size == 64
+    assert run.adaptive is not None and run.adaptive.metric == "accuracy"
+
+
+@pytest.mark.parametrize(
+    ("replace", "by", "problem"),
+    [
+        (
+            "freq_steps = 50",
+            "freq_steps = 0",
+            "scheduling.freq_steps: Input should be greater than or equal to 1",
+        ),
+        ("freq_secs = 1800", "freq_secs = -5", "scheduling.freq_secs: Input should be greater than 0"),
+        ('backlog = "oldest_first"', 'backlog = "random"', "scheduling.backlog: Input should be"),
+        (
+            'min_gpu_free_memory = "20GiB"',
+            'min_gpu_free_memory = "80%"',
+            "scheduling.resources.min_gpu_free_memory: '80%' is a percentage, not a memory size",
+        ),
+        (
+            'min_gpu_free_memory = "20GiB"',
+            "min_gpu_free_memory = 20",
+            "scheduling.resources.min_gpu_free_memory: 20 needs a unit",
+        ),
+        (
+            'max_gpu_utilization = "80%"',
+            'max_gpu_utilization = "20GiB"',
+            "scheduling.resources.max_gpu_utilization: '20GiB' is a memory size, not a percentage",
+        ),
+        (
+            'max_gpu_utilization = "80%"',
+            "max_gpu_utilization = 0.8",
+            "scheduling.resources.max_gpu_utilization: 0.8 looks like a fraction",
+        ),
+        (
+            "[scheduling.two_stage.math]",
+            "[scheduling.two_stage.gsm8k]",
+            "scheduling.two_stage.gsm8k: unknown task 'gsm8k' (defined: math)",
+        ),
+        ("full_every = 4", "full_every = 0", "scheduling.two_stage.math.full_every: Input should be greater"),
+        ("gpus = [0, 1]", "gpus = [0, 0]", "scheduling.resources.gpus: must list distinct GPU indices"),
+    ],
+)
+def test_bad_scheduling_input_names_the_field(tmp_path: Path, replace: str, by: str, problem: str) -> None:
+    assert replace in SCHEDULED
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, SCHEDULED.replace(replace, by)), environ={})
+    assert any(p.startswith(problem) for p in info.value.problems), info.value.problems
+
+
+@pytest.mark.parametrize(
+    ("run_extra", "problem"),
+    [
+        ("freq_steps = -20", "runs[0].freq_steps: Input should be greater than or equal to 1"),
+        ("freq_epochs = 0", "runs[0].freq_epochs: Input should be greater than or equal to 1"),
+        ("eval_before_train = true", "runs[0]: eval_before_train needs base_model"),
+        ('base_model = "nowhere"', "runs[0].base_model: not a directory"),
+        (
+            '[runs.adaptive]\ntask = "gsm8k"\nmin_every_steps = 10\nmax_every_steps = 100',
+            "runs[0].adaptive.task: 'gsm8k' is not a task of this run (its tasks: math)",
+        ),
+        (
+            '[runs.adaptive]\ntask = "math"\nmetric = "bleu"\nmin_every_steps = 10\nmax_every_steps = 100',
+            "runs[0].adaptive.metric: task 'math' does not compute 'bleu'",
+        ),
+        (
+            '[runs.adaptive]\ntask = "math"\nmin_every_steps = 100\nmax_every_steps = 10',
+            "runs[0].adaptive: min_every_steps (100) is larger than max_every_steps (10)",
+        ),
+    ],
+)
+def test_bad_run_schedule_names_the_field(tmp_path: Path, run_extra: str, problem: str) -> None:
+    text = GOOD.replace('root = "runs/grpo"', f'root = "runs/grpo"\n{run_extra}')
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, text), environ={})
+    assert any(p.startswith(problem) for p in info.value.problems), info.value.problems
