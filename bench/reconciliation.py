@@ -24,9 +24,9 @@ from pathlib import Path
 
 from sqlalchemy import func, select
 
-from storage import migrations, queries
+from storage import migrations, queries, scheduling
 from storage.database import Database
-from storage.models import Checkpoint, CheckpointState, EvalJob
+from storage.models import Checkpoint, CheckpointState, EvalJob, Plan, utcnow
 
 CONFIG_HEAD = """\
 [database]
@@ -66,6 +66,8 @@ def build(work: Path, runs: int, per_run: int) -> tuple[Path, Database]:
         lines.append(f'[[runs]]\nname = "run{r:03d}"\nroot = "{root}"\nlayout = "hf"\n')
         with database.session() as session:
             run_id = queries.ensure_run(session, f"run{r:03d}", str(root))
+            now = utcnow()
+            scheduling.ensure_schedule(session, run_id, now)
             for c in range(per_run):
                 folder = root / f"step_{(c + 1) * 10}"
                 folder.mkdir(parents=True)
@@ -82,6 +84,7 @@ def build(work: Path, runs: int, per_run: int) -> tuple[Path, Database]:
                         layout="hf",
                         state=CheckpointState.READY,
                     )
+                    scheduling.set_plan(session, checkpoint_id, Plan.DUE, "evaluated before the restart", now)
                     queries.enqueue_jobs(
                         session, checkpoint_id=checkpoint_id, step=(c + 1) * 10, tasks=["arith"]
                     )

@@ -20,6 +20,7 @@ from daemon import report
 from daemon.config import Config, config_path, load_config
 from daemon.errors import ConfigError, EvaldError
 from daemon.planner import schedule_summary
+from daemon.service import resource_probe
 from inference import layouts
 from inference.dataset import load_dataset
 from inference.errors import InferenceError
@@ -122,8 +123,15 @@ def cmd_status(args: argparse.Namespace) -> int:
         for run in config.runs
         if run.name in stored
     }
-    summary = report.status(checkpoints, jobs, [r.name for r in config.runs], plans, schedules)
-    print(json.dumps(summary, indent=1) if args.format == "json" else report.status_text(summary))
+    runs = report.status(checkpoints, jobs, [r.name for r in config.runs], plans, schedules)
+    # The thresholds as they stand now, read the way the daemon reads them before starting a job.
+    probe = resource_probe(config)
+    check = probe.check() if probe is not None else None
+    if args.format == "json":
+        print(json.dumps({"runs": runs, "resources": report.resources(check)}, indent=1))
+    else:
+        print(report.status_text(runs))
+        print(report.resources_text(check))
     return 0
 
 

@@ -165,11 +165,12 @@ class Planner:
         return created
 
     def _plan_run(self, session: Session, policy: RunPolicy) -> int:
-        candidates = store.unplanned(session, policy.run_id)
-        if not candidates:
+        if not store.unplanned(session, policy.run_id):
             return 0
-        now = self._clock()
+        # Lock the run's counters, then read again: a daemon sharing the database may have planned these.
         schedule = store.load_schedule(session, policy.run_id)
+        candidates = store.unplanned(session, policy.run_id)
+        now = self._clock()
         hold_from = store.lowest_unsettled_step(session, policy.run_id)
         created = 0
         for candidate in candidates:
@@ -463,13 +464,13 @@ class Planner:
         now = self._clock()
         for policy in self.policies.values():
             with self._db.session() as session:
+                schedule = store.load_schedule(session, policy.run_id)
                 # A newer checkpoint still being written is the newest: the run is not quiet.
                 newest = store.newest_checkpoint(session, policy.run_id)
                 if newest is None or newest.planned_at is None or now - newest.planned_at < limit:
                     continue
                 quiet = f"final: no newer checkpoint for {limit.total_seconds():.0f} s"
                 if newest.plan is not Plan.DUE:
-                    schedule = store.load_schedule(session, policy.run_id)
                     created += self._make_due(session, policy, schedule, newest, quiet, now, final=quiet)
                     store.save_schedule(session, schedule, now)
                 else:

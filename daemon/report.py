@@ -10,6 +10,7 @@ from dataclasses import asdict
 from datetime import datetime
 from typing import Any, Literal
 
+from daemon.resources import Check
 from storage.queries import CheckpointRow, JobRow, ResultRow
 from storage.scheduling import PlanRow
 
@@ -165,6 +166,20 @@ def _count(states: Iterable[str]) -> dict[str, int]:
     for state in states:
         counts[state] = counts.get(state, 0) + 1
     return dict(sorted(counts.items()))
+
+
+def resources(check: Check | None) -> dict[str, Any] | None:
+    if check is None:
+        return None
+    return {"met": check.met, "unmet": list(check.unmet), "not_applicable": list(check.not_applicable)}
+
+
+def resources_text(check: Check | None) -> str:
+    if check is None:
+        return "resources: no thresholds set"
+    lines = [f"resources: {'met' if check.met else 'NOT met: ' + check.reason}"]
+    lines.extend(f"  {note}" for note in check.not_applicable)
+    return "\n".join(lines)
 
 
 #: How many skipped checkpoints the text status lists (the JSON lists all).

@@ -113,6 +113,8 @@ class RunSchedule(Base):
     #: Adaptive frequency: the interval now in force, and why.
     every_steps: Mapped[int | None] = mapped_column(Integer)
     every_reason: Mapped[str | None] = mapped_column(Text)
+    #: When a daemon last started one of the run's jobs: runs take turns by it.
+    last_claimed_at: Mapped[datetime | None]
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
 

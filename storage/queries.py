@@ -22,6 +22,7 @@ from storage.models import (
     JobState,
     Result,
     Run,
+    RunSchedule,
     Sample,
     utcnow,
 )
@@ -256,10 +257,9 @@ def _fair_run_order(session: Session) -> list[int]:
     )
     started: dict[int, datetime | None] = _pairs(
         session.execute(
-            select(Checkpoint.run_id, func.max(EvalJob.started_at))
-            .select_from(EvalJob)
-            .join(Checkpoint, EvalJob.checkpoint_id == Checkpoint.id)
-            .group_by(Checkpoint.run_id)
+            select(RunSchedule.run_id, RunSchedule.last_claimed_at).where(
+                RunSchedule.run_id.in_(list(pending))
+            )
         )
     )
     never = datetime.min.replace(tzinfo=UTC)
@@ -300,6 +300,10 @@ def claim_next_job(
 
 def _claim(session: Session, job: EvalJob, owner: str) -> ClaimedJob:
     now = utcnow()
+    checkpoint = job.checkpoint
+    session.execute(
+        update(RunSchedule).where(RunSchedule.run_id == checkpoint.run_id).values(last_claimed_at=now)
+    )
     job.state = JobState.RUNNING
     job.attempts += 1
     job.claimed_by = owner
@@ -310,7 +314,6 @@ def _claim(session: Session, job: EvalJob, owner: str) -> ClaimedJob:
     job.wait_reason = None
     job.deferred_at = None
     job.stuck_at = None
-    checkpoint = job.checkpoint
     session.flush()
     return ClaimedJob(
         id=job.id,

@@ -131,7 +131,9 @@ def test_results_in_every_format(
     assert len(capsys.readouterr().out.strip().splitlines()) == 2  # header and rule only
     assert main(["--config", path, "status", "--format", "json"]) == 0
     status = json.loads(capsys.readouterr().out)
-    assert status["toy"]["jobs"] == {"succeeded": 1} and status["toy"]["last_evaluated_step"] == 5
+    toy = status["runs"]["toy"]
+    assert toy["jobs"] == {"succeeded": 1} and toy["last_evaluated_step"] == 5
+    assert status["resources"] is None
 
 
 def test_eval_command_and_a_bad_dataset_line(

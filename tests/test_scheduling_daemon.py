@@ -11,9 +11,12 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
+from storage import queries
 from storage import scheduling as store
 from storage.database import Database
+from storage.models import EvalJob
 from tests.checkpoints import copy_checkpoint
 from tests.conftest import ToyRun
 from tests.fakes.nvml_state import FakeGpu, FakeNvml
@@ -186,4 +189,46 @@ def test_unmet_gpu_threshold_defers_until_met_then_starts_within_one_recheck(
         delay = datetime.fromisoformat(str(started[0]["timestamp"])).timestamp() - freed
         assert delay <= recheck + 0.5, delay
         assert daemon.stop() == 0
+    database.dispose()
+
+
+def test_two_stage_stores_quick_and_full_results_separately(
+    database_url: str, dataset: Path, toy_run: ToyRun, tmp_path: Path
+) -> None:
+    """Every due checkpoint gets a quick stage on a fixed 4-item subset; the 1st and 3rd also the full
+    8 items. The same weights at every step: no new best and no anomaly, so no other full stage."""
+    database = upgraded(database_url)
+    config = write_config(
+        tmp_path,
+        database_url,
+        dataset=dataset,
+        scheduling_extra="[scheduling.two_stage.arith]\nquick_size = 4\nfull_every = 2\nseed = 5",
+    )
+    # All three are there at the start, so they are planned together and the queue order shows.
+    for step in (10, 20, 30):
+        copy_checkpoint(toy_run.last_checkpoint, tmp_path / "run" / f"step_{step}")
+    with running_daemon(config, tmp_path / "daemon.log") as daemon:
+        rows = wait_for(lambda: all_jobs_done(database, 5), 180, "five jobs", daemon.process)
+        assert daemon.stop() == 0
+    assert sorted((j.step, j.stage, j.state) for j in rows) == [
+        (10, "full", "succeeded"),
+        (10, "quick", "succeeded"),
+        (20, "quick", "succeeded"),
+        (30, "full", "succeeded"),
+        (30, "quick", "succeeded"),
+    ]
+    with database.session() as session:
+        accuracy = [r for r in queries.result_rows(session, metric="accuracy")]
+    assert {(r.step, r.stage, r.n) for r in accuracy} == {
+        (10, "quick", 4),
+        (10, "full", 8),
+        (20, "quick", 4),
+        (30, "quick", 4),
+        (30, "full", 8),
+    }
+    quick = {r.value for r in accuracy if r.stage == "quick"}
+    assert len(quick) == 1  # the same items at every checkpoint, the same weights: the same score
+    with database.session() as session:
+        started = sorted((j.started_at, j.stage) for j in session.scalars(select(EvalJob)))
+    assert [stage for _, stage in started] == ["quick", "quick", "quick", "full", "full"]
     database.dispose()

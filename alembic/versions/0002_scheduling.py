@@ -47,6 +47,7 @@ def upgrade() -> None:
         sa.Column("evaluated", sa.Integer(), nullable=False),
         sa.Column("every_steps", sa.Integer(), nullable=True),
         sa.Column("every_reason", sa.Text(), nullable=True),
+        sa.Column("last_claimed_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
         sa.ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("run_id"),
