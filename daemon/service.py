@@ -156,6 +156,8 @@ class Service:
         runner = JobRunner(
             self.config, self.database, self.owner, planner=planner, probe=resource_probe(self.config)
         )
+        # Jobs deferred under thresholds since removed from the config would otherwise wait forever.
+        runner.recheck_deferred()
         watcher = Watcher({r.name: r.root for r in self.config.runs if uses_inotify(r)}, self.wake)
         # Register what is already there before paying for the recursive watches (a restart over
         # thousands of checkpoints), then look again for whatever changed in between. Ready checkpoints
