@@ -259,7 +259,12 @@ class Discovery:
             state.candidates[key] = candidate
         layout = layouts.detect(path, snapshot, run.config.layout)
         if layout is None:
-            return  # nothing recognisable yet; it stays a candidate
+            # Nothing recognisable yet; it stays a candidate. One recorded earlier whose files went (an
+            # emptied folder) must not stay "discovered", holding every newer checkpoint back.
+            if candidate.recorded and now - candidate.stable_since >= self._scheduling.invalid_after_secs:
+                reason = "no recognisable checkpoint in it any more"
+                self._settle(state, path, None, CheckpointState.INVALID, reason, "invalid")
+            return
         marker = run.config.marker
         try:
             verdict = layouts.inspect(path, snapshot, layout, run.settings)

@@ -8,12 +8,17 @@ being written, so the same checkpoints are chosen whatever the timing of discove
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import math
+import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from daemon import adaptive, frequency, stages
@@ -28,8 +33,12 @@ from storage.models import CheckpointState, Plan, utcnow
 
 log = structlog.get_logger("evald.planner")
 
-#: The base model's checkpoint name when ``eval_before_train`` is set.
-BASE_MODEL_NAME = "base-model"
+#: The base model's checkpoint name when ``eval_before_train`` is set (no folder under a root has it).
+BASE_MODEL_NAME = "<base model>"
+
+#: A run counts as finished once quiet for this many of its usual gaps between checkpoints (and at least
+#: ``final_after_secs``): a slow run's every checkpoint must not count as its last.
+QUIET_GAPS = 3
 
 
 @dataclass(frozen=True)
@@ -49,6 +58,14 @@ class RunPolicy:
     @property
     def run_id(self) -> int:
         return self.watched.run_id
+
+    def is_base(self, candidate: store.PlanCandidate) -> bool:
+        base = self.config.base_model
+        return self.config.eval_before_train and base is not None and candidate.path == str(base)
+
+    def is_final(self, step: int | None) -> bool:
+        final_step = self.config.final_step
+        return final_step is not None and step is not None and step >= final_step
 
     def effective(self, schedule: store.Schedule) -> frequency.Frequency:
         """The frequency in force: adaptive runs replace ``freq_steps`` by their current interval."""
@@ -115,6 +132,10 @@ class Planner:
         with database.session() as session:
             for policy in self.policies.values():
                 store.ensure_schedule(session, policy.run_id, now)
+                if policy.triggers.secs is None:
+                    # Left waiting under a freq_secs since removed from the config: no tick will come.
+                    reason = "not due: freq_secs is no longer set, so no time trigger will take it"
+                    self._skip(session, policy, store.waiting(session, policy.run_id), reason, now)
 
     @property
     def oldest_first(self) -> frozenset[int]:
@@ -138,7 +159,8 @@ class Planner:
             except OSError as exc:
                 log.error("base_model.unreadable", run=policy.name, path=str(base), error=str(exc))
                 continue
-            with self._db.session() as session:
+            with contextlib.suppress(IntegrityError), self._db.session() as session:
+                # Another daemon sharing the database may record it at the same moment: theirs stands.
                 if str(base) in queries.checkpoint_states(session, policy.run_id):
                     continue
                 queries.record_checkpoint(
@@ -152,7 +174,7 @@ class Planner:
                     state=CheckpointState.READY,
                     reason="eval_before_train: the base model, as step 0",
                 )
-            log.info("base_model.registered", run=policy.name, path=str(base), layout=layout)
+                log.info("base_model.registered", run=policy.name, path=str(base), layout=layout)
 
     # -- planning -----------------------------------------------------------------------------------
 
@@ -174,7 +196,7 @@ class Planner:
         hold_from = store.lowest_unsettled_step(session, policy.run_id)
         created = 0
         for candidate in candidates:
-            if candidate.name == BASE_MODEL_NAME and policy.config.eval_before_train:
+            if policy.is_base(candidate):
                 created += self._make_due(session, policy, schedule, candidate, "eval_before_train", now)
                 continue
             if candidate.step is not None and hold_from is not None and candidate.step > hold_from:
@@ -194,14 +216,22 @@ class Planner:
         candidate: store.PlanCandidate,
         now: datetime,
     ) -> int:
+        if candidate.step is not None:
+            # The time trigger only ever takes the newest checkpoint: older waiting ones are done for.
+            reason = f"not due: superseded by step {candidate.step} (the time trigger takes the newest)"
+            older = [
+                w
+                for w in store.waiting(session, policy.run_id)
+                if w.step is not None and w.step < candidate.step
+            ]
+            self._skip(session, policy, older, reason, now)
+        if policy.is_final(candidate.step):
+            final = f"final step (final_step={policy.config.final_step})"
+            return self._make_due(session, policy, schedule, candidate, final, now, final=final)
         epoch = frequency.epoch_of(candidate.step, candidate.epoch, policy.config.steps_per_epoch)
         decision = frequency.decide(
             policy.effective(schedule), _anchor(schedule), step=candidate.step, epoch=epoch, now=now
         )
-        if candidate.step is not None:
-            # The time trigger only ever takes the newest checkpoint: older waiting ones are done for.
-            reason = f"not due: superseded by step {candidate.step} (the time trigger takes the newest)"
-            self._skip(session, policy, store.waiting(session, policy.run_id), reason, now)
         if decision.verdict is frequency.Verdict.DUE:
             return self._make_due(session, policy, schedule, candidate, decision.reason, now)
         plan = Plan.WAITING if decision.verdict is frequency.Verdict.WAITING else Plan.SKIPPED
@@ -264,6 +294,7 @@ class Planner:
                 policy.run_id,
                 below_step=candidate.step,
                 reason=f"superseded by step {candidate.step} before it ran (backlog = newest_only)",
+                keep_path=str(policy.config.base_model) if policy.config.eval_before_train else None,
             )
             if superseded:
                 log.info("job.superseded", run=policy.name, by_step=candidate.step, job_ids=superseded)
@@ -363,20 +394,34 @@ class Planner:
         self, session: Session, job: queries.ClaimedJob, metrics: Sequence[queries.MetricRow]
     ) -> int:
         """Follow-ups of a stored result, in its transaction: the full stage when a quick result is a new
-        best or an anomaly candidate, and the adaptive interval. Returns how many jobs were created."""
+        best or an anomaly candidate, and the adaptive interval. Returns how many jobs were created.
+
+        In a savepoint: a failure here is logged and undone, and the result itself still commits.
+        """
         policy = self.policies.get(job.run)
         if policy is None:
             return 0
-        values = {m.name: m for m in metrics}
-        created = 0
         stage_config = self._scheduling.two_stage.get(job.task)
-        if job.stage == stages.QUICK and stage_config is not None:
-            created += self._full_after_quick(session, policy, job, stage_config, values)
         settings = policy.config.adaptive
-        watched_stage = stages.QUICK if job.task in self._scheduling.two_stage else stages.FULL
-        if settings is not None and job.task == settings.task and job.stage == watched_stage:
-            self._adapt(session, policy, job, values)
-        return created
+        watched_stage = stages.QUICK if stage_config is not None else stages.FULL
+        quick = job.stage == stages.QUICK and stage_config is not None
+        adapt = settings is not None and job.task == settings.task and job.stage == watched_stage
+        if not (quick or adapt):
+            return 0
+        values = {m.name: m for m in metrics}
+        try:
+            with session.begin_nested():
+                # The run's counters first, as planning passes lock them: one lock order, no deadlock.
+                schedule = store.load_schedule(session, policy.run_id)
+                created = 0
+                if quick and stage_config is not None:
+                    created = self._full_after_quick(session, policy, job, stage_config, values)
+                if adapt:
+                    self._adapt(session, policy, schedule, job, values)
+                return created
+        except Exception as exc:
+            log.exception("planner.after_result_failed", job_id=job.id, run=job.run, error=repr(exc))
+            return 0
 
     def _series(
         self, session: Session, policy: RunPolicy, job: queries.ClaimedJob, metric: str
@@ -419,6 +464,7 @@ class Planner:
         self,
         session: Session,
         policy: RunPolicy,
+        schedule: store.Schedule,
         job: queries.ClaimedJob,
         values: dict[str, queries.MetricRow],
     ) -> None:
@@ -433,9 +479,8 @@ class Planner:
         if any(p.step is not None and p.step > job.step for p in points):
             return  # a backfilled older checkpoint says nothing about where the run is now
         earlier = [p for p in points if p.step is not None and p.step < job.step]
-        if not earlier:
+        if not earlier or not math.isfinite(value.value):
             return
-        schedule = store.load_schedule(session, policy.run_id)
         current_every = policy.effective(schedule).steps
         assert current_every is not None
         interval = adaptive.adapt(
@@ -456,19 +501,30 @@ class Planner:
 
     # -- housekeeping -------------------------------------------------------------------------------
 
+    def _quiet_limit(self, planned: Sequence[datetime]) -> timedelta:
+        """How long a run must be quiet to count as finished: ``final_after_secs``, or ``QUIET_GAPS`` times
+        its median gap between recent checkpoints when that is longer."""
+        limit = self._scheduling.final_after_secs
+        gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(planned)]
+        if gaps:
+            limit = max(limit, QUIET_GAPS * statistics.median(gaps))
+        return timedelta(seconds=limit)
+
     def finalize_quiet_runs(self) -> int:
         """A run whose newest checkpoint has had no successor for ``final_after_secs`` has finished:
         that checkpoint is evaluated (even if its frequency skipped it), with its full stage."""
-        limit = timedelta(seconds=self._scheduling.final_after_secs)
         created = 0
         now = self._clock()
         for policy in self.policies.values():
             with self._db.session() as session:
-                schedule = store.load_schedule(session, policy.run_id)
                 # A newer checkpoint still being written is the newest: the run is not quiet.
                 newest = store.newest_checkpoint(session, policy.run_id)
-                if newest is None or newest.planned_at is None or now - newest.planned_at < limit:
+                if newest is None or newest.planned_at is None:
                     continue
+                limit = self._quiet_limit(store.recent_plan_times(session, policy.run_id))
+                if now - newest.planned_at < limit:
+                    continue
+                schedule = store.load_schedule(session, policy.run_id)
                 quiet = f"final: no newer checkpoint for {limit.total_seconds():.0f} s"
                 if newest.plan is not Plan.DUE:
                     created += self._make_due(session, policy, schedule, newest, quiet, now, final=quiet)

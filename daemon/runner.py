@@ -163,8 +163,12 @@ class JobRunner:
         """Claim the most urgent pending job and start its worker; False when the queue is empty or the
         resources are not there (the waiting jobs are then deferred)."""
         with self._db.session() as session:
-            if store.count_jobs(session, JobState.PENDING) == 0:
+            if store.count_jobs(session, JobState.PENDING, JobState.DEFERRED) == 0:
                 return False
+        if self.running and self._probe is not None and not self._probe.check().met:
+            # Our own evaluations use the resources: the rest wait for a slot, queued rather than deferred
+            # (and never reported stuck because of us).
+            return False
         if not self.resources_met():
             return False
         oldest_first = self._planner.oldest_first if self._planner is not None else frozenset()

@@ -9,7 +9,7 @@ import signal
 import socket
 import threading
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from types import FrameType
 
 import structlog
@@ -115,9 +115,9 @@ class Service:
         run_config = self.config.run(run)
         secs = self.config.scheduling.frequency_for(run_config).secs if run_config else None
         if secs is not None:
-            self.timers.every(
-                f"time:{run}", secs, self._time_trigger(run), first=anchor_at + timedelta(seconds=secs)
-            )
+            # After a restart the first firing may be overdue: then at once, not at the next interval slot.
+            first = max(anchor_at + timedelta(seconds=secs), datetime.now(UTC))
+            self.timers.every(f"time:{run}", secs, self._time_trigger(run), first=first)
 
     def _recover(self) -> None:
         lease = timedelta(seconds=self.config.scheduling.lease_secs)

@@ -6,6 +6,7 @@ result is stored (new best, anomaly candidate).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from daemon.adaptive import Point, noise
@@ -35,6 +36,8 @@ def full_after_quick(
 
     ``history`` holds the run's earlier quick results of the task, oldest first.
     """
+    if not math.isfinite(current.value):
+        return f"anomaly candidate: quick {metric} is {current.value}"
     if not history:
         return None
     previous = history[-1]

@@ -36,15 +36,15 @@ def current_revision(database: Database) -> str | None:
         return MigrationContext.configure(conn).get_current_revision()
 
 
-def upgrade(database: Database) -> tuple[str | None, str]:
-    """Apply every pending migration; returns (revision before, revision after)."""
+def upgrade(database: Database, revision: str = "head") -> tuple[str | None, str]:
+    """Apply every pending migration up to ``revision``; returns (revision before, revision after)."""
     database.check_reachable()
     before = current_revision(database)
     config = _config()
     with database.engine.begin() as conn:
         config.attributes["connection"] = conn
-        command.upgrade(config, "head")
-    return before, head_revision()
+        command.upgrade(config, revision)
+    return before, head_revision() if revision == "head" else revision
 
 
 def require_current(database: Database) -> None:

@@ -227,6 +227,11 @@ def enqueue_jobs(
     return len(session.execute(statement).all())
 
 
+#: States a claim takes. Deferral records why this node could not start jobs; the caller claims only once
+#: its own check passed, and on a shared PostgreSQL queue another node's deferral must not hold it back.
+CLAIMABLE = (JobState.PENDING, JobState.DEFERRED)
+
+
 def _pairs(rows: Iterable[Any]) -> dict[Any, Any]:
     # ``dict(result)`` would take a Result for a mapping (it has ``keys()``).
     return {key: value for key, value in rows}
@@ -240,7 +245,7 @@ def _fair_run_order(session: Session) -> list[int]:
             select(Checkpoint.run_id, func.max(EvalJob.priority))
             .select_from(EvalJob)
             .join(Checkpoint, EvalJob.checkpoint_id == Checkpoint.id)
-            .where(EvalJob.state == JobState.PENDING)
+            .where(EvalJob.state.in_(CLAIMABLE))
             .group_by(Checkpoint.run_id)
         )
     )
@@ -276,7 +281,7 @@ def _fair_run_order(session: Session) -> list[int]:
 def claim_next_job(
     session: Session, owner: str, *, oldest_first: Collection[int] = frozenset()
 ) -> ClaimedJob | None:
-    """Move the most urgent pending job to ``running`` for ``owner``.
+    """Move the most urgent pending (or deferred) job to ``running`` for ``owner``.
 
     Runs take turns (:func:`_fair_run_order`); within a run, higher priority (quick before full) comes
     first, then the newest step, or the oldest for runs in ``oldest_first``. ``FOR UPDATE SKIP LOCKED``
@@ -288,8 +293,8 @@ def claim_next_job(
         job = session.scalar(
             select(EvalJob)
             .join(Checkpoint, EvalJob.checkpoint_id == Checkpoint.id)
-            .where(EvalJob.state == JobState.PENDING, Checkpoint.run_id == run_id)
-            .order_by(EvalJob.priority.desc(), by_step, EvalJob.id)
+            .where(EvalJob.state.in_(CLAIMABLE), Checkpoint.run_id == run_id)
+            .order_by(EvalJob.priority.desc(), by_step.nulls_last(), EvalJob.id)
             .limit(1)
             .with_for_update(skip_locked=True, of=EvalJob)
         )

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import and_, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from storage.models import (
@@ -72,14 +73,15 @@ class StuckJob:
 
 
 def ensure_schedule(session: Session, run_id: int, now: datetime) -> None:
-    """Create the run's frequency state on its first start: the counters start at step 0, epoch 0, now."""
-    if session.get(RunSchedule, run_id) is None:
-        session.add(
-            RunSchedule(
-                run_id=run_id, anchor_step=0, anchor_epoch=0, anchor_at=now, evaluated=0, updated_at=now
-            )
-        )
-        session.flush()
+    """Create the run's frequency state on its first start: the counters start at step 0, epoch 0, now.
+
+    ``ON CONFLICT DO NOTHING``: two daemons sharing PostgreSQL may start at once.
+    """
+    insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+    row = {"run_id": run_id, "anchor_step": 0, "anchor_epoch": 0, "anchor_at": now, "evaluated": 0}
+    session.execute(
+        insert(RunSchedule).values(**row, updated_at=now).on_conflict_do_nothing(index_elements=["run_id"])
+    )
 
 
 def load_schedule(session: Session, run_id: int) -> Schedule:
@@ -172,6 +174,17 @@ def newest_checkpoint(session: Session, run_id: int) -> PlanCandidate | None:
     return found[-1] if found else None
 
 
+def recent_plan_times(session: Session, run_id: int, count: int = 8) -> list[datetime]:
+    """When the run's newest ``count`` planned checkpoints were planned, oldest first."""
+    rows = session.scalars(
+        select(Checkpoint.planned_at)
+        .where(Checkpoint.run_id == run_id, Checkpoint.planned_at.is_not(None), Checkpoint.step.is_not(None))
+        .order_by(Checkpoint.step.desc())
+        .limit(count)
+    )
+    return sorted(at for at in rows if at is not None)
+
+
 def set_plan(session: Session, checkpoint_id: int, plan: Plan, reason: str, now: datetime) -> None:
     session.execute(
         update(Checkpoint)
@@ -180,24 +193,37 @@ def set_plan(session: Session, checkpoint_id: int, plan: Plan, reason: str, now:
     )
 
 
-def supersede(session: Session, run_id: int, *, below_step: int, reason: str) -> list[int]:
-    """Skip the run's jobs that have not started, on checkpoints older than ``below_step``; returns
-    their ids. A checkpoint none of whose jobs ever ran is marked skipped with the same reason."""
-    checkpoint_ids = select(Checkpoint.id).where(Checkpoint.run_id == run_id, Checkpoint.step < below_step)
+def supersede(
+    session: Session, run_id: int, *, below_step: int, reason: str, keep_path: str | None = None
+) -> list[int]:
+    """Skip the run's jobs that have not started, on checkpoints older than ``below_step`` (except the one
+    at ``keep_path``); returns their ids. A checkpoint none of whose jobs ever ran is marked skipped with
+    the same reason.
+
+    A job another daemon is claiming right now is locked: it is left alone (it starts), and waiting for
+    it here could deadlock with that claim, which takes the run's schedule row after the job's.
+    """
+    older = select(Checkpoint.id).where(Checkpoint.run_id == run_id, Checkpoint.step < below_step)
+    if keep_path is not None:
+        older = older.where(Checkpoint.path != keep_path)
     ids = list(
         session.scalars(
-            select(EvalJob.id).where(
-                EvalJob.checkpoint_id.in_(checkpoint_ids), EvalJob.state.in_(WAITING_JOB_STATES)
-            )
+            select(EvalJob.id)
+            .where(EvalJob.checkpoint_id.in_(older), EvalJob.state.in_(WAITING_JOB_STATES))
+            .with_for_update(skip_locked=True)
         )
     )
     if not ids:
         return []
     session.execute(
-        update(EvalJob).where(EvalJob.id.in_(ids)).values(state=JobState.SKIPPED, wait_reason=reason)
+        update(EvalJob)
+        .where(EvalJob.id.in_(ids), EvalJob.state.in_(WAITING_JOB_STATES))
+        .values(state=JobState.SKIPPED, wait_reason=reason)
     )
     touched = select(EvalJob.checkpoint_id).where(EvalJob.id.in_(ids))
-    still_evaluated = select(EvalJob.checkpoint_id).where(EvalJob.state != JobState.SKIPPED)
+    still_evaluated = select(EvalJob.checkpoint_id).where(
+        EvalJob.checkpoint_id.in_(touched), EvalJob.state != JobState.SKIPPED
+    )
     session.execute(
         update(Checkpoint)
         .where(Checkpoint.id.in_(touched), Checkpoint.id.not_in(still_evaluated))
@@ -254,8 +280,9 @@ def release_deferred(session: Session) -> int:
     return int(getattr(result, "rowcount", 0))
 
 
-def count_jobs(session: Session, state: JobState) -> int:
-    return int(session.scalar(select(func.count()).select_from(EvalJob).where(EvalJob.state == state)) or 0)
+def count_jobs(session: Session, *states: JobState) -> int:
+    query = select(func.count()).select_from(EvalJob).where(EvalJob.state.in_(states))
+    return int(session.scalar(query) or 0)
 
 
 def mark_stuck(session: Session, *, deferred_before: datetime, now: datetime) -> list[StuckJob]:

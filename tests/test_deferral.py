@@ -83,3 +83,15 @@ def test_without_thresholds_leftover_deferred_jobs_are_released(database: Databa
     runner = JobRunner(_config(tmp_path), database, "test:1", probe=None)
     assert runner.recheck_deferred() == 1
     assert [state for state, _ in _states(database)] == ["pending"]
+
+
+def test_a_deferred_job_is_claimed_once_this_node_has_the_resources(database: Database) -> None:
+    """Deferral says why one node could not start; on a shared queue another node with free GPUs (or
+    this one, once its check passes) claims the job without waiting for a release."""
+    _pending_job(database)
+    with database.session() as s:
+        s.execute(update(EvalJob).values(state=JobState.DEFERRED, wait_reason="gpu 0 busy on node a"))
+    with database.session() as s:
+        job = queries.claim_next_job(s, "node-b:1")
+    assert job is not None and job.step == 10
+    assert _states(database) == [("running", None)]

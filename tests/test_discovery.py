@@ -164,3 +164,28 @@ def test_restart_waits_the_quiet_period_again(database: Database, source: Path, 
     second.tick()
     assert _jobs(database) == [(4, "pending")]
     assert _states(database)["step_4"] == CheckpointState.READY
+
+
+def test_an_emptied_recorded_checkpoint_ends_invalid_and_releases_newer_ones(
+    database: Database, source: Path, tmp_path: Path
+) -> None:
+    """step_1 was recorded while written, then a crashed save left its folder empty: it ends invalid
+    after invalid_after_secs, so step_2 (held behind it, plans go in step order) is planned."""
+    root, clock = tmp_path / "run", Clock()
+    root.mkdir()
+    discovery = _discovery(database, root, clock)
+    partial = copy_checkpoint(source, root / "step_1", lambda p: next(p.glob("model-00002-*")).unlink())
+    discovery.scan()
+    assert _states(database) == {"step_1": "discovered"}
+    for child in partial.iterdir():
+        child.unlink()
+    copy_checkpoint(source, root / "step_2")
+    discovery.scan()
+    clock.now += 3.0
+    discovery.tick()
+    assert _states(database) == {"step_1": "discovered", "step_2": "ready"}
+    assert _jobs(database) == []  # held behind step_1
+    clock.now += 30.0
+    discovery.tick()
+    assert _states(database) == {"step_1": "invalid", "step_2": "ready"}
+    assert _jobs(database) == [(2, "pending")]

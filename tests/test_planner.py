@@ -371,3 +371,66 @@ def test_status_summary_names_the_next_due_point(bench: Callable[..., Bench]) ->
     assert summary["frequency"] == "freq_steps=20, freq_epochs=1"
     assert summary["next_due"] == "step >= 40 or epoch >= 1"
     assert summary["last_reset"]["step"] == 20
+
+
+def test_a_late_older_checkpoint_does_not_supersede_a_newer_waiting_one(bench: Callable[..., Bench]) -> None:
+    b = bench(freq_secs=600)
+    b.advance(100)
+    b.ready(100)  # copied first (rsync sorts global_step100 before global_step90)
+    b.ready(90)
+    assert b.plans()[100][0] == "waiting"
+    assert b.plans()[90][0] == "waiting"
+    b.advance(600)
+    assert b.due() == [100]
+    assert b.plans()[90] == ("skipped", "not due: superseded by step 100 (the time trigger takes the newest)")
+
+
+def test_the_final_step_is_due_whatever_the_frequency(bench: Callable[..., Bench]) -> None:
+    b = bench(freq_steps=300, final_step=1000)
+    for step in (300, 600, 900, 1000):
+        b.ready(step)
+    assert b.due() == [300, 600, 900, 1000]
+    assert b.plans()[1000][1] == "final step (final_step=1000)"
+
+
+def test_newest_only_never_supersedes_the_base_model(bench: Callable[..., Bench], tmp_path: Path) -> None:
+    from tests.checkpoints import save_tiny_llama
+
+    base = save_tiny_llama(tmp_path / "base")
+    b = bench(backlog="newest_only", eval_before_train=True, base_model=base)
+    b.planner.register_base_models()
+    for step in (10, 20):
+        b.record(step)
+    b.planner.plan()  # a first start over a backlog: the base and both checkpoints in one pass
+    states = {j.step: j.state for j in b.jobs()}
+    assert states == {0: "pending", 10: "skipped", 20: "pending"}
+
+
+def test_a_slow_run_is_not_finished_between_two_of_its_checkpoints(bench: Callable[..., Bench]) -> None:
+    """Checkpoints two hours apart, final_after_secs an hour: quiet means three of its gaps."""
+    b = bench(freq_steps=20, scheduling={"final_after_secs": 3600})
+    for i, step in enumerate((10, 20, 30)):
+        b.clock.at(i * 7200)
+        b.ready(step)
+    b.clock.at(2 * 7200 + 3601)
+    assert b.planner.finalize_quiet_runs() == 0
+    b.clock.at(2 * 7200 + 3 * 7200)
+    assert b.planner.finalize_quiet_runs() == 1
+    assert b.plans()[30][1] == "final: no newer checkpoint for 21600 s"
+
+
+def test_a_failing_follow_up_never_loses_the_result(
+    bench: Callable[..., Bench], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stages = {"arith": TwoStageConfig(quick_size=8, full_every=100)}
+    b = bench(scheduling={"two_stage": stages})
+    b.ready(10)
+
+    def broken(*_args: object) -> int:
+        raise RuntimeError("a bug in a follow-up")
+
+    monkeypatch.setattr(b.planner, "_full_after_quick", broken)
+    _complete(b.db, 10, "quick", 0.4, 0.05, b.planner)
+    with b.db.session() as s:
+        rows = queries.result_rows(s, run="r", metric="accuracy")
+    assert [(r.step, r.stage, r.value) for r in rows] == [(10, "quick", 0.4)]

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import threading
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
+import sqlalchemy as sa
 from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 
-from storage import migrations, queries
+from storage import migrations, queries, scheduling
 from storage.database import Database
 from storage.errors import DatabaseUnreachable, InstanceLocked, SchemaOutdated
-from storage.models import CheckpointState, EvalJob, JobState, Result
+from storage.models import CheckpointState, EvalJob, JobState, Result, UTCDateTime
 
 
 def _ready_checkpoint(db: Database, step: int = 10, tasks: tuple[str, ...] = ("arith",)) -> int:
@@ -40,6 +41,52 @@ def test_upgrade_creates_schema_and_is_idempotent(database: Database) -> None:
     migrations.require_current(database)
     before, after = migrations.upgrade(database)
     assert before == after == migrations.head_revision()
+
+
+def test_upgrade_from_0001_starts_the_counters_after_what_was_evaluated(database_url: str) -> None:
+    """A database from before scheduling: its ready checkpoints count as due, and each run's counters
+    start from the newest of them, so the first new checkpoint is judged against it, not against step 0."""
+    db = Database(database_url)
+    migrations.upgrade(db, "0001")
+    runs = sa.table(
+        "runs", sa.column("id"), sa.column("name"), sa.column("root"), sa.column("created_at", UTCDateTime())
+    )
+    columns = ("id", "run_id", "path", "name", "step", "epoch", "layout", "state")
+    checkpoints = sa.table(
+        "checkpoints",
+        *(sa.column(c) for c in columns),
+        *(sa.column(c, UTCDateTime()) for c in ("discovered_at", "ready_at", "updated_at")),
+    )
+    t0 = datetime(2026, 11, 1, tzinfo=UTC)
+    with db.session() as s:
+        s.execute(sa.insert(runs).values(id=1, name="old", root="/runs/old", created_at=t0))
+        s.execute(sa.insert(runs).values(id=2, name="empty", root="/runs/empty", created_at=t0))
+        for i, (step, state) in enumerate([(100, "ready"), (200, "ready"), (300, "discovered")], start=1):
+            at = t0 + timedelta(hours=i)
+            s.execute(
+                sa.insert(checkpoints).values(
+                    id=i,
+                    run_id=1,
+                    path=f"/runs/old/step_{step}",
+                    name=f"step_{step}",
+                    step=step,
+                    epoch=None,
+                    layout="hf",
+                    state=state,
+                    discovered_at=at,
+                    ready_at=at if state == "ready" else None,
+                    updated_at=at,
+                )
+            )
+    migrations.upgrade(db)
+    with db.session() as s:
+        schedules = scheduling.schedules(s)
+        plans = {p.step: p.plan for p in scheduling.plan_rows(s)}
+    assert (schedules["old"].anchor_step, schedules["old"].evaluated) == (200, 2)
+    assert schedules["old"].anchor_at == t0 + timedelta(hours=2)
+    assert (schedules["empty"].anchor_step, schedules["empty"].evaluated) == (0, 0)
+    assert plans == {100: "due", 200: "due"}
+    db.dispose()
 
 
 def test_old_schema_is_refused_with_the_fix(database_url: str) -> None:

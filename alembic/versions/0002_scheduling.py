@@ -30,7 +30,8 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column("plan_reason", sa.Text(), nullable=True))
         batch_op.add_column(sa.Column("planned_at", sa.DateTime(timezone=True), nullable=True))
     op.execute(
-        "UPDATE checkpoints SET plan = 'due', plan_reason = 'queued before scheduling' WHERE state = 'ready'"
+        "UPDATE checkpoints SET plan = 'due', plan_reason = 'queued before scheduling', "
+        "planned_at = ready_at WHERE state = 'ready'"
     )
 
     with op.batch_alter_table("eval_jobs", schema=None) as batch_op:
@@ -51,6 +52,14 @@ def upgrade() -> None:
         sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
         sa.ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("run_id"),
+    )
+    # Every checkpoint evaluated so far counted: the counters start from the newest of them, not from 0.
+    op.execute(
+        "INSERT INTO run_schedules (run_id, anchor_step, anchor_epoch, anchor_at, evaluated, updated_at) "
+        "SELECT r.id, COALESCE(MAX(c.step), 0), COALESCE(MAX(c.epoch), 0), "
+        "COALESCE(MAX(c.ready_at), r.created_at), COUNT(c.id), COALESCE(MAX(c.ready_at), r.created_at) "
+        "FROM runs r LEFT JOIN checkpoints c ON c.run_id = r.id AND c.plan = 'due' "
+        "GROUP BY r.id, r.created_at"
     )
     op.create_table(
         "events",
