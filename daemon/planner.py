@@ -271,14 +271,8 @@ class Planner:
             schedule.anchor_epoch = max(schedule.anchor_epoch, epoch)
         schedule.anchor_at = now
         store.set_plan(session, candidate.id, Plan.DUE, reason, now)
-        final_step = policy.config.final_step
-        if (
-            final is None
-            and final_step is not None
-            and candidate.step is not None
-            and candidate.step >= final_step
-        ):
-            final = f"final step (final_step={final_step})"
+        if final is None and policy.is_final(candidate.step):
+            final = f"final step (final_step={policy.config.final_step})"
         created = self._enqueue(session, policy, candidate, schedule.evaluated, final)
         log.info(
             "checkpoint.due",
