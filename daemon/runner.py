@@ -120,6 +120,10 @@ class JobRunner:
                 log.info("resources.met", previously=self._deferred_reason)
                 self._deferred_reason = None
             return True
+        if self.running:
+            # Our own evaluations hold the resources: the rest wait for a slot, queued rather than deferred
+            # (and never reported stuck because of us).
+            return False
         with self._db.session() as session:
             newly = store.defer_pending(session, check.reason, utcnow())
         if newly or check.reason != self._deferred_reason:
@@ -165,10 +169,6 @@ class JobRunner:
         with self._db.session() as session:
             if store.count_jobs(session, JobState.PENDING, JobState.DEFERRED) == 0:
                 return False
-        if self.running and self._probe is not None and not self._probe.check().met:
-            # Our own evaluations use the resources: the rest wait for a slot, queued rather than deferred
-            # (and never reported stuck because of us).
-            return False
         if not self.resources_met():
             return False
         oldest_first = self._planner.oldest_first if self._planner is not None else frozenset()

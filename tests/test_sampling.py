@@ -13,10 +13,11 @@ import pytest
 from inference.dataset import Item, load_dataset
 from inference.errors import DatasetInvalid
 from inference.sampling import allocate, stratified_subset
-from inference.spec import InferenceSpec, JobResult, JobSpec, SubsetSpec, TaskSpec
+from inference.spec import InferenceSpec, JobSpec, SubsetSpec, TaskSpec
 from inference.task import select_items
 from inference.toy.problems import PROMPT_TEMPLATE, held_out_problems
-from tests.conftest import SUBPROCESS_ENV, ToyRun
+from tests.conftest import ToyRun
+from tests.test_worker import run_worker
 
 #: Items named by stratum and position, in the strata's sizes: ``a0 … a49, b0 … b29, c0 … c19``.
 SIZES = {"a": 50, "b": 30, "c": 20}
@@ -244,19 +245,8 @@ def test_worker_evaluates_a_quick_subset(toy_run: ToyRun, tmp_path: Path) -> Non
         ),
         inference=InferenceSpec(threads=1),
     )
-    spec_path = tmp_path / "spec.json"
-    spec_path.write_text(spec.model_dump_json(), encoding="utf-8")
-
-    done = subprocess.run(
-        [sys.executable, "-m", "inference.worker", str(spec_path)],
-        capture_output=True,
-        text=True,
-        env=SUBPROCESS_ENV,
-        timeout=120,
-    )
-
+    done, result = run_worker(spec, tmp_path)
     assert done.returncode == 0, done.stderr
-    result = JobResult.read(spec.result_path)
     (accuracy,) = result.metrics
     assert (accuracy.name, accuracy.n) == ("accuracy", 6)
     items = load_dataset(dataset, id_field="id", stratify_field="level")
