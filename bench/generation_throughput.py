@@ -71,9 +71,9 @@ def _answer_tokens(rows: Any, eos: int) -> int:
 
 
 def run_evald(model: Any, tokenizer: Any, prompts: Sequence[str], batch: int, new: int) -> int:
-    from inference.generation import generate
+    from inference.generation import Decoding, generate
 
-    return generate(model, tokenizer, prompts, max_new_tokens=new, batch_size=batch).tokens
+    return generate(model, tokenizer, prompts, Decoding(max_new_tokens=new), batch_size=batch).tokens
 
 
 def run_per_prompt(model: Any, tokenizer: Any, prompts: Sequence[str], batch: int, new: int) -> int:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -13,18 +12,20 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from pydantic import ValidationError
 from sqlalchemy.exc import DBAPIError
 
 from daemon import log as logs
 from daemon import report
-from daemon.config import Config, config_path, load_config
+from daemon.config import Config, InferenceConfig, config_path, load_config
 from daemon.errors import ConfigError, EvaldError
 from daemon.planner import schedule_summary
 from daemon.service import resource_probe
 from inference import layouts
 from inference.dataset import load_dataset
 from inference.errors import InferenceError
-from inference.spec import EXIT_INPUT_ERROR, JobResult, JobSpec
+from inference.launcher import worker_command
+from inference.spec import InferenceSpec, JobResult, JobSpec
 from storage import migrations, queries, scheduling
 from storage.database import Database, describe_url
 from storage.errors import DatabaseUnreachable, StorageError
@@ -142,9 +143,11 @@ def evaluate_now(
     *,
     layout: str = "auto",
     hf_config: Path | None = None,
+    inference: InferenceSpec | None = None,
 ) -> list[tuple[str, JobResult]]:
-    """Run the worker on one checkpoint for each task, with no daemon and no database."""
-    from daemon.runner import stderr_tail
+    """Run the worker (group) on one checkpoint for each task, with no daemon and no database."""
+    from daemon.runner import worker_environment
+    from daemon.workers import WorkerProcess, read_outcome
 
     try:
         snapshot = layouts.take_snapshot(checkpoint)
@@ -171,31 +174,52 @@ def evaluate_now(
                 layout=detected,
                 hf_config=hf_config,
                 task=task.spec(),
-                inference=config.inference.spec(),
+                inference=inference or config.inference.spec(),
                 result_path=folder / "result.json",
                 seed=config.inference.seed,
                 max_samples=config.inference.max_samples,
             )
-            (folder / "spec.json").write_text(spec.model_dump_json(), encoding="utf-8")
+            spec_path = folder / "spec.json"
+            spec_path.write_text(spec.model_dump_json(), encoding="utf-8")
             python = str(config.inference.python or sys.executable)
-            with (folder / "worker.log").open("wb") as stderr:
-                code = subprocess.call(
-                    [python, "-m", "inference.worker", str(folder / "spec.json")], stderr=stderr
-                )
-            if code not in (0, EXIT_INPUT_ERROR):
-                raise EvaldError(f"worker exited with status {code}: {stderr_tail(folder / 'worker.log')}")
-            result = JobResult.read(spec.result_path)
-            if result.error is not None:
-                raise EvaldError(f"{checkpoint}: {result.error.kind}: {result.error.message}")
+            command = worker_command(
+                spec.inference, spec_path, python=python, hostfile=config.inference.hostfile
+            )
+            worker = WorkerProcess.start(command, folder / "worker.log", worker_environment(config))
+            try:
+                code = worker.wait()
+            finally:
+                # Interrupted (Ctrl-C) or done: no rank is left holding a GPU.
+                worker.kill()
+            outcome = read_outcome(spec, code, worker.log_path)
+            if outcome.result is None:
+                raise EvaldError(f"{checkpoint}: {outcome.error_kind}: {outcome.error}")
+            result = outcome.result
             outcomes.append((name, result))
     return outcomes
+
+
+def override_layout(
+    inference: InferenceConfig, *, engine: str | None, tp: int | None, dp: int | None
+) -> InferenceSpec:
+    """The configured inference with the command line's engine, tp and dp, validated like the config."""
+    changes = {k: v for k, v in {"engine": engine, "tp": tp, "dp": dp}.items() if v is not None}
+    try:
+        merged = InferenceConfig.model_validate({**inference.model_dump(), **changes})
+    except ValidationError as exc:
+        problems = [f"{'.'.join(map(str, e['loc'])) or 'layout'}: {e['msg']}" for e in exc.errors()]
+        raise ConfigError("command line", problems) from exc
+    return merged.spec()
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
     config = _load(args)
     names = [args.task] if args.task else [t.name for t in config.tasks]
     hf_config = Path(args.hf_config).resolve() if args.hf_config else None
-    outcomes = evaluate_now(config, Path(args.checkpoint), names, layout=args.layout, hf_config=hf_config)
+    inference = override_layout(config.inference, engine=args.engine, tp=args.tp, dp=args.dp)
+    outcomes = evaluate_now(
+        config, Path(args.checkpoint), names, layout=args.layout, hf_config=hf_config, inference=inference
+    )
     if args.format == "json":
         payload: list[dict[str, Any]] = [
             {
@@ -243,6 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--format", choices=("table", "json"), default="table")
     evaluate.add_argument("--layout", default="auto", help="checkpoint layout (default: detect it)")
     evaluate.add_argument("--hf-config", help="folder with config.json for checkpoints that have none")
+    evaluate.add_argument("--engine", choices=("deepspeed", "hf"), help="override [inference] engine")
+    evaluate.add_argument("--tp", type=int, help="override [inference] tp: tensor-parallel ranks per replica")
+    evaluate.add_argument("--dp", type=int, help="override [inference] dp: data-parallel replicas")
     evaluate.set_defaults(func=cmd_eval)
 
     results = commands.add_parser("results", help="stored results")

@@ -27,7 +27,7 @@ from pydantic import (
 from daemon import frequency, resources, units
 from daemon.errors import ConfigError
 from inference import layouts
-from inference.spec import InferenceSpec, SubsetSpec, TaskSpec
+from inference.spec import Engine, InferenceSpec, SubsetSpec, TaskSpec
 
 ENV_PREFIX = "EVALD_"
 DEFAULT_CONFIG = Path("evald.toml")
@@ -170,8 +170,23 @@ class TaskConfig(_Section):
     prompt_template: str = "{prompt}"
     max_new_tokens: int = Field(default=32, ge=1, le=65536)
     batch_size: int = Field(default=16, ge=1)
+    #: Completions per prompt; more than one needs temperature > 0.
+    n_samples: int = Field(default=1, ge=1)
+    #: 0 decodes greedily.
+    temperature: float = Field(default=0.0, ge=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    #: A response ends at the first of these strings.
+    stop: tuple[str, ...] = ()
     limit: int | None = Field(default=None, ge=1)
     metrics: tuple[str, ...] = ("accuracy", "response_length", "tokens_per_s", "wall_s")
+
+    @model_validator(mode="after")
+    def _sampling(self) -> TaskConfig:
+        if self.n_samples > 1 and self.temperature == 0:
+            raise ValueError(
+                f"n_samples = {self.n_samples} draws identical greedy answers: set temperature > 0"
+            )
+        return self
 
     @field_validator("dataset")
     @classmethod
@@ -202,6 +217,10 @@ class TaskConfig(_Section):
             prompt_template=self.prompt_template,
             max_new_tokens=self.max_new_tokens,
             batch_size=self.batch_size,
+            n_samples=self.n_samples,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            stop=self.stop,
             limit=self.limit,
             metrics=self.metrics,
             subset=subset,
@@ -269,19 +288,50 @@ class ResourcesConfig(_Section):
 
 
 class InferenceConfig(_Section):
-    engine: Literal["hf"] = "hf"
+    #: ``deepspeed`` (AutoTP, any tp) or ``hf`` (plain transformers, tp = 1).
+    engine: Engine = "deepspeed"
     device: str = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     threads: int | None = Field(default=None, ge=1)
+    #: Tensor-parallel ranks per replica and data-parallel replicas: each job runs tp × dp ranks.
+    tp: int = Field(default=1, ge=1)
+    dp: int = Field(default=1, ge=1)
+    #: DeepSpeed hostfile for a worker group across several nodes; unset, the group runs on this node.
+    hostfile: Path | None = None
     #: Interpreter that runs workers; defaults to the daemon's own.
     python: Path | None = None
     #: A worker still running after this long is killed and its job failed.
     job_timeout_secs: float = Field(default=3600.0, gt=0)
+    #: A job whose worker crashes or times out is tried this many times in all before it stays failed.
+    max_attempts: int = Field(default=3, ge=1)
     seed: int = 0
     max_samples: int = Field(default=1000, ge=0)
 
+    @field_validator("hostfile")
+    @classmethod
+    def _hostfile(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if value is None:
+            return None
+        path = _resolve(value, info)
+        if not path.is_file():
+            raise ValueError(f"file not found: {path}")
+        return path
+
+    @model_validator(mode="after")
+    def _layout(self) -> InferenceConfig:
+        if self.engine == "hf" and self.tp > 1:
+            raise ValueError(f"engine 'hf' cannot shard a model (tp = {self.tp}): use engine = \"deepspeed\"")
+        return self
+
     def spec(self) -> InferenceSpec:
-        return InferenceSpec(engine=self.engine, device=self.device, dtype=self.dtype, threads=self.threads)
+        return InferenceSpec(
+            engine=self.engine,
+            device=self.device,
+            dtype=self.dtype,
+            threads=self.threads,
+            tp=self.tp,
+            dp=self.dp,
+        )
 
 
 class SchedulingConfig(_Section):

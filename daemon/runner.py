@@ -1,30 +1,35 @@
 """Runs claimed jobs in worker processes and stores what they return.
 
 The worker is a separate process group: a crash, an OOM or a hang stays there. The daemon reads only its
-exit status and result file, and stores the results, the samples and the ``succeeded`` state in one
+exit status and result files, and stores the results, the samples and the ``succeeded`` state in one
 transaction, so a job is either wholly stored or not at all (and then runs again).
+
+A worker that runs out of memory is started again at once with half the batch size, down to 1; one that
+crashes (a rank dies) or times out gives its job back to the queue until ``max_attempts`` tries are
+spent; a rejected input fails the job at once. Every worker run is kept in the job's history.
 """
 
 from __future__ import annotations
 
-import contextlib
+import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import structlog
+from sqlalchemy.orm import Session
 
 from daemon import stages
 from daemon.config import Config
 from daemon.errors import JobSetupError
 from daemon.planner import Planner
 from daemon.resources import ResourceProbe
-from inference.spec import EXIT_INPUT_ERROR, PARENT_PID_ENV, JobResult, JobSpec
+from daemon.workers import Outcome, WorkerProcess, read_outcome
+from inference.launcher import worker_command
+from inference.spec import PARENT_PID_ENV, Consistency, JobResult, JobSpec
 from storage import queries
 from storage import scheduling as store
 from storage.database import Database
@@ -32,8 +37,8 @@ from storage.models import CheckpointState, JobState, utcnow
 
 log = structlog.get_logger("evald.runner")
 
-#: How much of a crashed worker's stderr is kept on the job.
-STDERR_TAIL_CHARS = 4000
+#: Failures another try may cure: a rank that died, a hung worker. A rejected input fails at once.
+RETRYABLE = frozenset({"crash", "timeout"})
 
 
 def build_spec(config: Config, job: queries.ClaimedJob, job_dir: Path) -> JobSpec:
@@ -60,30 +65,33 @@ def build_spec(config: Config, job: queries.ClaimedJob, job_dir: Path) -> JobSpe
     )
 
 
-def stderr_tail(path: Path, limit: int = STDERR_TAIL_CHARS) -> str:
-    try:
-        with path.open("rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            handle.seek(max(0, size - limit))
-            return handle.read().decode("utf-8", errors="replace").strip()
-    except FileNotFoundError:
-        return ""
+def worker_environment(config: Config) -> dict[str, str]:
+    """The daemon's environment, plus the tie to this process and the GPUs evaluations may use."""
+    env = {**os.environ, PARENT_PID_ENV: str(os.getpid())}
+    gpus = config.scheduling.resources.gpus
+    if gpus is not None and config.inference.device.startswith("cuda"):
+        # The configured indices are NVML's, which follow the PCI bus order.
+        env.update(CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=",".join(map(str, gpus)))
+    return env
+
+
+def halved(spec: JobSpec, job_dir: Path) -> JobSpec:
+    """``spec`` again with half its batch size, writing into ``job_dir``."""
+    task = spec.task.model_copy(update={"batch_size": max(1, spec.task.batch_size // 2)})
+    return spec.model_copy(update={"task": task, "result_path": job_dir / "result.json"})
 
 
 @dataclass
 class RunningJob:
     job: queries.ClaimedJob
     spec: JobSpec
-    process: subprocess.Popen[bytes]
-    stderr_path: Path
+    worker: WorkerProcess
     started: float = field(default_factory=time.monotonic)
+    started_at: datetime = field(default_factory=utcnow)
     last_heartbeat: float = field(default_factory=time.monotonic)
 
     def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait()
+        self.worker.kill()
 
 
 class JobRunner:
@@ -180,27 +188,37 @@ class JobRunner:
         try:
             job_dir.mkdir(parents=True, exist_ok=True)
             spec = build_spec(self._config, job, job_dir)
-            spec_path = job_dir / "spec.json"
-            spec_path.write_text(spec.model_dump_json(indent=1), encoding="utf-8")
-            stderr_path = job_dir / "worker.log"
-            with stderr_path.open("wb") as stderr:
-                process = subprocess.Popen(
-                    [self._python, "-m", "inference.worker", str(spec_path)],
-                    stdin=subprocess.DEVNULL,
-                    stdout=stderr,
-                    stderr=stderr,
-                    start_new_session=True,
-                    # The worker arms PR_SET_PDEATHSIG against this pid (a preexec_fn is unsafe with threads).
-                    env={**os.environ, PARENT_PID_ENV: str(os.getpid())},
-                )
         except (OSError, JobSetupError) as exc:
             self._fail(job, "setup", f"could not start worker: {exc}", None)
             return True
-        self.running[job.id] = RunningJob(job, spec, process, stderr_path)
-        log.info(
-            "job.started", job_id=job.id, run=job.run, step=job.step, task=job.task, attempt=job.attempts
-        )
+        self._launch(job, spec)
         return True
+
+    def _launch(self, job: queries.ClaimedJob, spec: JobSpec) -> None:
+        job_dir = spec.result_path.parent
+        try:
+            spec_path = job_dir / "spec.json"
+            spec_path.write_text(spec.model_dump_json(indent=1), encoding="utf-8")
+            command = worker_command(
+                spec.inference, spec_path, python=self._python, hostfile=self._config.inference.hostfile
+            )
+            worker = WorkerProcess.start(command, job_dir / "worker.log", worker_environment(self._config))
+        except OSError as exc:
+            self._fail(job, "setup", f"could not start worker: {exc}", None)
+            return
+        self.running[job.id] = RunningJob(job, spec, worker)
+        log.info(
+            "job.started",
+            job_id=job.id,
+            run=job.run,
+            step=job.step,
+            task=job.task,
+            attempt=job.attempts,
+            engine=spec.inference.engine,
+            tp=spec.inference.tp,
+            dp=spec.inference.dp,
+            batch_size=spec.task.batch_size,
+        )
 
     def poll(self) -> int:
         """Collect finished workers, kill timed-out ones, and keep the leases of the rest fresh.
@@ -210,14 +228,14 @@ class JobRunner:
         now = time.monotonic()
         ended = len(self.running)
         for job_id, running in list(self.running.items()):
-            code = running.process.poll()
+            code = running.worker.poll()
             if code is None:
                 if now - running.started > self._config.inference.job_timeout_secs:
                     running.kill()
                     del self.running[job_id]
                     timeout = self._config.inference.job_timeout_secs
-                    self._fail(
-                        running.job, "timeout", f"worker killed after {timeout:g} s", now - running.started
+                    self._end(
+                        running, Outcome(error_kind="timeout", error=f"worker killed after {timeout:g} s")
                     )
                 elif now - running.last_heartbeat >= self._config.scheduling.heartbeat_secs:
                     with self._db.session() as session:
@@ -225,29 +243,64 @@ class JobRunner:
                     running.last_heartbeat = now
                 continue
             del self.running[job_id]
-            self._finish(running, code, now - running.started)
+            self._end(running, read_outcome(running.spec, code, running.worker.log_path))
         return ended - len(self.running)
 
-    def _finish(self, running: RunningJob, code: int, duration: float) -> None:
-        job = running.job
-        result: JobResult | None = None
-        if code in (0, EXIT_INPUT_ERROR):
-            try:
-                result = JobResult.read(running.spec.result_path)
-            except (OSError, ValueError) as exc:
-                log.warning("job.result_unreadable", job_id=job.id, error=str(exc))
-        if code == 0 and result is not None and result.error is None:
-            self._store(job, result, duration)
-        elif result is not None and result.error is not None:
-            self._fail(job, result.error.kind, result.error.message, duration)
-        else:
-            tail = stderr_tail(running.stderr_path)
-            self._fail(job, "crash", f"worker exited with status {code}: {tail}", duration)
+    def _end(self, running: RunningJob, outcome: Outcome) -> None:
+        """Store, retry or fail the job whose worker ended with ``outcome``; the run goes into its history."""
+        job, spec = running.job, running.spec
+        duration = time.monotonic() - running.started
+        batch = spec.task.batch_size
+        if outcome.result is not None:
+            self._record(running, "succeeded", outcome)
+            self._store(job, outcome.result, duration)
+            return
+        kind = outcome.error_kind or "crash"
+        if kind == "out_of_memory" and batch > 1:
+            self._record(running, "out_of_memory", outcome)
+            job_dir = spec.result_path.parent.with_name(f"{job.id}-{job.attempts}-batch{batch // 2}")
+            job_dir.mkdir(parents=True, exist_ok=True)
+            log.warning(
+                "job.out_of_memory",
+                job_id=job.id,
+                run=job.run,
+                step=job.step,
+                batch_size=batch,
+                retry_batch_size=batch // 2,
+            )
+            self._launch(job, halved(spec, job_dir))
+            return
+        retry = kind in RETRYABLE and job.attempts < self._config.inference.max_attempts
+        self._record(running, "retried" if retry else "failed", outcome)
+        self._fail(job, kind, outcome.error, duration, retry=retry)
+
+    def _record(self, running: RunningJob, outcome: str, ended: Outcome) -> None:
+        spec = running.spec
+        now = utcnow()
+        with self._db.session() as session:
+            queries.record_attempt(
+                session,
+                queries.AttemptRow(
+                    job_id=running.job.id,
+                    attempt=running.job.attempts,
+                    engine=spec.inference.engine,
+                    tp=spec.inference.tp,
+                    dp=spec.inference.dp,
+                    batch_size=spec.task.batch_size,
+                    outcome=outcome,
+                    error_kind=ended.error_kind,
+                    error=ended.error or None,
+                    started_at=running.started_at,
+                    finished_at=now,
+                    duration_s=(now - running.started_at).total_seconds(),
+                ),
+            )
 
     def _store(self, job: queries.ClaimedJob, result: JobResult, duration: float) -> None:
         metrics = [queries.MetricRow(m.name, m.value, m.n, m.stderr) for m in result.metrics]
         samples = [queries.SampleRow(**s.model_dump()) for s in result.samples]
         load_s = result.timing.load_s if result.timing else None
+        consistency = result.consistency
         with self._db.session() as session:
             stored = queries.complete_job(
                 session,
@@ -257,7 +310,10 @@ class JobRunner:
                 samples=samples,
                 duration_s=duration,
                 load_s=load_s,
+                tp_disagreements=None if consistency is None else len(consistency.disagreements),
             )
+            if stored and consistency is not None and consistency.disagreements:
+                self._report_disagreements(session, job, consistency)
             if stored and self._planner is not None:
                 self._planner.after_result(session, job, metrics)
         if stored and not Path(job.checkpoint_path).is_dir():
@@ -274,15 +330,47 @@ class JobRunner:
         else:
             log.warning("job.lost_lease", job_id=job.id, run=job.run, step=job.step)
 
-    def _fail(self, job: queries.ClaimedJob, kind: str, message: str, duration: float | None) -> None:
+    def _report_disagreements(
+        self, session: Session, job: queries.ClaimedJob, consistency: Consistency
+    ) -> None:
+        """A tp disagreement is stored as an event with the job's result (alerts are built from events)."""
+        found = consistency.disagreements
+        message = json.dumps(
+            {
+                "batches_checked": consistency.batches_checked,
+                "disagreements": [d.model_dump() for d in found],
+            }
+        )
+        store.add_event(
+            session, kind="tp_disagreement", run_id=job.run_id, job_id=job.id, message=message, now=utcnow()
+        )
+        log.warning("job.tp_disagreement", job_id=job.id, run=job.run, step=job.step, batches=len(found))
+
+    def _fail(
+        self, job: queries.ClaimedJob, kind: str, message: str, duration: float | None, *, retry: bool = False
+    ) -> None:
         with self._db.session() as session:
             queries.fail_job(
-                session, job_id=job.id, owner=self._owner, kind=kind, error=message, duration_s=duration
+                session,
+                job_id=job.id,
+                owner=self._owner,
+                kind=kind,
+                error=message,
+                duration_s=duration,
+                retry=retry,
             )
             if kind == "checkpoint_vanished":
                 queries.mark_checkpoint(session, job.checkpoint_id, CheckpointState.VANISHED, message)
+        event = "job.retrying" if retry else "job.failed"
         log.warning(
-            "job.failed", job_id=job.id, run=job.run, step=job.step, task=job.task, kind=kind, error=message
+            event,
+            job_id=job.id,
+            run=job.run,
+            step=job.step,
+            task=job.task,
+            attempt=job.attempts,
+            kind=kind,
+            error=message,
         )
 
     def shutdown(self, grace_secs: float) -> None:
@@ -293,6 +381,7 @@ class JobRunner:
             time.sleep(0.1)
         for job_id, running in list(self.running.items()):
             running.kill()
+            self._record(running, "requeued", Outcome(error_kind="shutdown", error="daemon stopped"))
             with self._db.session() as session:
                 queries.requeue_job(session, job_id=job_id, owner=self._owner)
             log.info("job.requeued", job_id=job_id, run=running.job.run, step=running.job.step)

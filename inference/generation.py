@@ -1,17 +1,22 @@
-"""Batched greedy generation with a Hugging Face causal LM.
+"""Batched generation with a Hugging Face causal LM (plain or sharded by DeepSpeed AutoTP).
 
 Prompts are sorted by token length and cut into batches, so each batch pads as little as possible;
-batches are left-padded (generation appends on the right) and decode with the KV cache. Results come
-back in the prompts' order.
+batches are left-padded (generation appends on the right) and decode with the KV cache. A batch is
+prepared once (:func:`prepare_batches`, on the tp head) and can be sent as is to the other tp ranks.
+Before every batch the random generators are re-seeded from the job's seed and the batch's items, so
+sampling draws the same tokens on every tp rank and in every run.
 
-Token counts exclude padding and the closing EOS: ``tokens`` is the length of the answer itself, and a
-response that hit ``max_new_tokens`` without an EOS is ``truncated``.
+A response ends at an EOS token or at the first stop string; ``tokens`` counts what was generated up to
+there (the stop string included, padding and EOS not), and a response that used all ``max_new_tokens``
+without ending is ``truncated``. With ``n_samples`` > 1 each prompt gets that many completions, in the
+prompt's order (prompt-major).
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,20 +24,46 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+#: Given a batch's number and every row's generated token ids, return the rows to keep (the tp ranks'
+#: consistency vote hooks in here).
+Agreement = Callable[[int, list[list[int]]], list[list[int]]]
+
+
+@dataclass(frozen=True)
+class Decoding:
+    max_new_tokens: int
+    n_samples: int = 1
+    #: 0 decodes greedily.
+    temperature: float = 0.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int = 0
+    #: For tests of the out-of-memory path: a batch of more sequences than this raises torch's own
+    #: ``OutOfMemoryError``, as a device too small for it would.
+    simulate_oom_above: int | None = None
+
+
+@dataclass(frozen=True)
+class Batch:
+    #: Positions of the batch's prompts in the caller's prompt list.
+    indices: tuple[int, ...]
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+
 
 @dataclass(frozen=True)
 class Generation:
-    #: The response, special tokens stripped.
+    #: The response, special tokens stripped, cut before any stop string.
     text: str
     #: Generated tokens before EOS (padding and EOS not counted).
     tokens: int
-    #: ``max_new_tokens`` ran out before an EOS.
+    #: ``max_new_tokens`` ran out before an EOS or a stop string.
     truncated: bool
 
 
 @dataclass(frozen=True)
 class GenerationRun:
-    #: One per prompt, in the prompts' order.
+    #: ``n_samples`` per prompt, prompt-major, in the prompts' order.
     generations: tuple[Generation, ...]
     #: Seconds each batch took, in the order the batches ran (shortest prompts first).
     batch_latencies_s: tuple[float, ...]
@@ -52,65 +83,151 @@ def length_buckets(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
     return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
 
 
-def _stop_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+def token_lengths(tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str]) -> list[int]:
+    return [len(ids) for ids in tokenizer(list(prompts), add_special_tokens=True)["input_ids"]]
+
+
+def prepare_batches(
+    tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], batch_size: int
+) -> list[Batch]:
+    """Left-padded batches of ``prompts``, bucketed by token length; the tokenizer must pad on the left."""
+    batches = []
+    for bucket in length_buckets(token_lengths(tokenizer, prompts), batch_size):
+        encoded = tokenizer(
+            [prompts[i] for i in bucket], return_tensors="pt", padding=True, add_special_tokens=True
+        )
+        batches.append(Batch(tuple(bucket), encoded["input_ids"], encoded["attention_mask"]))
+    return batches
+
+
+def batch_seed(seed: int, key: Sequence[int]) -> int:
+    """The seed for one batch: fixed by the job's seed and the batch's items, whatever ran before it."""
+    digest = hashlib.sha256(repr((seed, tuple(key))).encode()).digest()
+    return int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+def stop_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
     configured: Any = model.generation_config.eos_token_id
     ids = set(configured if isinstance(configured, list) else [configured])
     ids.add(tokenizer.eos_token_id)
     return sorted(i for i in ids if isinstance(i, int))
 
 
-def _until_stop(row: list[int], stop_ids: set[int]) -> tuple[list[int], bool]:
-    """The answer's tokens, and whether no stop token came (then the row ran to ``max_new_tokens``)."""
-    for position, token in enumerate(row):
-        if token in stop_ids:
-            return row[:position], False
-    return row, True
+def generate_tokens(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    batch: Batch,
+    decoding: Decoding,
+    *,
+    seed_key: Sequence[int],
+) -> list[list[int]]:
+    """The generated token ids of one batch (prompt excluded), ``n_samples`` rows per prompt."""
+    import torch
+
+    rows = len(batch.indices) * decoding.n_samples
+    if decoding.simulate_oom_above is not None and rows > decoding.simulate_oom_above:
+        raise torch.OutOfMemoryError(
+            f"simulated: a batch of {rows} sequences needs more memory than the cap of "
+            f"{decoding.simulate_oom_above} allows"
+        )
+    torch.manual_seed(batch_seed(decoding.seed, seed_key))
+    sampling: dict[str, Any] = (
+        {"do_sample": True, "temperature": decoding.temperature, "top_p": decoding.top_p}
+        if decoding.temperature > 0
+        else {"do_sample": False}
+    )
+    if decoding.stop:
+        sampling.update(stop_strings=list(decoding.stop), tokenizer=tokenizer)
+    device = next(iter(model.parameters())).device
+    # Causal LMs mix in GenerationMixin, which PreTrainedModel's annotations do not show; without
+    # return_dict_in_generate the result is the token tensor.
+    generator: Any = model
+    output: torch.Tensor = generator.generate(
+        input_ids=batch.input_ids.to(device),
+        attention_mask=batch.attention_mask.to(device),
+        use_cache=True,
+        max_new_tokens=decoding.max_new_tokens,
+        num_return_sequences=decoding.n_samples,
+        eos_token_id=stop_token_ids(model, tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        **sampling,
+    )
+    rows_out: list[list[int]] = output[:, batch.input_ids.shape[1] :].tolist()
+    return rows_out
+
+
+def finish(
+    rows: Sequence[Sequence[int]],
+    tokenizer: PreTrainedTokenizerBase,
+    stop_ids: Sequence[int],
+    decoding: Decoding,
+) -> list[Generation]:
+    """Cut each row at its end (EOS, the padding after it, or a stop string) and decode it."""
+    ends = {*stop_ids, tokenizer.pad_token_id}
+    answers: list[tuple[list[int], bool]] = []
+    for row in rows:
+        cut = next((position for position, token in enumerate(row) if token in ends), None)
+        answers.append((list(row[:cut]), cut is None))
+    texts = tokenizer.batch_decode([tokens for tokens, _ in answers], skip_special_tokens=True)
+    generations = []
+    for text, (tokens, no_end) in zip(texts, answers, strict=True):
+        stops = [text.find(s) for s in decoding.stop if s and s in text]
+        if stops:
+            text, no_end = text[: min(stops)], False
+        generations.append(
+            Generation(
+                text=text, tokens=len(tokens), truncated=no_end and len(tokens) >= decoding.max_new_tokens
+            )
+        )
+    return generations
+
+
+def run_batches(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    batches: Sequence[Batch],
+    decoding: Decoding,
+    *,
+    item_keys: Sequence[int] | None = None,
+    agree: Agreement | None = None,
+) -> tuple[dict[int, list[Generation]], list[float]]:
+    """Generate every batch; returns each prompt's generations by prompt index, and the batch latencies.
+
+    ``item_keys`` maps a prompt index to the item's position in the whole eval set, which seeds its
+    batch: a replica that holds only part of the set then draws what the whole set would at that batch.
+    """
+    import torch
+
+    stop_ids = stop_token_ids(model, tokenizer)
+    results: dict[int, list[Generation]] = {}
+    latencies: list[float] = []
+    with torch.inference_mode():
+        for number, batch in enumerate(batches):
+            key = [item_keys[i] for i in batch.indices] if item_keys is not None else list(batch.indices)
+            started = time.perf_counter()
+            rows = generate_tokens(model, tokenizer, batch, decoding, seed_key=key)
+            if agree is not None:
+                rows = agree(number, rows)
+            latencies.append(time.perf_counter() - started)
+            generations = finish(rows, tokenizer, stop_ids, decoding)
+            for position, index in enumerate(batch.indices):
+                start = position * decoding.n_samples
+                results[index] = generations[start : start + decoding.n_samples]
+    return results, latencies
 
 
 def generate(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     prompts: Sequence[str],
+    decoding: Decoding,
     *,
-    max_new_tokens: int,
     batch_size: int,
 ) -> GenerationRun:
-    """Greedy completions of ``prompts``; the tokenizer must pad on the left and have a pad token."""
-    import torch
-
-    device = model.device
-    stop_ids = _stop_ids(model, tokenizer)
-    stop_set = set(stop_ids)
-    pad_id = tokenizer.pad_token_id
-    lengths = [len(ids) for ids in tokenizer(list(prompts), add_special_tokens=True)["input_ids"]]
-    results: dict[int, Generation] = {}
-    latencies: list[float] = []
-    with torch.inference_mode():
-        for batch in length_buckets(lengths, batch_size):
-            encoded = tokenizer(
-                [prompts[i] for i in batch], return_tensors="pt", padding=True, add_special_tokens=True
-            ).to(device)
-            started = time.perf_counter()
-            # Causal LMs mix in GenerationMixin, which PreTrainedModel's annotations do not show; without
-            # return_dict_in_generate the result is the token tensor.
-            generator: Any = model
-            output: torch.Tensor = generator.generate(
-                **encoded,
-                do_sample=False,
-                use_cache=True,
-                max_new_tokens=max_new_tokens,
-                eos_token_id=stop_ids,
-                pad_token_id=pad_id,
-            )
-            latencies.append(time.perf_counter() - started)
-            # A row that stopped early is padded after its stop token, which is cut here too.
-            answers = [
-                _until_stop(row, stop_set) for row in output[:, encoded["input_ids"].shape[1] :].tolist()
-            ]
-            texts = tokenizer.batch_decode([tokens for tokens, _ in answers], skip_special_tokens=True)
-            for index, text, (tokens, truncated) in zip(batch, texts, answers, strict=True):
-                results[index] = Generation(text=text, tokens=len(tokens), truncated=truncated)
+    """Completions of ``prompts`` in one process."""
+    batches = prepare_batches(tokenizer, prompts, batch_size)
+    results, latencies = run_batches(model, tokenizer, batches, decoding)
     return GenerationRun(
-        generations=tuple(results[i] for i in range(len(prompts))),
+        generations=tuple(g for i in range(len(prompts)) for g in results[i]),
         batch_latencies_s=tuple(latencies),
     )

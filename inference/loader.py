@@ -21,9 +21,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from inference import layouts
 from inference.errors import CheckpointInvalid, CheckpointVanished
 from inference.layouts import LayoutSettings, Readiness
+from inference.sharding import load_sharded, wrap_unsharded
 from inference.spec import InferenceSpec
 
 if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
@@ -89,15 +91,18 @@ def load_model(
     layout: str = "hf",
     settings: LayoutSettings | None = None,
     scratch: Path | None = None,
+    device: str | None = None,
+    tp_group: ProcessGroup | None = None,
 ) -> LoadedModel:
-    """Load model and tokenizer from ``checkpoint`` onto ``spec.device``, ready for left-padded batches.
+    """Load model and tokenizer from ``checkpoint`` onto ``device`` (default ``spec.device``), ready for
+    left-padded batches; with ``spec.engine == "deepspeed"`` sharded over ``tp_group`` (``spec.tp`` ranks).
 
     Layouts that are not ``save_pretrained`` folders are first turned into one (in ``scratch``) by their
     layout's ``materialise``: a verl checkpoint points at its ``huggingface/`` folder, a DeepSpeed one is
     consolidated with DeepSpeed's own utilities.
     """
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     started = time.perf_counter()
     if not checkpoint.is_dir():
@@ -111,6 +116,12 @@ def load_model(
             check_layout(checkpoint, layout, settings)
             directory = layouts.get(layout).materialise(checkpoint, settings, scratch)
             check_checkpoint(directory)
+            if spec.engine == "deepspeed" and spec.tp > 1:
+                sharded = load_sharded(
+                    directory, dtype=getattr(torch, spec.dtype), tp=spec.tp, tp_group=tp_group
+                )
+                tokenizer = _tokenizer(directory)
+                return LoadedModel(model=sharded, tokenizer=tokenizer, load_s=time.perf_counter() - started)
             # With output_loading_info, from_pretrained returns (model, info), which its annotation omits.
             loaded: Any = AutoModelForCausalLM.from_pretrained(
                 directory,
@@ -127,17 +138,24 @@ def load_model(
         if missing:
             shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
             raise CheckpointInvalid(f"{directory}: weights missing for {shown}")
-        with _converting_errors(directory, "tokenizer"):
-            tokenizer = AutoTokenizer.from_pretrained(
-                directory, local_files_only=True, trust_remote_code=False
-            )
+        tokenizer = _tokenizer(directory)
 
     # Through nn.Module: transformers' decorators hide these methods' signatures from the type checker.
     module: torch.nn.Module = model
-    module.to(spec.device)
+    module.to(device or spec.device)
     module.eval()
+    if spec.engine == "deepspeed":
+        model = wrap_unsharded(model, getattr(torch, spec.dtype))
+    return LoadedModel(model=model, tokenizer=tokenizer, load_s=time.perf_counter() - started)
+
+
+def _tokenizer(directory: Path) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer
+
+    with _converting_errors(directory, "tokenizer"):
+        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True, trust_remote_code=False)
     # Generation appends on the right, so prompts are padded on the left.
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return LoadedModel(model=model, tokenizer=tokenizer, load_s=time.perf_counter() - started)
+    return tokenizer

@@ -16,10 +16,19 @@ from pydantic import BaseModel, ConfigDict, Field
 #: the error. Any other non-zero status is a crash, and the daemon keeps the stderr tail.
 EXIT_INPUT_ERROR = 3
 
+#: Exit status of a worker (or one rank of it) that ran out of device or host memory: the daemon retries
+#: the job with half the batch size.
+EXIT_OUT_OF_MEMORY = 4
+
 #: The daemon's pid, set in a worker's environment: the worker dies with it (see ``inference.worker``).
 PARENT_PID_ENV = "EVALD_PARENT_PID"
 
-ErrorKind = Literal["checkpoint_invalid", "checkpoint_vanished", "dataset_invalid", "task_invalid"]
+ErrorKind = Literal[
+    "checkpoint_invalid", "checkpoint_vanished", "dataset_invalid", "task_invalid", "out_of_memory"
+]
+
+#: The inference engines: DeepSpeed AutoTP (tensor parallel, any tp) or plain transformers (tp = 1).
+Engine = Literal["deepspeed", "hf"]
 
 
 class _Plain(BaseModel):
@@ -48,6 +57,13 @@ class TaskSpec(_Plain):
     prompt_template: str = "{prompt}"
     max_new_tokens: int = Field(default=32, ge=1)
     batch_size: int = Field(default=16, ge=1)
+    #: Completions per prompt; more than one needs ``temperature > 0``.
+    n_samples: int = Field(default=1, ge=1)
+    #: 0 decodes greedily; above 0 samples, re-seeded per batch so every run and tp rank draws alike.
+    temperature: float = Field(default=0.0, ge=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    #: A response ends at the first of these strings (which is cut off), as at an EOS token.
+    stop: tuple[str, ...] = ()
     #: Evaluate only the first ``limit`` rows; ``None`` evaluates all.
     limit: int | None = Field(default=None, ge=1)
     #: Evaluate only this subset of the rows (taken after ``limit``); ``None`` evaluates all.
@@ -56,11 +72,19 @@ class TaskSpec(_Plain):
 
 
 class InferenceSpec(_Plain):
-    engine: Literal["hf"] = "hf"
+    engine: Engine = "deepspeed"
+    #: ``cpu`` or ``cuda``; a worker group puts rank r on the r-th visible device of its node.
     device: str = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    #: torch intra-op threads; ``None`` leaves torch's default.
+    #: torch intra-op threads per rank; ``None`` leaves torch's default.
     threads: int | None = Field(default=None, ge=1)
+    #: Tensor-parallel ranks per replica (DeepSpeed AutoTP) and data-parallel replicas: world = tp × dp.
+    tp: int = Field(default=1, ge=1)
+    dp: int = Field(default=1, ge=1)
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.dp
 
 
 class JobSpec(_Plain):
@@ -89,6 +113,7 @@ class MetricValue(_Plain):
 
 
 class SampleOutput(_Plain):
+    #: Position in the job's output: item ``index // n_samples``, completion ``index % n_samples``.
     index: int
     prompt_id: str
     prompt: str
@@ -111,12 +136,32 @@ class WorkerError(_Plain):
     message: str
 
 
+class Disagreement(_Plain):
+    """One batch whose tp ranks generated different tokens."""
+
+    replica: int
+    batch: int
+    #: tp ranks (within the replica) whose tokens lost the vote.
+    outvoted: tuple[int, ...]
+    #: No strict majority: the tp head's tokens were kept.
+    tie: bool
+
+
+class Consistency(_Plain):
+    """The tp ranks' per-batch comparison of their generated token ids."""
+
+    batches_checked: int = 0
+    disagreements: tuple[Disagreement, ...] = ()
+
+
 class JobResult(_Plain):
     job_id: int
     metrics: tuple[MetricValue, ...] = ()
     samples: tuple[SampleOutput, ...] = ()
     timing: Timing | None = None
     error: WorkerError | None = None
+    #: Filled when tp > 1.
+    consistency: Consistency | None = None
 
     def write(self, path: Path) -> None:
         """Write atomically, so the daemon never reads half a result."""

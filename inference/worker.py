@@ -6,7 +6,13 @@ to ``spec.result_path`` (atomically). Exit status:
 - 0: evaluated; the result holds metrics and samples.
 - :data:`~inference.spec.EXIT_INPUT_ERROR`: the input was rejected (bad checkpoint, dataset or task);
   the result holds the error, and stderr one line saying what is wrong.
+- :data:`~inference.spec.EXIT_OUT_OF_MEMORY`: the batch did not fit; the result holds the error, and the
+  daemon retries with half the batch size.
 - anything else: a crash; stderr holds the traceback, and there may be no result file.
+
+Started by ``torchrun`` or the ``deepspeed`` launcher, each rank runs this module: rank 0 writes the result,
+another rank writes ``result.rank<N>.json`` only to report an error, and each rank logs to
+``rank-<N>.log`` beside the result.
 
 Logs are structlog events on stderr, JSON lines unless stderr is a terminal.
 """
@@ -14,10 +20,8 @@ Logs are structlog events on stderr, JSON lines unless stderr is a terminal.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import logging
 import os
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,10 +29,11 @@ from pathlib import Path
 import structlog
 
 from inference.errors import InferenceError
-from inference.spec import EXIT_INPUT_ERROR, PARENT_PID_ENV, JobResult, JobSpec, WorkerError
+from inference.group import launched_rank
+from inference.lifeline import die_with_parent
+from inference.spec import EXIT_INPUT_ERROR, EXIT_OUT_OF_MEMORY, JobResult, JobSpec, WorkerError
 
 log = structlog.get_logger("inference.worker")
-_PR_SET_PDEATHSIG = 1
 
 
 def configure_logging(level: int = logging.INFO) -> None:
@@ -58,29 +63,49 @@ def quiet_libraries() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def die_with_parent() -> None:
-    """Exit when the daemon that started this worker dies, even by SIGKILL.
-
-    A worker nobody will read must not go on holding GPUs; its job is redone when the daemon restarts.
-    """
-    expected = os.environ.get(PARENT_PID_ENV, "")
-    if not expected.isdigit() or not sys.platform.startswith("linux"):
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != int(expected):
-        # The daemon died before the signal was armed.
-        os._exit(1)
+def _log_to_file(path: Path) -> None:
+    """Send this rank's stdout and stderr to its own file: the daemon keeps the tail of the rank that died."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
 
 
-def run(spec: JobSpec) -> JobResult:
-    """Evaluate ``spec``; a rejected input becomes a result with an error, anything else propagates."""
+def _out_of_memory(exc: BaseException) -> bool:
+    torch = sys.modules.get("torch")
+    return isinstance(exc, MemoryError) or (torch is not None and isinstance(exc, torch.OutOfMemoryError))
+
+
+def result_path(spec: JobSpec, rank: int) -> Path:
+    """Rank 0 writes the job's result; another rank writes a file of its own only to report an error."""
+    return spec.result_path if rank == 0 else spec.result_path.with_name(f"result.rank{rank}.json")
+
+
+def run(spec: JobSpec, rank: int) -> tuple[JobResult | None, int]:
+    """Evaluate ``spec`` as ``rank``: the result to write (None on ranks with nothing to say) and the exit
+    status. A rejected input or an out-of-memory error becomes a result with the error."""
+    from inference.faults import Faults
+    from inference.group import WorkerGroup
     from inference.task import run_task
 
     try:
-        return run_task(spec)
+        group = WorkerGroup.start(spec.inference)
+        result = run_task(spec, group, Faults.from_environment())
     except InferenceError as exc:
-        return JobResult(job_id=spec.job_id, error=WorkerError(kind=exc.kind, message=exc.message))
+        return JobResult(
+            job_id=spec.job_id, error=WorkerError(kind=exc.kind, message=exc.message)
+        ), EXIT_INPUT_ERROR
+    except (MemoryError, RuntimeError) as exc:
+        if not _out_of_memory(exc):
+            raise
+        message = (
+            f"rank {rank}: out of memory at batch size {spec.task.batch_size}: {' '.join(str(exc).split())}"
+        )
+        return JobResult(
+            job_id=spec.job_id, error=WorkerError(kind="out_of_memory", message=message)
+        ), EXIT_OUT_OF_MEMORY
+    group.close()
+    return result, 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -89,24 +114,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     die_with_parent()
-    quiet_libraries()
-    configure_logging()
     spec = JobSpec.model_validate_json(args.spec.read_text(encoding="utf-8"))
-    structlog.contextvars.bind_contextvars(job_id=spec.job_id)
-    log.info("worker.started", checkpoint=str(spec.checkpoint_path), task=spec.task.name)
+    rank = launched_rank()
+    if rank is not None:
+        _log_to_file(spec.result_path.parent / f"rank-{rank}.log")
+    quiet_libraries()
+    if not spec.inference.device.startswith("cuda"):
+        # DeepSpeed picks its accelerator once, at import; a CPU job on a GPU node must not take CUDA.
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    configure_logging()
+    structlog.contextvars.bind_contextvars(job_id=spec.job_id, rank=rank or 0)
+    log.info(
+        "worker.started",
+        checkpoint=str(spec.checkpoint_path),
+        task=spec.task.name,
+        engine=spec.inference.engine,
+        tp=spec.inference.tp,
+        dp=spec.inference.dp,
+        batch_size=spec.task.batch_size,
+    )
 
-    result = run(spec)
-    result.write(spec.result_path)
-    if result.error is not None:
+    result, code = run(spec, rank or 0)
+    if result is not None:
+        result.write(result_path(spec, rank or 0))
+    if result is not None and result.error is not None:
         log.warning("worker.rejected", kind=result.error.kind, message=result.error.message)
         print(f"evald worker: {result.error.kind}: {result.error.message}", file=sys.stderr, flush=True)
-        return EXIT_INPUT_ERROR
-    log.info(
-        "worker.finished",
-        result=str(spec.result_path),
-        metrics={m.name: m.value for m in result.metrics},
-        total_s=result.timing.total_s if result.timing else None,
-    )
+        if rank is not None:
+            # Peers may wait in a collective for this rank: leave now, the launcher stops them.
+            os._exit(code)
+        return code
+    if result is not None:
+        log.info(
+            "worker.finished",
+            result=str(spec.result_path),
+            metrics={m.name: m.value for m in result.metrics},
+            total_s=result.timing.total_s if result.timing else None,
+        )
     return 0
 
 

@@ -186,9 +186,37 @@ class EvalJob(Base):
     #: When the job was first deferred since it was last started; the stuck limit counts from here.
     deferred_at: Mapped[datetime | None]
     stuck_at: Mapped[datetime | None]
+    #: Batches whose tp ranks generated different tokens, in the stored result (None: tp = 1).
+    tp_disagreements: Mapped[int | None] = mapped_column(Integer)
 
     checkpoint: Mapped[Checkpoint] = relationship(back_populates="jobs")
     results: Mapped[list[Result]] = relationship(back_populates="job")
+    history: Mapped[list[JobAttempt]] = relationship(back_populates="job", order_by="JobAttempt.id")
+
+
+class JobAttempt(Base):
+    """One worker run of a job: every try, out-of-memory retries with a smaller batch included."""
+
+    __tablename__ = "job_attempts"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("eval_jobs.id", ondelete="CASCADE"), index=True)
+    #: The claim it belongs to (``eval_jobs.attempts`` then).
+    attempt: Mapped[int] = mapped_column(Integer)
+    engine: Mapped[str] = mapped_column(String(16))
+    tp: Mapped[int] = mapped_column(Integer)
+    dp: Mapped[int] = mapped_column(Integer)
+    batch_size: Mapped[int] = mapped_column(Integer)
+    #: succeeded, failed, retried (to be claimed again), out_of_memory (rerun with half the batch),
+    #: requeued (daemon shutdown).
+    outcome: Mapped[str] = mapped_column(String(16))
+    error_kind: Mapped[str | None] = mapped_column(String(64))
+    error: Mapped[str | None] = mapped_column(Text)
+    started_at: Mapped[datetime]
+    finished_at: Mapped[datetime]
+    duration_s: Mapped[float] = mapped_column(Float)
+
+    job: Mapped[EvalJob] = relationship(back_populates="history")
 
 
 class Result(Base):

@@ -7,7 +7,7 @@ caller can make several steps atomic (a job's results, samples and ``succeeded``
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -19,6 +19,7 @@ from storage.models import (
     Checkpoint,
     CheckpointState,
     EvalJob,
+    JobAttempt,
     JobState,
     Result,
     Run,
@@ -39,6 +40,7 @@ class ClaimedJob:
     layout: str
     step: int | None
     run: str
+    run_id: int
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,9 @@ class JobRow:
     priority: int = 0
     #: Why a deferred or skipped job is not running.
     wait_reason: str | None = None
+    error_kind: str | None = None
+    #: Batches whose tp ranks disagreed, in the stored result (None: tp = 1 or not stored).
+    tp_disagreements: int | None = None
 
 
 def ensure_run(session: Session, name: str, root: str) -> int:
@@ -330,6 +335,7 @@ def _claim(session: Session, job: EvalJob, owner: str) -> ClaimedJob:
         layout=checkpoint.layout,
         step=checkpoint.step,
         run=checkpoint.run.name,
+        run_id=checkpoint.run_id,
     )
 
 
@@ -354,6 +360,7 @@ def complete_job(
     samples: Sequence[SampleRow],
     duration_s: float,
     load_s: float | None,
+    tp_disagreements: int | None = None,
 ) -> bool:
     """Store a job's results and mark it ``succeeded``: call inside one transaction.
 
@@ -387,25 +394,76 @@ def complete_job(
     job.finished_at = now
     job.duration_s = duration_s
     job.load_s = load_s
+    job.tp_disagreements = tp_disagreements
     session.flush()
     return True
 
 
 def fail_job(
-    session: Session, *, job_id: int, owner: str, kind: str, error: str, duration_s: float | None
+    session: Session,
+    *,
+    job_id: int,
+    owner: str,
+    kind: str,
+    error: str,
+    duration_s: float | None,
+    retry: bool = False,
 ) -> bool:
-    result = session.execute(
-        update(EvalJob)
-        .where(_owned_running(job_id, owner))
-        .values(
-            state=JobState.FAILED,
-            error_kind=kind,
-            error=error,
-            finished_at=utcnow(),
-            duration_s=duration_s,
-        )
-    )
+    """Mark a running job ``failed``, or with ``retry`` give it back to the queue to be claimed again
+    (its error stays readable until then)."""
+    values: dict[str, Any] = {
+        "error_kind": kind,
+        "error": error,
+        "finished_at": utcnow(),
+        "duration_s": duration_s,
+    }
+    if retry:
+        values.update(state=JobState.PENDING, claimed_by=None, heartbeat_at=None)
+    else:
+        values.update(state=JobState.FAILED)
+    result = session.execute(update(EvalJob).where(_owned_running(job_id, owner)).values(**values))
     return bool(getattr(result, "rowcount", 0))
+
+
+@dataclass(frozen=True)
+class AttemptRow:
+    job_id: int
+    attempt: int
+    engine: str
+    tp: int
+    dp: int
+    batch_size: int
+    outcome: str
+    error_kind: str | None
+    error: str | None
+    started_at: datetime
+    finished_at: datetime
+    duration_s: float
+
+
+def record_attempt(session: Session, row: AttemptRow) -> None:
+    session.add(JobAttempt(**asdict(row)))
+
+
+def job_history(session: Session, job_id: int) -> list[AttemptRow]:
+    attempts = session.scalars(select(JobAttempt).where(JobAttempt.job_id == job_id).order_by(JobAttempt.id))
+    return [
+        AttemptRow(
+            job_id=a.job_id,
+            attempt=a.attempt,
+            engine=a.engine,
+            tp=a.tp,
+            dp=a.dp,
+            batch_size=a.batch_size,
+            outcome=a.outcome,
+            error_kind=a.error_kind,
+            error=a.error,
+            started_at=a.started_at,
+            finished_at=a.finished_at,
+            duration_s=a.duration_s,
+        )
+        for a in attempts
+    ]
 
 
 def requeue_job(session: Session, *, job_id: int, owner: str) -> bool:
@@ -517,6 +575,8 @@ def job_rows(session: Session, run: str | None = None) -> list[JobRow]:
             EvalJob.error,
             EvalJob.priority,
             EvalJob.wait_reason,
+            EvalJob.error_kind,
+            EvalJob.tp_disagreements,
         )
         .join(Checkpoint, EvalJob.checkpoint_id == Checkpoint.id)
         .join(Run, Checkpoint.run_id == Run.id)
@@ -537,6 +597,8 @@ def job_rows(session: Session, run: str | None = None) -> list[JobRow]:
             error=e,
             priority=p,
             wait_reason=w,
+            error_kind=k,
+            tp_disagreements=d,
         )
-        for i, r, c, s, t, sg, st, a, e, p, w in session.execute(query)
+        for i, r, c, s, t, sg, st, a, e, p, w, k, d in session.execute(query)
     ]

@@ -12,6 +12,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
+import psutil
+
 from storage import migrations, queries
 from storage.database import Database
 
@@ -201,3 +203,14 @@ def all_jobs_done(database: Database, expected: int) -> list[queries.JobRow] | N
     rows = jobs(database)
     done = [j for j in rows if j.state in ("succeeded", "failed", "skipped")]
     return rows if len(rows) >= expected and len(done) == len(rows) else None
+
+
+def worker_processes(marker: Path) -> list[psutil.Process]:
+    """Every process whose command line names a path under ``marker`` (a job's state folder): the
+    worker, its launcher, torchrun and each rank."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = process.info["cmdline"] or []
+        if any(str(marker) in part for part in cmdline):
+            found.append(process)
+    return found

@@ -14,7 +14,6 @@ from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
-import psutil
 import pytest
 from sqlalchemy import select
 
@@ -32,6 +31,7 @@ from tests.harness import (
     start_trainer,
     upgraded,
     wait_for,
+    worker_processes,
     write_config,
     write_dataset,
 )
@@ -150,15 +150,6 @@ def test_broken_checkpoints_fail_clearly_and_the_next_good_one_is_evaluated(
     database.dispose()
 
 
-def _worker_processes(state_dir: Path) -> list[psutil.Process]:
-    found = []
-    for process in psutil.process_iter(["cmdline"]):
-        cmdline = process.info["cmdline"] or []
-        if "inference.worker" in cmdline and any(str(state_dir) in part for part in cmdline):
-            found.append(process)
-    return found
-
-
 def test_sigkill_mid_job_redoes_it_once_and_evaluates_nothing_twice(
     sqlite_url: str, trained: Path, tmp_path: Path
 ) -> None:
@@ -176,10 +167,10 @@ def test_sigkill_mid_job_redoes_it_once_and_evaluates_nothing_twice(
         "a running job",
         first.process,
     )
-    wait_for(lambda: _worker_processes(tmp_path / "state") or None, 30, "the worker process")
+    wait_for(lambda: worker_processes(tmp_path / "state") or None, 30, "the worker process")
     assert first.stop(signal.SIGKILL) == -signal.SIGKILL
     # The worker dies with its daemon instead of running on unobserved.
-    wait_for(lambda: not _worker_processes(tmp_path / "state"), 20, "the orphaned worker to die")
+    wait_for(lambda: not worker_processes(tmp_path / "state"), 20, "the orphaned worker to die")
     assert jobs(database)[-1].state in ("running", "pending")
 
     with running_daemon(config, tmp_path / "daemon-2.log") as second:
@@ -209,13 +200,13 @@ def test_sigterm_requeues_the_running_job_and_exits_cleanly(
             "a running job",
             daemon.process,
         )
-        wait_for(lambda: _worker_processes(tmp_path / "state") or None, 30, "the worker process")
+        wait_for(lambda: worker_processes(tmp_path / "state") or None, 30, "the worker process")
         started = time.monotonic()
         assert daemon.stop(signal.SIGTERM) == 0
         assert time.monotonic() - started < 15
     [job] = jobs(database)
     assert (job.state, job.attempts) == ("pending", 0)
-    assert not _worker_processes(tmp_path / "state")
+    assert not worker_processes(tmp_path / "state")
     assert b"job.requeued" in (tmp_path / "daemon.log").read_bytes()
     database.dispose()
 

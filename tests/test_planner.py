@@ -285,7 +285,9 @@ def _complete(db: Database, step: int, stage: str, value: float, stderr: float, 
     with db.session() as s:
         job = s.get(EvalJob, job_id)
         assert job is not None
-        claimed = queries.ClaimedJob(job_id, "arith", stage, 1, job.checkpoint_id, "", "hf", step, "r")
+        claimed = queries.ClaimedJob(
+            job_id, "arith", stage, 1, job.checkpoint_id, "", "hf", step, "r", job.checkpoint.run_id
+        )
         metrics = [queries.MetricRow("accuracy", value, 100, stderr)]
         assert queries.complete_job(
             s, job_id=job_id, owner="test", metrics=metrics, samples=(), duration_s=1, load_s=None

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from inference.generation import generate, length_buckets
+from inference.generation import Decoding, generate, length_buckets
 from inference.grading import grade
 from inference.loader import load_model
 from inference.spec import InferenceSpec
@@ -150,8 +150,11 @@ def test_batched_generation_matches_one_by_one(toy_run: ToyRun) -> None:
     # Different token lengths, so batches are left-padded and reordered.
     prompts = [PROMPT_TEMPLATE.format(prompt=p) for p in ["1+2", "10+20", "99+99", "5+61", "7+0"]]
 
-    batched = generate(loaded.model, loaded.tokenizer, prompts, max_new_tokens=16, batch_size=3)
-    alone = [generate(loaded.model, loaded.tokenizer, [p], max_new_tokens=16, batch_size=1) for p in prompts]
+    batched = generate(loaded.model, loaded.tokenizer, prompts, Decoding(max_new_tokens=16), batch_size=3)
+    alone = [
+        generate(loaded.model, loaded.tokenizer, [p], Decoding(max_new_tokens=16), batch_size=1)
+        for p in prompts
+    ]
 
     assert batched.generations == tuple(run.generations[0] for run in alone)
     assert len(batched.batch_latencies_s) == 2
@@ -170,7 +173,9 @@ def test_untrained_model_runs_out_of_tokens(tmp_path: Path) -> None:
     tokenizer.save_pretrained(tmp_path)
     loaded = load_model(tmp_path, InferenceSpec())
 
-    run = generate(loaded.model, loaded.tokenizer, ["1+1=", "22+22="], max_new_tokens=6, batch_size=2)
+    run = generate(
+        loaded.model, loaded.tokenizer, ["1+1=", "22+22="], Decoding(max_new_tokens=6), batch_size=2
+    )
 
     assert any(g.truncated for g in run.generations)
     for generation in run.generations:
@@ -191,7 +196,11 @@ def test_default_training_raises_held_out_accuracy(tmp_path: Path) -> None:
     for path in checkpoints:
         loaded = load_model(path, InferenceSpec(threads=1))
         run = generate(
-            loaded.model, loaded.tokenizer, [p.prompt for p in problems], max_new_tokens=16, batch_size=32
+            loaded.model,
+            loaded.tokenizer,
+            [p.prompt for p in problems],
+            Decoding(max_new_tokens=16),
+            batch_size=32,
         )
         correct = [grade(g.text, p.answer).correct for g, p in zip(run.generations, problems, strict=True)]
         accuracies.append(sum(correct) / len(correct))

@@ -139,16 +139,20 @@ def test_bad_dataset_line(toy_run: ToyRun, toy_dataset: Path, tmp_path: Path) ->
 def test_unknown_metric_is_rejected_before_loading(toy_dataset: Path, tmp_path: Path) -> None:
     spec = job(tmp_path / "no-such-checkpoint", toy_dataset, tmp_path, metrics=("accuracy", "bleu"))
 
-    result = run(spec)
+    result, code = run(spec, 0)
 
+    assert code == EXIT_INPUT_ERROR
+    assert result is not None
     assert result.error is not None
     assert result.error.kind == "task_invalid"
     assert "unknown metric 'bleu'" in result.error.message
 
 
 def test_vanished_checkpoint(toy_dataset: Path, tmp_path: Path) -> None:
-    result = run(job(tmp_path / "step_9", toy_dataset, tmp_path))
+    result, code = run(job(tmp_path / "step_9", toy_dataset, tmp_path), 0)
 
+    assert code == EXIT_INPUT_ERROR
+    assert result is not None
     assert result.error is not None
     assert result.error.kind == "checkpoint_vanished"
     assert str(tmp_path / "step_9") in result.error.message

@@ -1,0 +1,144 @@
+"""A job's worker process (or worker group) seen from the daemon: started, watched, killed, read.
+
+The daemon learns what happened only from files: rank 0's result, a result file of any rank that
+reported an error (a rejected input, out of memory), and for a crash the launcher's summary of which
+rank died first and that rank's own log. Killing takes the whole tree: torchrun starts each rank in a
+session of its own, out of reach of a signal to torchrun's process group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from inference.spec import JobResult, JobSpec
+
+#: How much of a crashed worker's stderr is kept on the job.
+STDERR_TAIL_CHARS = 4000
+
+# torchrun's failure summary names the first rank that failed and how it exited.
+_ROOT_CAUSE = re.compile(
+    r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.DOTALL
+)
+
+
+def stderr_tail(path: Path, limit: int = STDERR_TAIL_CHARS) -> str:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - limit))
+            return handle.read().decode("utf-8", errors="replace").strip()
+    except FileNotFoundError:
+        return ""
+
+
+@dataclass
+class WorkerProcess:
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    @classmethod
+    def start(cls, command: Sequence[str], log_path: Path, env: Mapping[str, str]) -> WorkerProcess:
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                list(command),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+                env=dict(env),
+            )
+        return cls(process, log_path)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def poll(self) -> int | None:
+        return self.process.poll()
+
+    def wait(self) -> int:
+        return self.process.wait()
+
+    def kill(self) -> None:
+        """SIGKILL the worker and every process under it, and reap them."""
+        try:
+            descendants = psutil.Process(self.process.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            descendants = []
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        for child in descendants:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
+        self.process.wait()
+        psutil.wait_procs(descendants, timeout=10)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    #: The result of a worker that evaluated the checkpoint.
+    result: JobResult | None = None
+    #: Why it did not: a worker error kind (``checkpoint_invalid``, ``out_of_memory``, …) or ``crash``.
+    error_kind: str | None = None
+    error: str = ""
+
+
+def _read(path: Path) -> JobResult | None:
+    try:
+        return JobResult.read(path)
+    except (OSError, ValueError):
+        return None
+
+
+def rank_results(spec: JobSpec) -> list[JobResult]:
+    """The error reports of ranks other than 0, by rank."""
+    folder = spec.result_path.parent
+    paths = sorted(
+        folder.glob("result.rank*.json"), key=lambda p: int(p.stem.removeprefix("result.rank") or 0)
+    )
+    return [result for result in map(_read, paths) if result is not None]
+
+
+def failed_rank(launcher_log: str) -> tuple[int, int] | None:
+    """``(rank, exit code)`` of the first rank that failed, from torchrun's summary; None if absent."""
+    match = _ROOT_CAUSE.search(launcher_log)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+    return f"exit status {code}"
+
+
+def read_outcome(spec: JobSpec, code: int, log_path: Path) -> Outcome:
+    """What the worker (group) that exited with ``code`` did, from its files."""
+    result = _read(spec.result_path)
+    if code == 0 and result is not None and result.error is None:
+        return Outcome(result=result)
+    reports = [r for r in (result, *rank_results(spec)) if r is not None and r.error is not None]
+    # One rank out of memory may bring down its peers with other errors: memory decides the retry.
+    reports.sort(key=lambda r: r.error is None or r.error.kind != "out_of_memory")
+    if reports and reports[0].error is not None:
+        return Outcome(error_kind=reports[0].error.kind, error=reports[0].error.message)
+    if code == 0:
+        return Outcome(error_kind="crash", error="worker exited without writing a result")
+    root = failed_rank(stderr_tail(log_path, limit=20000))
+    if root is None:
+        return Outcome(error_kind="crash", error=f"worker {describe_exit(code)}: {stderr_tail(log_path)}")
+    rank, rank_code = root
+    tail = stderr_tail(log_path.with_name(f"rank-{rank}.log"))
+    return Outcome(
+        error_kind="crash", error=f"rank {rank} failed ({describe_exit(rank_code)}); its stderr ends: {tail}"
+    )

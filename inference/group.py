@@ -1,0 +1,126 @@
+"""The worker group a rank belongs to: torch.distributed set up for ``dp`` replicas of ``tp`` ranks.
+
+Started by ``torchrun`` (one node) or the ``deepspeed`` launcher (several), which set ``RANK``,
+``WORLD_SIZE``, ``LOCAL_RANK`` and the rendezvous; a worker started alone is a group of one, and every
+collective below is then a no-op. Object collectives are used throughout: what crosses ranks is small
+(prepared batches, token ids, per-sample results), and they work on gloo and NCCL alike.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from inference.errors import TaskInvalid
+from inference.spec import InferenceSpec
+from inference.topology import Topology, use_shm_all_reduce
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+
+def launched_rank() -> int | None:
+    """This process's rank when a launcher started it, else None."""
+    rank = os.environ.get("RANK")
+    return int(rank) if rank is not None and rank.isdigit() else None
+
+
+@dataclass
+class WorkerGroup:
+    topology: Topology
+    local_rank: int
+    #: This replica's tp ranks; None in a group of one.
+    tp_group: ProcessGroup | None
+    distributed: bool
+
+    @classmethod
+    def start(cls, spec: InferenceSpec) -> WorkerGroup:
+        """Join the launcher's process group (or stand alone), and make one tp group per replica."""
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world != spec.world_size:
+            raise TaskInvalid(
+                f"the launcher started {world} ranks but tp={spec.tp} × dp={spec.dp} needs {spec.world_size}"
+            )
+        topology = Topology(tp=spec.tp, dp=spec.dp, rank=launched_rank() or 0)
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if world == 1:
+            return cls(topology, local_rank, tp_group=None, distributed=False)
+
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE", str(world))))
+        import torch.distributed as dist
+
+        if spec.device.startswith("cuda"):
+            import torch
+
+            torch.cuda.set_device(local_rank)
+        if spec.engine == "deepspeed":
+            import deepspeed
+
+            # DeepSpeed's CPU shared-memory all-reduce reads buffers no peer wrote unless LOCAL_SIZE is the
+            # node's rank count (torchrun sets LOCAL_WORLD_SIZE only), and it reduces over the whole node
+            # whatever the group: off with several replicas or nodes.
+            os.environ.setdefault("LOCAL_SIZE", str(local_world))
+            if not use_shm_all_reduce(dp=spec.dp, world_size=world, local_world_size=local_world):
+                deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+            deepspeed.init_distributed(dist_backend=backend(spec.device))
+        else:
+            dist.init_process_group(backend=backend(spec.device))
+        # Every rank creates every group, in the same order: new_group is collective.
+        groups = [dist.new_group(topology.replica_ranks(r)) for r in range(topology.dp)]
+        return cls(topology, local_rank, tp_group=groups[topology.replica], distributed=True)
+
+    @property
+    def device(self) -> str | None:
+        """The device this rank computes on, for a spec device of ``cuda``: its local GPU."""
+        return f"cuda:{self.local_rank}" if self.distributed else None
+
+    def share_from_head(self, value: Any) -> Any:
+        """The tp head's ``value`` on every rank of its replica."""
+        if self.topology.tp == 1:
+            return value
+        return self.share_from(self.topology.head_of(self.topology.replica), value)
+
+    def share_from(self, rank: int, value: Any) -> Any:
+        """``value`` of global ``rank`` (in this replica) on every rank of the replica."""
+        import torch.distributed as dist
+
+        box = [value]
+        dist.broadcast_object_list(box, src=rank, group=self.tp_group)
+        return box[0]
+
+    def gather_tp(self, value: Any) -> list[Any]:
+        """Every tp rank's ``value``, by tp rank."""
+        if self.topology.tp == 1:
+            return [value]
+        import torch.distributed as dist
+
+        values: list[Any] = [None] * self.topology.tp
+        dist.all_gather_object(values, value, group=self.tp_group)
+        return values
+
+    def gather_to_root(self, value: Any) -> list[Any] | None:
+        """Every rank's ``value`` on rank 0 (by rank); None elsewhere."""
+        if not self.distributed:
+            return [value]
+        import torch.distributed as dist
+
+        values: list[Any] | None = [None] * self.topology.world_size if self.topology.rank == 0 else None
+        dist.gather_object(value, values, dst=0)
+        return values
+
+    def close(self) -> None:
+        if self.distributed:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+
+
+def backend(device: str) -> str:
+    return "nccl" if device.startswith("cuda") else "gloo"
+
+
+def head_results(parts: Sequence[Any], topology: Topology) -> list[Any]:
+    """The values the replica heads sent (the other tp ranks send nothing)."""
+    return [parts[topology.head_of(r)] for r in range(topology.dp)]
