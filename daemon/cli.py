@@ -108,6 +108,20 @@ def cmd_results(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_history(args: argparse.Namespace) -> int:
+    config = _load(args)
+    database = _open_current(config)
+    try:
+        with database.session() as session:
+            attempts = queries.job_history(session, args.job)
+    finally:
+        database.dispose()
+    if not attempts:
+        raise EvaldError(f"job {args.job}: no worker has run it (see `evald status` for job ids)")
+    print(report.history(attempts, args.format))
+    return 0
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     config = _load(args)
     database = _open_current(config)
@@ -207,7 +221,11 @@ def override_layout(
     try:
         merged = InferenceConfig.model_validate({**inference.model_dump(), **changes})
     except ValidationError as exc:
-        problems = [f"{'.'.join(map(str, e['loc'])) or 'layout'}: {e['msg']}" for e in exc.errors()]
+        problems = [
+            f"{'--' + '.'.join(map(str, e['loc'])) if e['loc'] else '--engine/--tp/--dp'}: "
+            + str(e["msg"]).removeprefix("Value error, ")
+            for e in exc.errors()
+        ]
         raise ConfigError("command line", problems) from exc
     return merged.spec()
 
@@ -278,6 +296,11 @@ def build_parser() -> argparse.ArgumentParser:
     results.add_argument("--metric")
     results.add_argument("--format", choices=("table", "json", "csv"), default="table")
     results.set_defaults(func=cmd_results)
+
+    history = commands.add_parser("history", help="every worker run of one job: retries, OOM, errors")
+    history.add_argument("job", type=int, help="job id (as `evald status` shows it)")
+    history.add_argument("--format", choices=("table", "json"), default="table")
+    history.set_defaults(func=cmd_history)
 
     status = commands.add_parser("status", help="checkpoints and jobs by state, per run")
     status.add_argument("--format", choices=("table", "json"), default="table")

@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from daemon.resources import Check
-from storage.queries import CheckpointRow, JobRow, ResultRow
+from storage.queries import AttemptRow, CheckpointRow, JobRow, ResultRow
 from storage.scheduling import PlanRow
 
 Format = Literal["table", "json", "csv"]
@@ -126,9 +126,17 @@ def status(
                     "task": j.task,
                     "state": j.state,
                     "reason": j.error,
+                    "job": j.id,
+                    "kind": j.error_kind,
+                    "attempts": j.attempts,
                 }
                 for j in run_jobs
                 if j.state == "failed"
+            ],
+            "tp_disagreements": [
+                {"job": j.id, "step": j.step, "task": j.task, "batches": j.tp_disagreements}
+                for j in run_jobs
+                if j.tp_disagreements
             ],
         }
     return out
@@ -222,5 +230,47 @@ def status_text(summary: Mapping[str, Any]) -> str:
             )
         for problem in info["problems"]:
             what = problem["checkpoint"] + (f" [{problem['task']}]" if "task" in problem else "")
-            lines.append(f"  {problem['state']}: {what}: {problem['reason']}")
+            job = f" (job {problem['job']}, {problem['attempts']} attempt(s))" if "job" in problem else ""
+            lines.append(f"  {problem['state']}: {what}{job}: {problem['reason']}")
+        for found in info.get("tp_disagreements", []):
+            lines.append(
+                f"  tp ranks disagreed: step {_cell(found['step'])} [{found['task']}] (job {found['job']}): "
+                f"{found['batches']} batch(es), settled by majority"
+            )
     return "\n".join(lines)
+
+
+def history(attempts: Sequence[AttemptRow], output: str) -> str:
+    """Every worker run of one job, oldest first."""
+    rows: list[dict[str, Any]] = [
+        {
+            "attempt": a.attempt,
+            "outcome": a.outcome,
+            "engine": a.engine,
+            "tp": a.tp,
+            "dp": a.dp,
+            "batch_size": a.batch_size,
+            "started_at": a.started_at.isoformat(),
+            "duration_s": round(a.duration_s, 3),
+            "error_kind": a.error_kind,
+            "error": a.error,
+        }
+        for a in attempts
+    ]
+    if output == "json":
+        return json.dumps(rows, indent=1)
+    columns = ("attempt", "outcome", "engine", "tp", "dp", "batch_size", "duration_s", "error_kind", "error")
+    cut = [
+        {**r, "error": None if r["error"] is None else _one_line(r["error"], HISTORY_ERROR_CHARS)}
+        for r in rows
+    ]
+    return table(columns, [tuple(r[c] for c in columns) for r in cut])
+
+
+#: How much of an attempt's error the table shows (``--format json`` shows all of it).
+HISTORY_ERROR_CHARS = 100
+
+
+def _one_line(text: str, limit: int) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"

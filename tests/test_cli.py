@@ -152,6 +152,28 @@ def test_eval_command_and_a_bad_dataset_line(
     assert error.startswith("evald: error: ") and f"{data}:2" in error and "answer" in error
 
 
+def test_eval_tries_a_layout_of_ranks_given_on_the_command_line(
+    toy_run: ToyRun, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    checkpoint = str(toy_run.last_checkpoint)
+    data = write_dataset(tmp_path / "good.jsonl", 6)
+    path = str(write_config(tmp_path, f"sqlite:///{tmp_path / 'e.db'}", dataset=data))
+    metrics = []
+    for layout in ([], ["--engine", "deepspeed", "--tp", "2", "--dp", "1"], ["--engine", "hf", "--dp", "2"]):
+        assert main(["--config", path, "eval", checkpoint, "--format", "json", *layout]) == 0
+        task = json.loads(capsys.readouterr().out)["tasks"][0]
+        metrics.append(
+            (task["metrics"]["accuracy"], task["metrics"]["response_length"], task["n"]["accuracy"])
+        )
+    assert metrics[0] == metrics[1] == metrics[2] and metrics[0][2] == 6
+
+    assert main(["--config", path, "eval", checkpoint, "--engine", "hf", "--tp", "2"]) == 2
+    [error] = _errors(capsys)
+    assert error.startswith(
+        "evald: command line: --engine/--tp/--dp: engine 'hf' cannot shard a model (tp = 2)"
+    )
+
+
 def test_a_bad_dataset_line_stops_the_daemon_before_it_starts(tmp_path: Path, dataset: Path) -> None:
     lines = dataset.read_text().splitlines()
     dataset.write_text("\n".join([*lines[:2], "{not json", *lines[2:]]) + "\n")

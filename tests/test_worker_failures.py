@@ -7,6 +7,7 @@ failed with its history; and in every case no worker process is left (the proces
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -15,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from daemon import report
 from daemon.config import Config, DaemonConfig, InferenceConfig, RunConfig, TaskConfig
 from daemon.runner import JobRunner
 from inference.faults import OOM_ABOVE_ENV
@@ -186,6 +188,17 @@ def test_a_timeout_kills_the_group_and_the_job_fails_after_max_attempts(
     job = _job(database)
     assert (job.state, job.attempts, job.error_kind) == ("failed", 2, "timeout")
     assert not worker_processes(tmp_path / "state")
+    # What a user reads: the failure in `evald status`, each try in `evald history`.
+    with database.session() as s:
+        summary = report.status(queries.checkpoint_rows(s), queries.job_rows(s), ["r"])
+        attempts = json.loads(report.history(queries.job_history(s, job.id), "json"))
+    (problem,) = summary["r"]["problems"]
+    assert (problem["job"], problem["kind"], problem["attempts"]) == (job.id, "timeout", 2)
+    assert f"(job {job.id}, 2 attempt(s)): worker killed after 6 s" in report.status_text(summary)
+    assert [(a["attempt"], a["outcome"], a["tp"], a["error"]) for a in attempts] == [
+        (1, "retried", 2, "worker killed after 6 s"),
+        (2, "failed", 2, "worker killed after 6 s"),
+    ]
 
 
 def test_a_daemon_killed_by_sigkill_takes_its_worker_group_with_it(
