@@ -82,8 +82,7 @@ def outputs(result: JobResult) -> list[tuple[str, str, int, bool]]:
 @pytest.fixture(scope="module")
 def single(toy_run: ToyRun, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, JobResult]:
     """The reference: tp=1, dp=1, one plain process, on 20 held-out problems."""
-    from inference.toy.problems import held_out_problems
-    from inference.toy.problems import write_jsonl
+    from inference.toy.problems import held_out_problems, write_jsonl
 
     folder = tmp_path_factory.mktemp("single")
     dataset = folder / "heldout.jsonl"
