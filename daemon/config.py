@@ -287,6 +287,20 @@ class ResourcesConfig(_Section):
         )
 
 
+def hostfile_slots(path: Path) -> int:
+    """The rank count of a DeepSpeed hostfile (``host slots=N`` per line, ``#`` comments)."""
+    total = 0
+    for number, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        if len(parts) != 2 or not parts[1].startswith("slots=") or not parts[1][6:].isdigit():
+            raise ValueError(f"{path}:{number}: expected 'HOST slots=N', got {raw.strip()!r}")
+        total += int(parts[1][6:])
+    return total
+
+
 class InferenceConfig(_Section):
     #: ``deepspeed`` (AutoTP, any tp) or ``hf`` (plain transformers, tp = 1).
     engine: Engine = "deepspeed"
@@ -321,6 +335,13 @@ class InferenceConfig(_Section):
     def _layout(self) -> InferenceConfig:
         if self.engine == "hf" and self.tp > 1:
             raise ValueError(f"engine 'hf' cannot shard a model (tp = {self.tp}): use engine = \"deepspeed\"")
+        if self.hostfile is not None and self.tp * self.dp > 1:
+            slots = hostfile_slots(self.hostfile)
+            if slots != self.tp * self.dp:
+                raise ValueError(
+                    f"hostfile {self.hostfile} has {slots} slots but tp × dp = {self.tp * self.dp}: "
+                    "DeepSpeed's launcher starts one rank per slot"
+                )
         return self
 
     def spec(self) -> InferenceSpec:

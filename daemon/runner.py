@@ -65,9 +65,26 @@ def build_spec(config: Config, job: queries.ClaimedJob, job_dir: Path) -> JobSpe
     )
 
 
+#: Set by a launcher for its ranks; inherited by the daemon (started from a training job's shell, say),
+#: they would make a worker think it is one rank of a group that does not exist.
+LAUNCHER_VARIABLES = frozenset(
+    {
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "LOCAL_SIZE",
+        "GROUP_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    }
+)
+
+
 def worker_environment(config: Config) -> dict[str, str]:
     """The daemon's environment, plus the tie to this process and the GPUs evaluations may use."""
-    env = {**os.environ, PARENT_PID_ENV: str(os.getpid())}
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
+    env[PARENT_PID_ENV] = str(os.getpid())
     gpus = config.scheduling.resources.gpus
     if gpus is not None and config.inference.device.startswith("cuda"):
         # The configured indices are NVML's, which follow the PCI bus order.
@@ -86,7 +103,9 @@ class RunningJob:
     job: queries.ClaimedJob
     spec: JobSpec
     worker: WorkerProcess
+    #: When the job's first worker of this claim started: the timeout covers its out-of-memory reruns too.
     started: float = field(default_factory=time.monotonic)
+    #: When this worker started (its history row).
     started_at: datetime = field(default_factory=utcnow)
     last_heartbeat: float = field(default_factory=time.monotonic)
 
@@ -114,6 +133,7 @@ class JobRunner:
         self._python = str(config.inference.python or sys.executable)
         self.running: dict[int, RunningJob] = {}
         self._deferred_reason: str | None = None
+        self._stopping = False
 
     def has_capacity(self) -> bool:
         return len(self.running) < self._config.scheduling.max_concurrent
@@ -194,9 +214,14 @@ class JobRunner:
         self._launch(job, spec)
         return True
 
-    def _launch(self, job: queries.ClaimedJob, spec: JobSpec) -> None:
+    def _launch(self, job: queries.ClaimedJob, spec: JobSpec, since: float | None = None) -> None:
         job_dir = spec.result_path.parent
         try:
+            job_dir.mkdir(parents=True, exist_ok=True)
+            # A job given back at shutdown reuses its folder: nothing an earlier worker left may be read
+            # as this one's.
+            for stale in (*job_dir.glob("result*.json"), *job_dir.glob("rank-*.log")):
+                stale.unlink(missing_ok=True)
             spec_path = job_dir / "spec.json"
             spec_path.write_text(spec.model_dump_json(indent=1), encoding="utf-8")
             command = worker_command(
@@ -206,7 +231,7 @@ class JobRunner:
         except OSError as exc:
             self._fail(job, "setup", f"could not start worker: {exc}", None)
             return
-        self.running[job.id] = RunningJob(job, spec, worker)
+        self.running[job.id] = RunningJob(job, spec, worker, started=since or time.monotonic())
         log.info(
             "job.started",
             job_id=job.id,
@@ -256,10 +281,15 @@ class JobRunner:
             self._store(job, outcome.result, duration)
             return
         kind = outcome.error_kind or "crash"
+        if kind == "out_of_memory" and batch > 1 and self._stopping:
+            # Shutting down: the rerun would only be killed; the next claim starts it again.
+            self._record(running, "requeued", outcome)
+            with self._db.session() as session:
+                queries.requeue_job(session, job_id=job.id, owner=self._owner)
+            return
         if kind == "out_of_memory" and batch > 1:
             self._record(running, "out_of_memory", outcome)
             job_dir = spec.result_path.parent.with_name(f"{job.id}-{job.attempts}-batch{batch // 2}")
-            job_dir.mkdir(parents=True, exist_ok=True)
             log.warning(
                 "job.out_of_memory",
                 job_id=job.id,
@@ -268,7 +298,7 @@ class JobRunner:
                 batch_size=batch,
                 retry_batch_size=batch // 2,
             )
-            self._launch(job, halved(spec, job_dir))
+            self._launch(job, halved(spec, job_dir), since=running.started)
             return
         retry = kind in RETRYABLE and job.attempts < self._config.inference.max_attempts
         self._record(running, "retried" if retry else "failed", outcome)
@@ -375,6 +405,7 @@ class JobRunner:
 
     def shutdown(self, grace_secs: float) -> None:
         """Let running jobs finish within ``grace_secs``, then kill and requeue the rest."""
+        self._stopping = True
         deadline = time.monotonic() + grace_secs
         while self.running and time.monotonic() < deadline:
             self.poll()

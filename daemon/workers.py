@@ -18,8 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+import structlog
 
 from inference.spec import JobResult, JobSpec
+
+log = structlog.get_logger("evald.workers")
 
 #: How much of a crashed worker's stderr is kept on the job.
 STDERR_TAIL_CHARS = 4000
@@ -96,7 +99,10 @@ class Outcome:
 def _read(path: Path) -> JobResult | None:
     try:
         return JobResult.read(path)
-    except (OSError, ValueError):
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("job.result_unreadable", path=str(path), error=str(exc))
         return None
 
 

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 #: A batch of more sequences than this raises torch's own ``OutOfMemoryError``.
 OOM_ABOVE_ENV = "EVALD_SIMULATE_OOM_ABOVE_BATCH"
-#: This tp rank (within its replica) changes its first batch's tokens before the consistency vote.
+#: This tp rank (within its replica) sees every row of its first batch end at the first step, and
+#: changes that batch's tokens before the consistency vote.
 DIVERGE_ENV = "EVALD_SIMULATE_DIVERGENT_TP_RANK"
 
 

@@ -24,9 +24,13 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+    from inference.stopping import RowVote
+
 #: Given a batch's number and every row's generated token ids, return the rows to keep (the tp ranks'
 #: consistency vote hooks in here).
 Agreement = Callable[[int, list[list[int]]], list[list[int]]]
+#: Given a batch's number and each row's "has ended" flag on this rank, the replica's verdict per row.
+EndAgreement = Callable[[int, "torch.Tensor"], "torch.Tensor"]
 
 
 @dataclass(frozen=True)
@@ -120,9 +124,14 @@ def generate_tokens(
     decoding: Decoding,
     *,
     seed_key: Sequence[int],
+    vote: RowVote | None = None,
 ) -> list[list[int]]:
-    """The generated token ids of one batch (prompt excluded), ``n_samples`` rows per prompt."""
+    """The generated token ids of one batch (prompt excluded, each row cut where it ended),
+    ``n_samples`` rows per prompt; ``vote`` settles where rows end across tp ranks."""
     import torch
+    from transformers.generation.stopping_criteria import StoppingCriteriaList
+
+    from inference.stopping import RowEnds, cut
 
     rows = len(batch.indices) * decoding.n_samples
     if decoding.simulate_oom_above is not None and rows > decoding.simulate_oom_above:
@@ -136,9 +145,15 @@ def generate_tokens(
         if decoding.temperature > 0
         else {"do_sample": False}
     )
-    if decoding.stop:
-        sampling.update(stop_strings=list(decoding.stop), tokenizer=tokenizer)
     device = next(iter(model.parameters())).device
+    prompt_length = batch.input_ids.shape[1]
+    ends = RowEnds(
+        prompt_length=prompt_length,
+        end_ids=[*stop_token_ids(model, tokenizer), tokenizer.pad_token_id],
+        tokenizer=tokenizer,
+        stop=decoding.stop,
+        vote=vote,
+    )
     # Causal LMs mix in GenerationMixin, which PreTrainedModel's annotations do not show; without
     # return_dict_in_generate the result is the token tensor.
     generator: Any = model
@@ -148,12 +163,13 @@ def generate_tokens(
         use_cache=True,
         max_new_tokens=decoding.max_new_tokens,
         num_return_sequences=decoding.n_samples,
-        eos_token_id=stop_token_ids(model, tokenizer),
+        # Rows end by RowEnds alone (EOS included), so that every tp rank ends them alike.
+        eos_token_id=None,
+        stopping_criteria=StoppingCriteriaList([ends]),
         pad_token_id=tokenizer.pad_token_id,
         **sampling,
     )
-    rows_out: list[list[int]] = output[:, batch.input_ids.shape[1] :].tolist()
-    return rows_out
+    return cut(output[:, prompt_length:].tolist(), ends.ended_at)
 
 
 def finish(
@@ -190,11 +206,13 @@ def run_batches(
     *,
     item_keys: Sequence[int] | None = None,
     agree: Agreement | None = None,
+    agree_ends: EndAgreement | None = None,
 ) -> tuple[dict[int, list[Generation]], list[float]]:
     """Generate every batch; returns each prompt's generations by prompt index, and the batch latencies.
 
-    ``item_keys`` maps a prompt index to the item's position in the whole eval set, which seeds its
-    batch: a replica that holds only part of the set then draws what the whole set would at that batch.
+    ``item_keys`` maps a prompt index to the item's position in the whole eval set, and the batch's
+    seed comes from those positions: the same job draws the same tokens in every run. (Another batch
+    size or dp, which groups the items otherwise, draws others.)
     """
     import torch
 
@@ -205,7 +223,8 @@ def run_batches(
         for number, batch in enumerate(batches):
             key = [item_keys[i] for i in batch.indices] if item_keys is not None else list(batch.indices)
             started = time.perf_counter()
-            rows = generate_tokens(model, tokenizer, batch, decoding, seed_key=key)
+            vote = _for_batch(agree_ends, number)
+            rows = generate_tokens(model, tokenizer, batch, decoding, seed_key=key, vote=vote)
             if agree is not None:
                 rows = agree(number, rows)
             latencies.append(time.perf_counter() - started)
@@ -214,6 +233,12 @@ def run_batches(
                 start = position * decoding.n_samples
                 results[index] = generations[start : start + decoding.n_samples]
     return results, latencies
+
+
+def _for_batch(agree_ends: EndAgreement | None, number: int) -> RowVote | None:
+    if agree_ends is None:
+        return None
+    return lambda flags: agree_ends(number, flags)
 
 
 def generate(

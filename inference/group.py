@@ -18,6 +18,7 @@ from inference.spec import InferenceSpec
 from inference.topology import Topology, use_shm_all_reduce
 
 if TYPE_CHECKING:
+    import torch
     from torch.distributed import ProcessGroup
 
 
@@ -99,6 +100,20 @@ class WorkerGroup:
         values: list[Any] = [None] * self.topology.tp
         dist.all_gather_object(values, value, group=self.tp_group)
         return values
+
+    def vote_rows(self, flags: torch.Tensor) -> torch.Tensor:
+        """Per row, what the majority of this replica's tp ranks flagged (the tp head's flag on a tie)."""
+        if self.topology.tp == 1:
+            return flags
+        import torch
+        import torch.distributed as dist
+
+        mine = flags.to(torch.uint8)
+        every = [torch.empty_like(mine) for _ in range(self.topology.tp)]
+        dist.all_gather(every, mine, group=self.tp_group)
+        stacked = torch.stack(every).to(torch.int32)
+        votes = stacked.sum(dim=0) * 2
+        return torch.where(votes == self.topology.tp, stacked[0] > 0, votes > self.topology.tp)
 
     def gather_to_root(self, value: Any) -> list[Any] | None:
         """Every rank's ``value`` on rank 0 (by rank); None elsewhere."""

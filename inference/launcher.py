@@ -19,11 +19,12 @@ from inference.spec import PARENT_PID_ENV, InferenceSpec
 def worker_command(spec: InferenceSpec, spec_path: Path, *, python: str, hostfile: Path | None) -> list[str]:
     """The command the daemon runs for a job: one worker process, or a launcher of ``tp × dp`` ranks."""
     worker = ["--module", "inference.worker", str(spec_path)]
-    if hostfile is not None:
-        group = [python, "-m", "deepspeed.launcher.runner", "--hostfile", str(hostfile), *worker]
-        return [python, "-m", "inference.launcher", "--untied", "--", *group]
     if spec.world_size == 1:
         return [python, "-m", "inference.worker", str(spec_path)]
+    if hostfile is not None:
+        # One rank per slot of the hostfile, whose slots the config checked add up to tp × dp.
+        group = [python, "-m", "deepspeed.launcher.runner", "--hostfile", str(hostfile), *worker]
+        return [python, "-m", "inference.launcher", "--untied", "--", *group]
     group = [
         python,
         "-m",

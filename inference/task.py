@@ -28,6 +28,7 @@ from inference.spec import Consistency, Disagreement, JobResult, JobSpec, Sample
 from inference.topology import deal_by_length, restore_order
 
 if TYPE_CHECKING:
+    import torch
     from transformers import PreTrainedTokenizerBase
 
 log = structlog.get_logger("inference.task")
@@ -164,6 +165,7 @@ def run_task(spec: JobSpec, group: WorkerGroup, faults: Faults | None = None) ->
         decoding,
         item_keys=share.items,
         agree=vote if topology.tp > 1 else None,
+        agree_ends=vote.ends if topology.tp > 1 else None,
     )
     mine = [(share.items[local], generations) for local, generations in generated.items()]
     parts = group.gather_to_root(
@@ -247,14 +249,21 @@ def _replica_share(
 
 
 class TpVote:
-    """The consistency check run after every batch: the tp ranks compare digests of their token ids,
-    and the majority's tokens are kept (the tp head's on a tie)."""
+    """The tp ranks' two votes: at every decoding step on which rows have ended (so that all ranks
+    leave ``generate`` together), and after every batch on a digest of their token ids (the
+    majority's tokens are kept, the tp head's on a tie)."""
 
     def __init__(self, group: WorkerGroup, faults: Faults) -> None:
         self._group = group
         self._faults = faults
         self.checked = 0
         self.disagreements: list[Disagreement] = []
+
+    def ends(self, number: int, flags: torch.Tensor) -> torch.Tensor:
+        if self._faults.divergent_tp_rank == self._group.topology.tp_rank and number == 0:
+            # This rank sees every row ended at once: alone, it would leave the loop and hang its peers.
+            flags = flags | True
+        return self._group.vote_rows(flags)
 
     def __call__(self, number: int, rows: list[list[int]]) -> list[list[int]]:
         topology = self._group.topology

@@ -58,6 +58,8 @@ def test_one_rank_runs_the_worker_and_a_group_runs_torchrun_through_the_launcher
     assert "--nproc-per-node=6" in group and "--standalone" in group
     assert group[-3:] == ["--module", "inference.worker", str(spec_path)]
     assert nodes[:4] == ["py", "-m", "inference.launcher", "--untied"]
+    # One rank needs no launcher, hostfile or not.
+    assert worker_command(InferenceSpec(), spec_path, python="py", hostfile=tmp_path / "hosts") == alone
     assert ["deepspeed.launcher.runner", "--hostfile", str(tmp_path / "hosts")] == nodes[7:10]
 
 
@@ -114,6 +116,19 @@ def test_config_refuses_layouts_that_cannot_work(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="n_samples = 4 draws identical greedy answers"):
         TaskConfig(name="t", dataset=dataset, n_samples=4)
     assert TaskConfig(name="t", dataset=dataset, n_samples=4, temperature=0.7).spec().n_samples == 4
+
+
+def test_a_hostfile_must_have_one_slot_per_rank(tmp_path: Path) -> None:
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("# two nodes\nnode-a slots=8\nnode-b slots=8  # the second\n")
+    assert InferenceConfig(hostfile=hostfile, tp=8, dp=2).hostfile == hostfile
+    with pytest.raises(
+        ValueError, match=r"has 16 slots but tp × dp = 8: DeepSpeed's launcher starts one rank"
+    ):
+        InferenceConfig(hostfile=hostfile, tp=8, dp=1)
+    hostfile.write_text("node-a 8\n")
+    with pytest.raises(ValueError, match=r"hostfile:1: expected 'HOST slots=N', got 'node-a 8'"):
+        InferenceConfig(hostfile=hostfile, tp=8, dp=1)
 
 
 def test_the_command_line_overrides_engine_tp_and_dp_for_one_evaluation() -> None:

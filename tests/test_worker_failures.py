@@ -8,7 +8,6 @@ failed with its history; and in every case no worker process is left (the proces
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
 from pathlib import Path
@@ -132,6 +131,21 @@ def test_out_of_memory_at_batch_size_one_fails_the_job(
     assert not worker_processes(tmp_path / "state")
 
 
+def test_out_of_memory_while_shutting_down_requeues_instead_of_rerunning(
+    database: Database, toy_run: ToyRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(OOM_ABOVE_ENV, "2")
+    runner = _runner(tmp_path, database, toy_run.last_checkpoint, batch_size=4, engine="hf")
+    assert runner.claim_and_start()
+
+    runner.shutdown(grace_secs=120)  # the worker runs out of memory within the grace period
+
+    assert _history(database) == [("requeued", "out_of_memory", 4)]
+    job = _job(database)
+    assert (job.state, job.attempts) == ("pending", 0)  # the next claim starts at the full batch
+    assert not runner.running and not worker_processes(tmp_path / "state")
+
+
 def _rank_process(state: Path, rank: int) -> psutil.Process | None:
     for process in worker_processes(state):
         try:
@@ -227,4 +241,3 @@ def test_a_daemon_killed_by_sigkill_takes_its_worker_group_with_it(
     wait_for(lambda: not worker_processes(state), 30, "every process of the group to die")
     assert [j.state for j in jobs(database)] == ["running"]  # redone by the next daemon
     database.dispose()
-    assert os.environ.get(OOM_ABOVE_ENV) is None

@@ -8,6 +8,7 @@ in every run. The failure paths (a killed rank, a timeout, out of memory) are in
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 
 from daemon.workers import Outcome, WorkerProcess, read_outcome
 from inference.launcher import worker_command
-from inference.spec import InferenceSpec, JobResult, JobSpec, TaskSpec
+from inference.spec import PARENT_PID_ENV, InferenceSpec, JobResult, JobSpec, TaskSpec
 from inference.toy.problems import PROMPT_TEMPLATE
 from tests.conftest import SUBPROCESS_ENV, ToyRun
 
@@ -31,8 +32,9 @@ def group_spec(
     tp: int,
     dp: int,
     engine: str = "deepspeed",
-    **task: object,
+    task: dict[str, object] | None = None,
 ) -> JobSpec:
+    """A job on the toy task: batches of 4, 12 new tokens, ``task`` fields on top."""
     folder.mkdir(parents=True, exist_ok=True)
     return JobSpec(
         job_id=7,
@@ -59,8 +61,10 @@ def run_group(spec: JobSpec, env: dict[str, str] | None = None) -> Outcome:
     spec_path = spec.result_path.parent / "spec.json"
     spec_path.write_text(spec.model_dump_json(), encoding="utf-8")
     command = worker_command(spec.inference, spec_path, python=sys.executable, hostfile=None)
+    # Tied to this test process as to a daemon: a test killed mid-run leaves no group behind.
+    tie = {PARENT_PID_ENV: str(os.getpid())}
     worker = WorkerProcess.start(
-        command, spec.result_path.parent / "worker.log", {**SUBPROCESS_ENV, **(env or {})}
+        command, spec.result_path.parent / "worker.log", {**SUBPROCESS_ENV, **tie, **(env or {})}
     )
     try:
         code = worker.process.wait(timeout=TIMEOUT_S)
