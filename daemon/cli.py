@@ -318,10 +318,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logs.configure(sys.stderr)
@@ -333,11 +329,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"evald: {exc.source}: {problem}", file=sys.stderr)
         return EXIT_USAGE
     except (EvaldError, StorageError, InferenceError) as exc:
-        print(f"evald: error: {_one_line(str(exc))}", file=sys.stderr)
+        print(f"evald: error: {report.one_line(str(exc))}", file=sys.stderr)
         return EXIT_FAILURE
     except DBAPIError as exc:
         # A database that goes away mid-command: say so in one line instead of a driver traceback.
-        reason = _one_line(str(exc.orig) if exc.orig else str(exc))
+        reason = report.one_line(str(exc.orig) if exc.orig else str(exc))
         print(f"evald: error: {DatabaseUnreachable.__name__}: {reason}", file=sys.stderr)
         return EXIT_FAILURE
     except KeyboardInterrupt:

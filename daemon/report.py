@@ -261,7 +261,7 @@ def history(attempts: Sequence[AttemptRow], output: str) -> str:
         return json.dumps(rows, indent=1)
     columns = ("attempt", "outcome", "engine", "tp", "dp", "batch_size", "duration_s", "error_kind", "error")
     cut = [
-        {**r, "error": None if r["error"] is None else _one_line(r["error"], HISTORY_ERROR_CHARS)}
+        {**r, "error": None if r["error"] is None else one_line(r["error"], HISTORY_ERROR_CHARS)}
         for r in rows
     ]
     return table(columns, [tuple(r[c] for c in columns) for r in cut])
@@ -271,6 +271,7 @@ def history(attempts: Sequence[AttemptRow], output: str) -> str:
 HISTORY_ERROR_CHARS = 100
 
 
-def _one_line(text: str, limit: int) -> str:
+def one_line(text: str, limit: int | None = None) -> str:
+    """``text`` with its whitespace runs made single spaces, cut to ``limit`` characters if given."""
     flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+    return flat if limit is None or len(flat) <= limit else flat[: limit - 1] + "…"
