@@ -197,7 +197,11 @@ def evaluate_now(
             spec_path.write_text(spec.model_dump_json(), encoding="utf-8")
             python = str(config.inference.python or sys.executable)
             command = worker_command(
-                spec.inference, spec_path, python=python, hostfile=config.inference.hostfile
+                spec.inference,
+                spec_path,
+                python=python,
+                hostfile=config.inference.hostfile,
+                launcher_args=config.inference.launcher_args,
             )
             worker = WorkerProcess.start(command, folder / "worker.log", worker_environment(config))
             try:

@@ -312,6 +312,9 @@ class InferenceConfig(_Section):
     dp: int = Field(default=1, ge=1)
     #: DeepSpeed hostfile for a worker group across several nodes; unset, the group runs on this node.
     hostfile: Path | None = None
+    #: Extra arguments for the launcher of a worker group (torchrun, or DeepSpeed's with a hostfile),
+    #: e.g. ``["--master_addr", "10.0.0.1"]``.
+    launcher_args: tuple[str, ...] = ()
     #: Interpreter that runs workers; defaults to the daemon's own.
     python: Path | None = None
     #: A worker still running after this long is killed and its job failed.

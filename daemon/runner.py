@@ -85,6 +85,9 @@ def worker_environment(config: Config) -> dict[str, str]:
     """The daemon's environment, plus the tie to this process and the GPUs evaluations may use."""
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
     env[PARENT_PID_ENV] = str(os.getpid())
+    if not config.inference.device.startswith("cuda"):
+        # DeepSpeed's launcher picks its accelerator at import, as the workers do (they set this too).
+        env.setdefault("DS_ACCELERATOR", "cpu")
     gpus = config.scheduling.resources.gpus
     if gpus is not None and config.inference.device.startswith("cuda"):
         # The configured indices are NVML's, which follow the PCI bus order.
@@ -225,7 +228,11 @@ class JobRunner:
             spec_path = job_dir / "spec.json"
             spec_path.write_text(spec.model_dump_json(indent=1), encoding="utf-8")
             command = worker_command(
-                spec.inference, spec_path, python=self._python, hostfile=self._config.inference.hostfile
+                spec.inference,
+                spec_path,
+                python=self._python,
+                hostfile=self._config.inference.hostfile,
+                launcher_args=self._config.inference.launcher_args,
             )
             worker = WorkerProcess.start(command, job_dir / "worker.log", worker_environment(self._config))
         except OSError as exc:

@@ -26,6 +26,8 @@ log = structlog.get_logger("evald.workers")
 
 #: How much of a crashed worker's stderr is kept on the job.
 STDERR_TAIL_CHARS = 4000
+#: How long a worker group's launcher has, after SIGTERM, to stop its ranks before all are SIGKILLed.
+STOP_GRACE_SECS = 5.0
 
 # torchrun's failure summary names the first rank that failed and how it exited.
 _ROOT_CAUSE = re.compile(
@@ -72,12 +74,21 @@ class WorkerProcess:
     def wait(self) -> int:
         return self.process.wait()
 
-    def kill(self) -> None:
-        """SIGKILL the worker and every process under it, and reap them."""
+    def kill(self, grace_secs: float = STOP_GRACE_SECS) -> None:
+        """Stop the worker and every process under it, and reap them.
+
+        SIGTERM first, so that a launcher can pass it on to ranks on other nodes, then SIGKILL for every
+        process still here after ``grace_secs``.
+        """
         try:
             descendants = psutil.Process(self.process.pid).children(recursive=True)
         except psutil.NoSuchProcess:
             descendants = []
+        if self.process.poll() is None and descendants:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=grace_secs)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
         for child in descendants:

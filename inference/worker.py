@@ -30,7 +30,7 @@ import structlog
 
 from inference.errors import InferenceError
 from inference.group import launched_rank
-from inference.lifeline import die_with_parent
+from inference.lifeline import die_with_parent, watch_daemon
 from inference.spec import EXIT_INPUT_ERROR, EXIT_OUT_OF_MEMORY, JobResult, JobSpec, WorkerError
 
 log = structlog.get_logger("inference.worker")
@@ -114,6 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     die_with_parent()
+    watch_daemon()
     spec = JobSpec.model_validate_json(args.spec.read_text(encoding="utf-8"))
     rank = launched_rank()
     if rank is not None:

@@ -51,7 +51,13 @@ def test_one_rank_runs_the_worker_and_a_group_runs_torchrun_through_the_launcher
     spec_path = tmp_path / "spec.json"
     alone = worker_command(InferenceSpec(), spec_path, python="py", hostfile=None)
     group = worker_command(InferenceSpec(tp=2, dp=3), spec_path, python="py", hostfile=None)
-    nodes = worker_command(InferenceSpec(tp=8, dp=2), spec_path, python="py", hostfile=tmp_path / "hosts")
+    nodes = worker_command(
+        InferenceSpec(tp=8, dp=2),
+        spec_path,
+        python="py",
+        hostfile=tmp_path / "hosts",
+        launcher_args=["--x", "1"],
+    )
 
     assert alone == ["py", "-m", "inference.worker", str(spec_path)]
     assert group[:5] == ["py", "-m", "inference.launcher", "--", "py"]
@@ -60,7 +66,13 @@ def test_one_rank_runs_the_worker_and_a_group_runs_torchrun_through_the_launcher
     assert nodes[:4] == ["py", "-m", "inference.launcher", "--untied"]
     # One rank needs no launcher, hostfile or not.
     assert worker_command(InferenceSpec(), spec_path, python="py", hostfile=tmp_path / "hosts") == alone
-    assert ["deepspeed.launcher.runner", "--hostfile", str(tmp_path / "hosts")] == nodes[7:10]
+    assert nodes[7:11] == [
+        "deepspeed.launcher.runner",
+        "--hostfile",
+        str(tmp_path / "hosts"),
+        "--no_local_rank",
+    ]
+    assert nodes[11:] == ["--x", "1", "--module", "inference.worker", str(spec_path)]
 
 
 def test_failed_rank_reads_torchruns_root_cause() -> None:

@@ -8,6 +8,7 @@ failed with its history; and in every case no worker process is left (the proces
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -215,26 +216,35 @@ def test_a_timeout_kills_the_group_and_the_job_fails_after_max_attempts(
     ]
 
 
+@pytest.mark.parametrize("launcher", ["torchrun", "deepspeed"])
 def test_a_daemon_killed_by_sigkill_takes_its_worker_group_with_it(
-    sqlite_url: str, toy_run: ToyRun, tmp_path: Path
+    sqlite_url: str, toy_run: ToyRun, tmp_path: Path, launcher: str
 ) -> None:
-    """No daemon left to kill anything: each rank is tied to torchrun, and torchrun to the daemon."""
+    """No daemon left to kill anything. torchrun: each rank is tied to torchrun, and torchrun to the
+    daemon. DeepSpeed's launcher (from a hostfile of this node): its per-node launcher is not ours, so
+    the ranks watch the daemon's pid."""
     database = upgraded(sqlite_url)
+    extra = "tp = 2"
+    if launcher == "deepspeed":
+        hostfile = tmp_path / "hostfile"
+        hostfile.write_text("localhost slots=2\n")
+        extra += (
+            f'\nhostfile = "{hostfile}"\nlauncher_args = ["--no_ssh_check", "--master_addr", "127.0.0.1"]'
+        )
     config = write_config(
         tmp_path,
         sqlite_url,
         dataset=write_dataset(tmp_path / "big.jsonl", 400),
         batch_size=1,
-        inference_extra="tp = 2",
+        inference_extra=extra,
     )
     daemon = DaemonProcess(config, tmp_path / "daemon.log")
     daemon.wait_ready()
-    import shutil
-
     shutil.copytree(toy_run.last_checkpoint, tmp_path / "run" / "step_10")
     state = tmp_path / "state"
     wait_for(lambda: _rank_process(state, 1), 120, "rank 1 of the group", daemon.process)
-    assert len(worker_processes(state)) == 3  # torchrun (in the launcher's pid) and two ranks
+    # torchrun (in the launcher's pid) and two ranks; or DeepSpeed's runner, its per-node launcher, two ranks.
+    assert len(worker_processes(state)) == (3 if launcher == "torchrun" else 4)
 
     assert daemon.stop(signal.SIGKILL) == -signal.SIGKILL
 

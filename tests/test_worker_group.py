@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -56,11 +57,19 @@ def group_spec(
     )
 
 
-def run_group(spec: JobSpec, env: dict[str, str] | None = None) -> Outcome:
+def run_group(
+    spec: JobSpec,
+    env: dict[str, str] | None = None,
+    *,
+    hostfile: Path | None = None,
+    launcher_args: Sequence[str] = (),
+) -> Outcome:
     """Start the job exactly as the daemon does and read what it left."""
     spec_path = spec.result_path.parent / "spec.json"
     spec_path.write_text(spec.model_dump_json(), encoding="utf-8")
-    command = worker_command(spec.inference, spec_path, python=sys.executable, hostfile=None)
+    command = worker_command(
+        spec.inference, spec_path, python=sys.executable, hostfile=hostfile, launcher_args=launcher_args
+    )
     # Tied to this test process as to a daemon: a test killed mid-run leaves no group behind.
     tie = {PARENT_PID_ENV: str(os.getpid())}
     worker = WorkerProcess.start(
@@ -128,6 +137,31 @@ def test_hf_engine_runs_one_plain_process_per_replica(
 
     assert outputs(result) == outputs(reference)
     assert result.consistency is None
+
+
+def test_deepspeeds_launcher_from_a_hostfile_runs_the_same_group(
+    toy_run: ToyRun, single: tuple[Path, JobResult], tmp_path: Path
+) -> None:
+    """The several-node path, on this one node: DeepSpeed's launcher starts one rank per hostfile slot.
+    Across real nodes it needs passwordless ssh; here launcher_args skip its ssh check and its ssh
+    lookup of the master address."""
+    dataset, reference = single
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=2\n")
+    spec = group_spec(toy_run.last_checkpoint, dataset, tmp_path / "job", tp=2, dp=1)
+
+    outcome = run_group(
+        spec,
+        {"DS_ACCELERATOR": "cpu"},
+        hostfile=hostfile,
+        launcher_args=["--no_ssh_check", "--master_addr", "127.0.0.1"],
+    )
+
+    result = evaluated(outcome, tmp_path / "job")
+    assert outputs(result) == outputs(reference)
+    assert result.consistency is not None and result.consistency.batches_checked == 5
+    assert "deepspeed.launcher.launch" in (tmp_path / "job" / "worker.log").read_text()
+    assert '"task.loaded"' in (tmp_path / "job" / "rank-1.log").read_text()
 
 
 def test_tp2_logits_match_the_unsharded_model(toy_run: ToyRun, tmp_path: Path) -> None:
