@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -134,6 +135,48 @@ def test_results_in_every_format(
     toy = status["runs"]["toy"]
     assert toy["jobs"] == {"succeeded": 1} and toy["last_evaluated_step"] == 5
     assert status["resources"] is None
+
+
+def test_history_lists_every_worker_run_of_a_job(
+    sqlite_url: str, tmp_path: Path, dataset: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    database = _stored(sqlite_url)
+    with database.session() as s:
+        (job,) = queries.job_rows(s)
+        started = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+        for outcome, kind, batch in (("out_of_memory", "out_of_memory", 8), ("succeeded", None, 4)):
+            queries.record_attempt(
+                s,
+                queries.AttemptRow(
+                    job_id=job.id,
+                    attempt=1,
+                    engine="deepspeed",
+                    tp=2,
+                    dp=1,
+                    batch_size=batch,
+                    outcome=outcome,
+                    error_kind=kind,
+                    error="rank 1: out of memory at batch size 8:\n  CUDA" if kind else None,
+                    started_at=started,
+                    finished_at=started + timedelta(seconds=3),
+                    duration_s=3.0,
+                ),
+            )
+    database.dispose()
+    path = str(write_config(tmp_path, sqlite_url, dataset=dataset))
+
+    assert main(["--config", path, "history", str(job.id), "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["outcome"], r["batch_size"], r["tp"], r["error_kind"]) for r in rows] == [
+        ("out_of_memory", 8, 2, "out_of_memory"),
+        ("succeeded", 4, 2, None),
+    ]
+    assert main(["--config", path, "history", str(job.id)]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split()[:3] == ["attempt", "outcome", "engine"]
+    assert "rank 1: out of memory at batch size 8: CUDA" in table[2]  # one line per attempt
+    assert main(["--config", path, "history", "999"]) == 1
+    assert _errors(capsys) == ["evald: error: job 999: no worker has run it (see `evald status` for job ids)"]
 
 
 def test_eval_command_and_a_bad_dataset_line(
