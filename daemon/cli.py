@@ -192,6 +192,7 @@ def evaluate_now(
                 result_path=folder / "result.json",
                 seed=config.inference.seed,
                 max_samples=config.inference.max_samples,
+                max_text_chars=config.inference.max_text_chars,
             )
             spec_path = folder / "spec.json"
             spec_path.write_text(spec.model_dump_json(), encoding="utf-8")

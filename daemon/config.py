@@ -322,7 +322,10 @@ class InferenceConfig(_Section):
     #: A job whose worker crashes or times out is tried this many times in all before it stays failed.
     max_attempts: int = Field(default=3, ge=1)
     seed: int = 0
+    #: Per-sample outputs stored per job (the first ones); the rest are only aggregated.
     max_samples: int = Field(default=1000, ge=0)
+    #: Longest prompt, response or answer text stored per sample; longer text is cut and marked.
+    max_text_chars: int = Field(default=2000, ge=16)
 
     @field_validator("hostfile")
     @classmethod

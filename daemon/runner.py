@@ -62,6 +62,7 @@ def build_spec(config: Config, job: queries.ClaimedJob, job_dir: Path) -> JobSpe
         result_path=job_dir / "result.json",
         seed=config.inference.seed,
         max_samples=config.inference.max_samples,
+        max_text_chars=config.inference.max_text_chars,
     )
 
 

@@ -123,12 +123,32 @@ class SampleOutput(_Plain):
     correct: bool
     tokens: int
     truncated: bool
+    #: The task's reward for this response; ``None`` when the task computes none or the reward failed.
+    reward: float | None = None
+    #: Mean token entropy of the policy over this response's tokens, in nats.
+    entropy: float | None = None
+    #: Why this sample is left out of every metric (its reward raised, hung or was not a number).
+    error: str | None = None
+
+
+class Problem(_Plain):
+    """An input left out of a job's metrics: a bad dataset row, or a sample whose reward failed.
+    One bad input never fails the job; it is counted and reported here."""
+
+    #: Where: ``FILE:LINE`` for a dataset row, ``sample INDEX`` for a sample.
+    where: str
+    message: str
+    prompt_id: str | None = None
+    #: The sample's index (see :class:`SampleOutput`); ``None`` for a dataset row.
+    index: int | None = None
 
 
 class Timing(_Plain):
     load_s: float
     eval_s: float
     total_s: float
+    #: Seconds spent grading answers and computing rewards (part of ``eval_s``).
+    grading_s: float = 0.0
 
 
 class WorkerError(_Plain):
@@ -158,6 +178,8 @@ class JobResult(_Plain):
     job_id: int
     metrics: tuple[MetricValue, ...] = ()
     samples: tuple[SampleOutput, ...] = ()
+    #: Bad dataset rows and failed samples, left out of the metrics (every one, whatever ``max_samples``).
+    problems: tuple[Problem, ...] = ()
     timing: Timing | None = None
     error: WorkerError | None = None
     #: Filled when tp > 1.
