@@ -27,7 +27,9 @@ from pydantic import (
 from daemon import frequency, resources, units
 from daemon.errors import ConfigError
 from inference import layouts
-from inference.spec import Engine, InferenceSpec, SubsetSpec, TaskSpec
+from inference.errors import TaskInvalid
+from inference.metrics import DEFAULT_METRICS, resolve_metrics
+from inference.spec import Engine, InferenceSpec, SubsetSpec, TaskKind, TaskSpec
 
 ENV_PREFIX = "EVALD_"
 DEFAULT_CONFIG = Path("evald.toml")
@@ -162,12 +164,19 @@ class RunConfig(_Section):
 
 class TaskConfig(_Section):
     name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]*$")
-    kind: Literal["generate"] = "generate"
+    #: ``generate``: answers to prompts, graded against references; ``likelihood``: perplexity of texts.
+    kind: TaskKind = "generate"
     dataset: Path
     prompt_field: str | None = None
     answer_field: str = "answer"
     id_field: str | None = None
+    #: Likelihood tasks: the field holding the text, and the tokens kept of a longer one.
+    text_field: str = "text"
+    max_length: int = Field(default=2048, ge=2)
     prompt_template: str = "{prompt}"
+    #: Wrap each prompt in the tokenizer's chat template, after ``system_prompt`` if set.
+    chat_template: bool = False
+    system_prompt: str | None = None
     max_new_tokens: int = Field(default=32, ge=1, le=65536)
     batch_size: int = Field(default=16, ge=1)
     #: Completions per prompt; more than one needs temperature > 0.
@@ -178,7 +187,21 @@ class TaskConfig(_Section):
     #: A response ends at the first of these strings.
     stop: tuple[str, ...] = ()
     limit: int | None = Field(default=None, ge=1)
-    metrics: tuple[str, ...] = ("accuracy", "response_length", "tokens_per_s", "wall_s")
+    #: ``module:function(prompt, response, reference) -> float``; unset, reward metrics use the built-in
+    #: math reward (1 for a correct answer, else 0).
+    reward: str | None = Field(default=None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+    #: One reward call taking longer is stopped, and its sample reported.
+    reward_timeout_s: float = Field(default=10.0, gt=0)
+    #: Defaults by kind: see ``inference.metrics.DEFAULT_METRICS``.
+    metrics: tuple[str, ...] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_metrics(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "metrics" not in data:
+            kind = data.get("kind", "generate")
+            return {**data, "metrics": DEFAULT_METRICS.get(kind, DEFAULT_METRICS["generate"])}
+        return data
 
     @model_validator(mode="after")
     def _sampling(self) -> TaskConfig:
@@ -186,6 +209,22 @@ class TaskConfig(_Section):
             raise ValueError(
                 f"n_samples = {self.n_samples} draws identical greedy answers: set temperature > 0"
             )
+        if self.kind == "likelihood":
+            generate_only = [
+                name
+                for name, value in (
+                    ("reward", self.reward),
+                    ("chat_template", self.chat_template or None),
+                    ("n_samples", self.n_samples if self.n_samples > 1 else None),
+                )
+                if value is not None
+            ]
+            if generate_only:
+                raise ValueError(f'{", ".join(generate_only)}: only for kind = "generate" tasks')
+        try:
+            resolve_metrics(self.metrics, kind=self.kind, n_samples=self.n_samples)
+        except TaskInvalid as exc:
+            raise ValueError(f"metrics: {exc.message}") from exc
         return self
 
     @field_validator("dataset")
@@ -210,11 +249,18 @@ class TaskConfig(_Section):
     def spec(self, subset: SubsetSpec | None = None) -> TaskSpec:
         return TaskSpec(
             name=self.name,
+            kind=self.kind,
             dataset=self.dataset,
             prompt_field=self.prompt_field,
             answer_field=self.answer_field,
             id_field=self.id_field,
+            text_field=self.text_field,
+            max_length=self.max_length,
             prompt_template=self.prompt_template,
+            chat_template=self.chat_template,
+            system_prompt=self.system_prompt,
+            reward=self.reward,
+            reward_timeout_s=self.reward_timeout_s,
             max_new_tokens=self.max_new_tokens,
             batch_size=self.batch_size,
             n_samples=self.n_samples,

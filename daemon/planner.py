@@ -25,7 +25,7 @@ from daemon import adaptive, frequency, stages
 from daemon.config import RunConfig, SchedulingConfig, TwoStageConfig
 from daemon.discovery import WatchedRun
 from inference import layouts
-from inference.metrics import METRICS
+from inference.metrics import higher_is_better
 from storage import queries
 from storage import scheduling as store
 from storage.database import Database
@@ -442,12 +442,11 @@ class Planner:
         if value is None:
             return 0
         history, _ = self._series(session, policy, job, metric)
-        registered = METRICS.get(metric)
         why = stages.full_after_quick(
             history,
             adaptive.Point(job.step, value.value, value.stderr),
             metric=metric,
-            higher_is_better=registered.higher_is_better if registered is not None else None,
+            higher_is_better=higher_is_better(metric),
             sigmas=stage_config.anomaly_sigmas,
         )
         if why is None:

@@ -5,7 +5,8 @@ reference answer (``answer_field``); its id is ``id_field`` or else its line num
 ``stratify_field`` every row needs that field too (a string or a number), and it becomes the item's stratum
 for :func:`inference.sampling.stratified_subset`. The whole file is checked before anything is evaluated,
 and every error names the file and line: ``data.jsonl:17: missing field 'answer'``. Blank lines are
-skipped.
+skipped. A job skips bad rows and reports them (:func:`read_dataset`): one bad row never costs the
+job; checks before a start reject them (:func:`load_dataset`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from inference.errors import DatasetInvalid
+from inference.spec import Problem
 
 PROMPT_FIELDS = ("prompt", "question", "problem")
 
@@ -81,6 +83,76 @@ def _parse_line(raw: bytes, where: str) -> dict[str, Any] | None:
     return row
 
 
+@dataclass(frozen=True)
+class Dataset:
+    items: tuple[Item, ...]
+    #: Rows left out, each with its ``FILE:LINE`` and what is wrong.
+    problems: tuple[Problem, ...] = ()
+
+
+def _lines(path: Path) -> list[bytes]:
+    try:
+        return path.read_bytes().splitlines()
+    except OSError as exc:
+        raise DatasetInvalid(f"{path}: cannot read: {exc.strerror or exc}") from exc
+
+
+def _no_rows(path: Path, problems: list[Problem]) -> DatasetInvalid:
+    if not problems:
+        return DatasetInvalid(f"{path}: no rows")
+    shown = "; ".join(f"{p.where}: {p.message}" for p in problems[:3])
+    more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+    return DatasetInvalid(f"{path}: no usable rows, all {len(problems)} are bad: {shown}{more}")
+
+
+def read_dataset(
+    path: Path,
+    *,
+    prompt_field: str | None = None,
+    answer_field: str | None = "answer",
+    id_field: str | None = None,
+    limit: int | None = None,
+    stratify_field: str | None = None,
+    strict: bool = False,
+) -> Dataset:
+    """Every good row of ``path`` (the first ``limit`` of them; all when ``None``), and every bad row before
+    the last one taken, named by file and line. A bad row costs only itself; a file that cannot be read,
+    or has no good row, is :class:`DatasetInvalid` (``strict``: the caller decides). With ``answer_field`` None rows need no answer (held-out
+    text for likelihood), and the reference is empty.
+    """
+    items: list[Item] = []
+    problems: list[Problem] = []
+    first_seen: dict[str, int] = {}
+    for number, raw in enumerate(_lines(path), start=1):
+        if limit is not None and len(items) == limit:
+            break
+        where = f"{path}:{number}"
+        try:
+            row = _parse_line(raw, where)
+            if row is None:
+                continue
+            prompt = _text(row, _prompt_field(row, prompt_field, where), where, numbers=False)
+            reference = "" if answer_field is None else _text(row, answer_field, where, numbers=True)
+            prompt_id = str(number) if id_field is None else _text(row, id_field, where, numbers=True)
+            if prompt_id in first_seen:
+                raise DatasetInvalid(
+                    f"{where}: duplicate id {prompt_id!r} (first on line {first_seen[prompt_id]})"
+                )
+            stratum = None if stratify_field is None else _stratum(row, stratify_field, where)
+        except DatasetInvalid as exc:
+            problems.append(
+                Problem(where=where, message=exc.message.removeprefix(f"{where}: "), prompt_id=None)
+            )
+            continue
+        first_seen[prompt_id] = number
+        items.append(Item(prompt_id=prompt_id, prompt=prompt, reference=reference, stratum=stratum))
+
+    dataset = Dataset(items=tuple(items), problems=tuple(problems))
+    if not items and not strict:
+        raise _no_rows(path, problems)
+    return dataset
+
+
 def load_dataset(
     path: Path,
     *,
@@ -90,30 +162,19 @@ def load_dataset(
     limit: int | None = None,
     stratify_field: str | None = None,
 ) -> tuple[Item, ...]:
-    """Read and check every row of ``path``; return the first ``limit`` items (all when ``None``)."""
-    try:
-        lines = path.read_bytes().splitlines()
-    except OSError as exc:
-        raise DatasetInvalid(f"{path}: cannot read: {exc.strerror or exc}") from exc
-
-    items: list[Item] = []
-    first_seen: dict[str, int] = {}
-    for number, raw in enumerate(lines, start=1):
-        where = f"{path}:{number}"
-        row = _parse_line(raw, where)
-        if row is None:
-            continue
-        prompt = _text(row, _prompt_field(row, prompt_field, where), where, numbers=False)
-        reference = _text(row, answer_field, where, numbers=True)
-        prompt_id = str(number) if id_field is None else _text(row, id_field, where, numbers=True)
-        if prompt_id in first_seen:
-            raise DatasetInvalid(
-                f"{where}: duplicate id {prompt_id!r} (first on line {first_seen[prompt_id]})"
-            )
-        first_seen[prompt_id] = number
-        stratum = None if stratify_field is None else _stratum(row, stratify_field, where)
-        items.append(Item(prompt_id=prompt_id, prompt=prompt, reference=reference, stratum=stratum))
-
-    if not items:
-        raise DatasetInvalid(f"{path}: no rows")
-    return tuple(items if limit is None else items[:limit])
+    """Every row of ``path`` checked, strictly: the first bad row is :class:`DatasetInvalid`. For checks
+    before a start (``evald config check``); a job reads with :func:`read_dataset` and skips bad rows."""
+    dataset = read_dataset(
+        path,
+        prompt_field=prompt_field,
+        answer_field=answer_field,
+        id_field=id_field,
+        stratify_field=stratify_field,
+        strict=True,
+    )
+    if dataset.problems:
+        first = dataset.problems[0]
+        raise DatasetInvalid(f"{first.where}: {first.message}")
+    if not dataset.items:
+        raise _no_rows(path, [])
+    return dataset.items if limit is None else dataset.items[:limit]

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+    from inference.entropy import EntropyMeter
     from inference.stopping import RowVote
 
 #: Given a batch's number and every row's generated token ids, return the rows to keep (the tp ranks'
@@ -42,6 +43,8 @@ class Decoding:
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
     seed: int = 0
+    #: Measure the policy's entropy at every step (costs a softmax over the vocabulary per step).
+    entropy: bool = False
     #: For tests of the out-of-memory path: a batch of more sequences than this raises torch's own
     #: ``OutOfMemoryError``, as a device too small for it would.
     simulate_oom_above: int | None = None
@@ -63,6 +66,10 @@ class Generation:
     tokens: int
     #: ``max_new_tokens`` ran out before an EOS or a stop string.
     truncated: bool
+    #: With ``Decoding.entropy``: the summed per-step entropy (nats) and the steps it covers (the tokens
+    #: and the step that ended the row).
+    entropy_sum: float = 0.0
+    entropy_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -87,18 +94,35 @@ def length_buckets(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
     return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
 
 
-def token_lengths(tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str]) -> list[int]:
-    return [len(ids) for ids in tokenizer(list(prompts), add_special_tokens=True)["input_ids"]]
+@dataclass(frozen=True)
+class Encoding:
+    """How prompts become tokens: a chat template adds its own special tokens; scored text may be cut."""
+
+    add_special_tokens: bool = True
+    max_length: int | None = None
+
+    def kwargs(self) -> dict[str, Any]:
+        cut = {"truncation": True, "max_length": self.max_length} if self.max_length is not None else {}
+        return {"add_special_tokens": self.add_special_tokens, **cut}
+
+
+def token_lengths(
+    tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], encoding: Encoding = Encoding()
+) -> list[int]:
+    return [len(ids) for ids in tokenizer(list(prompts), **encoding.kwargs())["input_ids"]]
 
 
 def prepare_batches(
-    tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], batch_size: int
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str],
+    batch_size: int,
+    encoding: Encoding = Encoding(),
 ) -> list[Batch]:
     """Left-padded batches of ``prompts``, bucketed by token length; the tokenizer must pad on the left."""
     batches = []
-    for bucket in length_buckets(token_lengths(tokenizer, prompts), batch_size):
+    for bucket in length_buckets(token_lengths(tokenizer, prompts, encoding), batch_size):
         encoded = tokenizer(
-            [prompts[i] for i in bucket], return_tensors="pt", padding=True, add_special_tokens=True
+            [prompts[i] for i in bucket], return_tensors="pt", padding=True, **encoding.kwargs()
         )
         batches.append(Batch(tuple(bucket), encoded["input_ids"], encoded["attention_mask"]))
     return batches
@@ -125,10 +149,13 @@ def generate_tokens(
     *,
     seed_key: Sequence[int],
     vote: RowVote | None = None,
+    meter: EntropyMeter | None = None,
 ) -> list[list[int]]:
     """The generated token ids of one batch (prompt excluded, each row cut where it ended),
-    ``n_samples`` rows per prompt; ``vote`` settles where rows end across tp ranks."""
+    ``n_samples`` rows per prompt; ``vote`` settles where rows end across tp ranks; ``meter`` records the
+    policy's entropy at every step."""
     import torch
+    from transformers.generation.logits_process import LogitsProcessorList
     from transformers.generation.stopping_criteria import StoppingCriteriaList
 
     from inference.stopping import RowEnds, cut
@@ -166,6 +193,7 @@ def generate_tokens(
         # Rows end by RowEnds alone (EOS included), so that every tp rank ends them alike.
         eos_token_id=None,
         stopping_criteria=StoppingCriteriaList([ends]),
+        logits_processor=LogitsProcessorList([meter] if meter is not None else []),
         pad_token_id=tokenizer.pad_token_id,
         **sampling,
     )
@@ -214,7 +242,11 @@ def run_batches(
     seed comes from those positions: the same job draws the same tokens in every run. (Another batch
     size or dp, which groups the items otherwise, draws others.)
     """
+    import dataclasses
+
     import torch
+
+    from inference.entropy import EntropyMeter
 
     stop_ids = stop_token_ids(model, tokenizer)
     results: dict[int, list[Generation]] = {}
@@ -224,11 +256,18 @@ def run_batches(
             key = [item_keys[i] for i in batch.indices] if item_keys is not None else list(batch.indices)
             started = time.perf_counter()
             vote = _for_batch(agree_ends, number)
-            rows = generate_tokens(model, tokenizer, batch, decoding, seed_key=key, vote=vote)
+            meter = EntropyMeter(decoding.temperature) if decoding.entropy else None
+            rows = generate_tokens(model, tokenizer, batch, decoding, seed_key=key, vote=vote, meter=meter)
             if agree is not None:
                 rows = agree(number, rows)
             latencies.append(time.perf_counter() - started)
             generations = finish(rows, tokenizer, stop_ids, decoding)
+            if meter is not None:
+                entropies = meter.per_row([len(row) for row in rows])
+                generations = [
+                    dataclasses.replace(g, entropy_sum=total, entropy_tokens=steps)
+                    for g, (total, steps) in zip(generations, entropies, strict=True)
+                ]
             for position, index in enumerate(batch.indices):
                 start = position * decoding.n_samples
                 results[index] = generations[start : start + decoding.n_samples]

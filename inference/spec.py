@@ -44,17 +44,38 @@ class SubsetSpec(_Plain):
     stratify_field: str | None = None
 
 
+#: What a task does: generate answers to prompts (graded against references), or score held-out text.
+TaskKind = Literal["generate", "likelihood"]
+
+#: The rule-based math reward built in: 1.0 for an answer math-verify grades correct, else 0.0.
+BUILTIN_REWARD = "inference.rewards:math_reward"
+
+
 class TaskSpec(_Plain):
-    """One generation task against reference answers, as the worker needs it."""
+    """One evaluation task, as the worker needs it."""
 
     name: str
+    kind: TaskKind = "generate"
     dataset: Path
     #: Field holding the prompt; ``None`` takes the first of ``prompt``, ``question``, ``problem``.
     prompt_field: str | None = None
     answer_field: str = "answer"
     id_field: str | None = None
+    #: Likelihood tasks: the field holding the text to score.
+    text_field: str = "text"
+    #: Likelihood tasks: longer texts are cut to this many tokens.
+    max_length: int = Field(default=2048, ge=2)
     #: ``str.format`` template with the placeholder ``{prompt}``.
     prompt_template: str = "{prompt}"
+    #: Wrap the prompt as a user message in the tokenizer's chat template (with a generation prompt).
+    chat_template: bool = False
+    #: With ``chat_template``: a system message before the prompt.
+    system_prompt: str | None = None
+    #: ``module:function`` called with (prompt, response, reference) that returns a float; ``None`` with a
+    #: reward metric uses :data:`BUILTIN_REWARD`.
+    reward: str | None = None
+    #: Seconds one reward call may take before the sample is reported and the next one goes on.
+    reward_timeout_s: float = Field(default=10.0, gt=0)
     max_new_tokens: int = Field(default=32, ge=1)
     batch_size: int = Field(default=16, ge=1)
     #: Completions per prompt; more than one needs ``temperature > 0``.

@@ -1,4 +1,5 @@
-"""One evaluation job, end to end: dataset, model, generation, grading, metrics, samples.
+"""One evaluation job, end to end: dataset, model, generation (or scoring, for likelihood), grading,
+rewards, metrics, samples.
 
 Everything that can be checked without the model (task, metrics, dataset) is checked first, so a bad
 input fails in milliseconds rather than after loading the weights.
@@ -6,25 +7,61 @@ input fails in milliseconds rather than after loading the weights.
 
 from __future__ import annotations
 
+import dataclasses
 import string
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from contextlib import ExitStack
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import structlog
 
 from inference.consistency import settle, token_digest
-from inference.dataset import Item, load_dataset
+from inference.dataset import Item, read_dataset
 from inference.errors import TaskInvalid
 from inference.faults import Faults
-from inference.generation import Batch, Decoding, Generation, prepare_batches, run_batches, token_lengths
-from inference.grading import Grade, grade
+from inference.generation import (
+    Batch,
+    Decoding,
+    Encoding,
+    Generation,
+    prepare_batches,
+    run_batches,
+    token_lengths,
+)
 from inference.group import WorkerGroup, head_results
 from inference.layouts import LayoutSettings
-from inference.metrics import EvalRecord, SampleRecord, compute_metrics, resolve_metrics
+from inference.likelihood import score_batches
+from inference.metrics import (
+    REWARD_METRICS,
+    DocumentRecord,
+    EvalRecord,
+    Metric,
+    compute_metrics,
+    resolve_metrics,
+)
+from inference.rewards import RewardProcess
+from inference.samples import (
+    CUT_MARKER,
+    Graded,
+    SampleLimits,
+    Scorer,
+    builtin_scorer,
+    cut_text,
+    grade_samples,
+)
 from inference.sampling import stratified_subset
-from inference.spec import Consistency, Disagreement, JobResult, JobSpec, SampleOutput, TaskSpec, Timing
+from inference.spec import (
+    BUILTIN_REWARD,
+    Consistency,
+    Disagreement,
+    JobResult,
+    JobSpec,
+    Problem,
+    TaskSpec,
+    Timing,
+)
 from inference.topology import deal_by_length, restore_order
 
 if TYPE_CHECKING:
@@ -32,9 +69,6 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 log = structlog.get_logger("inference.task")
-
-#: Closes text cut to ``max_text_chars``.
-CUT_MARKER = "…[cut]"
 
 
 def render_prompts(task: TaskSpec, items: Sequence[Item]) -> list[str]:
@@ -67,40 +101,46 @@ def _stratum(item: Item) -> str:
     return "" if item.stratum is None else item.stratum
 
 
-def cut_text(text: str, limit: int) -> str:
-    """``text`` if it fits in ``limit`` characters, else its start and :data:`CUT_MARKER`."""
-    if len(text) <= limit:
-        return text
-    return text[: max(0, limit - len(CUT_MARKER))] + CUT_MARKER
-
-
-def _cut_optional(text: str | None, limit: int) -> str | None:
-    return None if text is None else cut_text(text, limit)
-
-
-def _samples(
-    spec: JobSpec,
-    items: Sequence[Item],
-    prompts: Sequence[str],
-    records: Sequence[SampleRecord],
-    responses: Sequence[str],
-    grades: Sequence[Grade],
-) -> tuple[SampleOutput, ...]:
-    limit = spec.max_text_chars
-    return tuple(
-        SampleOutput(
-            index=index,
-            prompt_id=items[index].prompt_id,
-            prompt=cut_text(prompts[index], limit),
-            response=cut_text(responses[index], limit),
-            extracted=_cut_optional(grades[index].extracted, limit),
-            reference=cut_text(items[index].reference, limit),
-            correct=records[index].correct,
-            tokens=records[index].tokens,
-            truncated=records[index].truncated,
+def apply_chat_template(
+    task: TaskSpec, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str]
+) -> list[str]:
+    """Each prompt as a user message (after the system prompt, if any) in the tokenizer's chat template,
+    ending with the assistant's generation prompt."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise TaskInvalid(
+            f"task {task.name!r}: chat_template = true, but the checkpoint's tokenizer has no chat template "
+            "(tokenizer_config.json or chat_template.jinja)"
         )
-        for index in range(min(spec.max_samples, len(items)))
-    )
+    system = [] if task.system_prompt is None else [{"role": "system", "content": task.system_prompt}]
+    rendered = []
+    for prompt in prompts:
+        try:
+            text = tokenizer.apply_chat_template(
+                [*system, {"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+            )
+        except Exception as exc:
+            # A Jinja template is code: whatever it raises is the task's configuration error.
+            raise TaskInvalid(
+                f"task {task.name!r}: the chat template failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        rendered.append(str(text))
+    return rendered
+
+
+def needs_reward(task: TaskSpec) -> bool:
+    return task.reward is not None or any(name in REWARD_METRICS for name in task.metrics)
+
+
+def peak_memory_mb(device: str | None) -> float:
+    """The most memory this rank has held: torch's device allocations on a GPU, the resident set on a CPU."""
+    import resource
+
+    import torch
+
+    if device is not None and device.startswith("cuda"):
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    # Linux reports ru_maxrss in KiB.
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def run_task(spec: JobSpec, group: WorkerGroup, faults: Faults | None = None) -> JobResult | None:
@@ -110,20 +150,48 @@ def run_task(spec: JobSpec, group: WorkerGroup, faults: Faults | None = None) ->
     faults = faults or Faults()
     task = spec.task
     topology = group.topology
-    metrics = resolve_metrics(task.metrics)
-    items = load_dataset(
+    metrics = resolve_metrics(task.metrics, kind=task.kind, n_samples=task.n_samples)
+    likelihood = task.kind == "likelihood"
+    dataset = read_dataset(
         task.dataset,
-        prompt_field=task.prompt_field,
-        answer_field=task.answer_field,
+        prompt_field=task.text_field if likelihood else task.prompt_field,
+        answer_field=None if likelihood else task.answer_field,
         id_field=task.id_field,
         limit=task.limit,
         stratify_field=None if task.subset is None else task.subset.stratify_field,
     )
-    items = select_items(task, items)
-    prompts = render_prompts(task, items)
+    items = select_items(task, dataset.items)
+    prompts = [item.prompt for item in items] if likelihood else render_prompts(task, items)
     if task.n_samples > 1 and task.temperature == 0:
         raise TaskInvalid(f"task {task.name!r}: n_samples = {task.n_samples} needs temperature > 0")
+    # Built (and its module imported) now: a bad reward fails the job before the weights are loaded.
+    with ExitStack() as cleanup:
+        scorer = _scorer(task, cleanup) if topology.rank == 0 and not likelihood else None
+        return _evaluate(spec, group, faults, metrics, items, prompts, dataset.problems, scorer, started)
 
+
+def _scorer(task: TaskSpec, cleanup: ExitStack) -> Scorer | None:
+    if not needs_reward(task):
+        return None
+    if task.reward is None or task.reward == BUILTIN_REWARD:
+        return builtin_scorer
+    process = cleanup.enter_context(RewardProcess(task.reward, task.reward_timeout_s))
+    return lambda prompt, response, reference, _graded: process(prompt, response, reference)
+
+
+def _evaluate(
+    spec: JobSpec,
+    group: WorkerGroup,
+    faults: Faults,
+    metrics: Sequence[Metric],
+    items: Sequence[Item],
+    prompts: list[str],
+    problems: Sequence[Problem],
+    scorer: Scorer | None,
+    started: float,
+) -> JobResult | None:
+    task = spec.task
+    topology = group.topology
     # Imported only now: a job with a bad dataset or task is rejected without paying for torch.
     import torch
 
@@ -135,71 +203,98 @@ def run_task(spec: JobSpec, group: WorkerGroup, faults: Faults | None = None) ->
     # One folder per rank: a layout's conversion writes there, and ranks must not write over each other.
     scratch = spec.result_path.parent / "scratch" / f"rank-{topology.rank}"
     scratch.mkdir(parents=True, exist_ok=True)
+    device = group.device if spec.inference.device.startswith("cuda") else None
     loaded = load_model(
         spec.checkpoint_path,
         spec.inference,
         layout=spec.layout,
         settings=LayoutSettings(hf_config=spec.hf_config),
         scratch=scratch,
-        device=group.device if spec.inference.device.startswith("cuda") else None,
+        device=device,
         tp_group=group.tp_group,
     )
     log.info("task.loaded", load_s=round(loaded.load_s, 3), items=len(items), rank=topology.rank)
+    if task.chat_template:
+        prompts = apply_chat_template(task, loaded.tokenizer, prompts)
+    encoding = Encoding(
+        add_special_tokens=not task.chat_template,
+        max_length=task.max_length if task.kind == "likelihood" else None,
+    )
 
     evaluation_started = time.perf_counter()
-    decoding = Decoding(
-        max_new_tokens=task.max_new_tokens,
-        n_samples=task.n_samples,
-        temperature=task.temperature,
-        top_p=task.top_p,
-        stop=task.stop,
-        seed=spec.seed,
-        simulate_oom_above=faults.oom_above_batch,
-    )
-    share = _replica_share(group, loaded.tokenizer, prompts, task.batch_size)
+    share = _replica_share(group, loaded.tokenizer, prompts, task.batch_size, encoding)
     vote = TpVote(group, faults)
-    generated, latencies = run_batches(
-        loaded.model,
-        loaded.tokenizer,
-        share.batches,
-        decoding,
-        item_keys=share.items,
-        agree=vote if topology.tp > 1 else None,
-        agree_ends=vote.ends if topology.tp > 1 else None,
-    )
-    mine = [(share.items[local], generations) for local, generations in generated.items()]
-    parts = group.gather_to_root(
-        ReplicaOutput(mine, sum(latencies), len(latencies), vote.checked, tuple(vote.disagreements))
-        if topology.is_head
-        else None
-    )
+    if task.kind == "likelihood":
+        scored, latencies = score_batches(loaded.model, share.batches)
+        mine: ReplicaOutput = ReplicaOutput(
+            documents=[(share.items[local], document) for local, document in scored.items()],
+            latencies=tuple(latencies),
+        )
+    else:
+        decoding = Decoding(
+            max_new_tokens=task.max_new_tokens,
+            n_samples=task.n_samples,
+            temperature=task.temperature,
+            top_p=task.top_p,
+            stop=task.stop,
+            seed=spec.seed,
+            entropy=any(metric.name == "entropy" for metric in metrics),
+            simulate_oom_above=faults.oom_above_batch,
+        )
+        generated, latencies = run_batches(
+            loaded.model,
+            loaded.tokenizer,
+            share.batches,
+            decoding,
+            item_keys=share.items,
+            agree=vote if topology.tp > 1 else None,
+            agree_ends=vote.ends if topology.tp > 1 else None,
+        )
+        mine = ReplicaOutput(
+            generations=[(share.items[local], generations) for local, generations in generated.items()],
+            latencies=tuple(latencies),
+            checked=vote.checked,
+            disagreements=tuple(vote.disagreements),
+        )
+    mine = dataclasses.replace(mine, peak_memory_mb=peak_memory_mb(device))
+    parts = group.gather_to_root(mine if topology.is_head else None)
     if parts is None:
         return None
     outputs: list[ReplicaOutput] = head_results(parts, topology)
-    per_item = restore_order([out.generations for out in outputs], len(items))
-    generations = [g for item in per_item for g in item]
-    sample_items = [item for item in items for _ in range(task.n_samples)]
-    sample_prompts = [prompt for prompt in prompts for _ in range(task.n_samples)]
-    responses = [g.text for g in generations]
-    grades = [grade(r, item.reference) for r, item in zip(responses, sample_items, strict=True)]
-    records = tuple(
-        SampleRecord(correct=g.correct, tokens=generation.tokens, truncated=generation.truncated)
-        for g, generation in zip(grades, generations, strict=True)
-    )
-    # Replicas generate side by side: the generation took as long as the slowest of them.
-    generation_s = max(out.generation_s for out in outputs)
+    # Replicas run side by side: the evaluation took as long as the slowest of them.
+    generation_s = max(sum(out.latencies) for out in outputs)
+    latencies_all = tuple(latency for out in outputs for latency in out.latencies)
+    peak = max(out.peak_memory_mb for out in outputs)
+    graded: Graded | None = None
+    documents: tuple[DocumentRecord, ...] = ()
+    if task.kind == "likelihood":
+        documents = tuple(restore_order([out.documents for out in outputs], len(items)))
+    else:
+        per_item = restore_order([out.generations for out in outputs], len(items))
+        generations = [g for item in per_item for g in item]
+        limits = SampleLimits(task.n_samples, spec.max_samples, spec.max_text_chars)
+        graded = grade_samples(task.name, items, prompts, generations, limits, scorer)
     finished = time.perf_counter()
     record = EvalRecord(
-        samples=records, generation_s=generation_s, load_s=loaded.load_s, wall_s=finished - started
+        samples=() if graded is None else graded.records,
+        documents=documents,
+        generation_s=generation_s,
+        batch_latencies_s=latencies_all,
+        load_s=loaded.load_s,
+        wall_s=finished - started,
+        peak_memory_mb=peak,
     )
     values = compute_metrics(metrics, record)
+    all_problems = (*problems, *(() if graded is None else graded.problems))
     log.info(
         "task.evaluated",
         items=len(items),
-        samples=len(generations),
-        batches=sum(out.batches for out in outputs),
+        samples=len(record.samples),
+        documents=len(documents),
+        problems=len(all_problems),
+        batches=len(latencies_all),
         generation_s=round(generation_s, 3),
-        tokens=sum(g.tokens for g in generations),
+        grading_s=round(0.0 if graded is None else graded.seconds, 3),
     )
     consistency = None
     if topology.tp > 1:
@@ -210,8 +305,14 @@ def run_task(spec: JobSpec, group: WorkerGroup, faults: Faults | None = None) ->
     return JobResult(
         job_id=spec.job_id,
         metrics=values,
-        samples=_samples(spec, sample_items, sample_prompts, records, responses, grades),
-        timing=Timing(load_s=loaded.load_s, eval_s=finished - evaluation_started, total_s=finished - started),
+        samples=() if graded is None else graded.outputs,
+        problems=all_problems,
+        timing=Timing(
+            load_s=loaded.load_s,
+            eval_s=finished - evaluation_started,
+            total_s=finished - started,
+            grading_s=0.0 if graded is None else graded.seconds,
+        ),
         consistency=consistency,
     )
 
@@ -225,25 +326,33 @@ class ReplicaShare:
 
 @dataclass(frozen=True)
 class ReplicaOutput:
-    """What a replica head sends to rank 0."""
+    """What a replica head sends to rank 0: its items' results by their position in the eval set."""
 
-    generations: list[tuple[int, list[Generation]]]
-    generation_s: float
-    batches: int
-    checked: int
-    disagreements: tuple[Disagreement, ...]
+    generations: list[tuple[int, list[Generation]]] = field(default_factory=list)
+    documents: list[tuple[int, DocumentRecord]] = field(default_factory=list)
+    #: Seconds each of its batches took.
+    latencies: tuple[float, ...] = ()
+    checked: int = 0
+    disagreements: tuple[Disagreement, ...] = ()
+    peak_memory_mb: float = 0.0
 
 
 def _replica_share(
-    group: WorkerGroup, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], batch_size: int
+    group: WorkerGroup,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str],
+    batch_size: int,
+    encoding: Encoding,
 ) -> ReplicaShare:
     """This replica's items and batches: dealt and tokenised by its tp head, then sent to its tp ranks
     so that every rank of the replica computes on exactly the same tensors."""
     topology = group.topology
     share = None
     if topology.is_head:
-        mine = deal_by_length(token_lengths(tokenizer, prompts), topology.dp)[topology.replica]
-        share = ReplicaShare(mine, prepare_batches(tokenizer, [prompts[i] for i in mine], batch_size))
+        mine = deal_by_length(token_lengths(tokenizer, prompts, encoding), topology.dp)[topology.replica]
+        share = ReplicaShare(
+            mine, prepare_batches(tokenizer, [prompts[i] for i in mine], batch_size, encoding)
+        )
     shared: ReplicaShare = group.share_from_head(share)
     return shared
 
@@ -288,3 +397,6 @@ class TpVote:
             topology.head_of(topology.replica) + verdict.winner, rows
         )
         return winner_rows
+
+
+__all__ = ["CUT_MARKER", "cut_text", "render_prompts", "run_task", "select_items"]

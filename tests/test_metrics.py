@@ -1,11 +1,23 @@
+"""Every metric of the registry on hand-made records, against values worked out by hand."""
+
 from __future__ import annotations
 
 import math
 
 import pytest
+import sacrebleu
 
 from inference.errors import TaskInvalid
-from inference.metrics import METRICS, EvalRecord, SampleRecord, compute_metrics, resolve_metrics
+from inference.metrics import (
+    DEFAULT_METRICS,
+    METRICS,
+    DocumentRecord,
+    EvalRecord,
+    SampleRecord,
+    compute_metrics,
+    higher_is_better,
+    resolve_metrics,
+)
 from inference.spec import MetricValue
 
 
@@ -21,15 +33,25 @@ def record(*samples: tuple[bool, int, bool], generation_s: float = 2.0) -> EvalR
 RUN = record((True, 10, False), (False, 12, False), (True, 11, False), (False, 32, True))
 
 
-def value(name: str, run: EvalRecord = RUN) -> MetricValue:
-    (result,) = compute_metrics(resolve_metrics([name]), run)
+def value(name: str, run: EvalRecord = RUN, *, n_samples: int = 8) -> MetricValue:
+    kind = "likelihood" if run.documents else "generate"
+    (result,) = compute_metrics(resolve_metrics([name], kind=kind, n_samples=n_samples), run)
     return result
 
 
-def test_accuracy_is_a_proportion_with_binomial_stderr() -> None:
-    result = value("accuracy")
+def sampled(groups: list[list[tuple[bool, float | None]]]) -> EvalRecord:
+    """Completions per prompt: (correct, reward)."""
+    return EvalRecord(
+        samples=tuple(
+            SampleRecord(correct=c, tokens=5, truncated=False, group=g, reward=r, answer=str(int(c)))
+            for g, completions in enumerate(groups)
+            for c, r in completions
+        )
+    )
 
-    assert result == MetricValue(name="accuracy", value=0.5, n=4, stderr=math.sqrt(0.25 / 4))
+
+def test_accuracy_is_a_proportion_with_binomial_stderr() -> None:
+    assert value("accuracy") == MetricValue(name="accuracy", value=0.5, n=4, stderr=math.sqrt(0.25 / 4))
 
 
 def test_response_length_mean_and_sample_stderr() -> None:
@@ -39,6 +61,16 @@ def test_response_length_mean_and_sample_stderr() -> None:
     assert result.value == pytest.approx(16.25)
     assert result.n == 4
     assert result.stderr == pytest.approx(math.sqrt((6.25**2 + 4.25**2 + 5.25**2 + 15.75**2) / 3 / 4))
+
+
+def test_response_length_of_correct_and_incorrect_answers() -> None:
+    correct = value("response_length_correct")
+    incorrect = value("response_length_incorrect")
+
+    assert (correct.value, correct.n) == (10.5, 2)
+    assert correct.stderr == pytest.approx(math.sqrt(0.5 / 2))
+    assert (incorrect.value, incorrect.n) == (22.0, 2)
+    assert value("response_length_incorrect", record((True, 3, False))).n == 0
 
 
 def test_truncation_rate() -> None:
@@ -59,11 +91,168 @@ def test_timing_metrics() -> None:
     assert value("tokens_per_s", record((True, 3, False), generation_s=0.0)).value == 0.0
 
 
+def test_batch_latency_percentiles_and_peak_memory() -> None:
+    run = EvalRecord(batch_latencies_s=(1.0, 2.0, 3.0, 4.0, 10.0), peak_memory_mb=812.5)
+
+    assert value("latency_p50_s", run) == MetricValue(name="latency_p50_s", value=3.0, n=5)
+    # Position 0.95 * 4 = 3.8 between 4 and 10: 4 + 0.8 * 6.
+    assert value("latency_p95_s", run).value == pytest.approx(8.8)
+    assert value("latency_p95_s", EvalRecord()).n == 0
+    assert value("peak_memory_mb", run) == MetricValue(name="peak_memory_mb", value=812.5)
+
+
 def test_no_samples_gives_zero_n_not_a_crash() -> None:
     empty = record()
 
     assert value("accuracy", empty) == MetricValue(name="accuracy", value=0.0, n=0, stderr=None)
-    assert value("response_length", empty).n == 0
+    for name in (
+        "response_length",
+        "reward",
+        "entropy",
+        "pass@2",
+        "group_zero_spread",
+        "bleu",
+        "exact_match",
+    ):
+        assert value(name, empty).n == 0, name
+
+
+def test_pass_at_k_averages_the_unbiased_estimator_over_prompts() -> None:
+    run = sampled([[(True, 1.0)] * 2 + [(False, 0.0)] * 3, [(False, 0.0)] * 5])
+
+    assert value("pass@1", run).value == pytest.approx(0.2)
+    two = value("pass@2", run)
+    # Prompt 0: 1 - C(3,2)/C(5,2) = 0.7; prompt 1: 0.
+    assert (two.value, two.n) == (pytest.approx(0.35), 2)
+    assert two.stderr == pytest.approx(0.35)
+    assert value("pass@5", run).value == pytest.approx(0.5)
+
+
+def test_pass_at_k_skips_prompts_left_with_fewer_than_k_completions() -> None:
+    # Prompt 1 lost two of its three completions (their rewards failed).
+    run = sampled([[(True, 1.0), (False, 0.0), (False, 0.0)], [(True, 1.0)]])
+
+    result = value("pass@2", run)
+
+    assert (result.value, result.n) == (pytest.approx(1 - 1 / 3), 1)
+
+
+def test_majority_at_k() -> None:
+    run = EvalRecord(
+        samples=(
+            SampleRecord(correct=True, tokens=1, truncated=False, group=0, answer="4"),
+            SampleRecord(correct=False, tokens=1, truncated=False, group=0, answer="5"),
+            SampleRecord(correct=True, tokens=1, truncated=False, group=0, answer="4"),
+            SampleRecord(correct=False, tokens=1, truncated=False, group=1, answer="7"),
+            SampleRecord(correct=True, tokens=1, truncated=False, group=1, answer="6"),
+            SampleRecord(correct=False, tokens=1, truncated=False, group=1, answer=None),
+        )
+    )
+
+    # Prompt 0: "4" wins 2 to 1; prompt 1: "7" and "6" tie, so half credit.
+    assert value("maj@3", run).value == pytest.approx(0.75)
+    # First two only: prompt 0 ties "4"/"5" (0.5), prompt 1 ties "7"/"6" (0.5).
+    assert value("maj@2", run).value == pytest.approx(0.5)
+
+
+def test_exact_match_compares_the_final_answer_as_written() -> None:
+    def one(response: str, reference: str) -> float:
+        run = EvalRecord(
+            samples=(
+                SampleRecord(
+                    correct=False, tokens=1, truncated=False, response=response, reference=reference
+                ),
+            )
+        )
+        return value("exact_match", run).value
+
+    assert one("23+45=\\boxed{68}", "68") == 1.0
+    assert one("so \\boxed{ \\frac{1}{2} } done", "$\\frac{1}{2}$") == 1.0
+    assert one("\\boxed{1} then \\boxed{\\{1, 2\\}}", "\\{1,2\\}") == 1.0
+    assert one("68", "68") == 1.0
+    assert one("\\boxed{0.5}", "\\frac{1}{2}") == 0.0
+    assert one("The answer is 68", "68") == 0.0
+    assert one("\\boxed{68", "68") == 0.0
+
+
+def test_reward_mean_and_distribution() -> None:
+    run = sampled([[(True, 0.0), (True, 1.0), (True, 0.5), (True, 1.0)]])
+
+    mean = value("reward", run)
+    assert (mean.value, mean.n) == (0.625, 4)
+    spread = math.sqrt((0.625**2 + 0.375**2 + 0.125**2 + 0.375**2) / 3)
+    assert mean.stderr == pytest.approx(spread / 2)
+    assert value("reward_std", run).value == pytest.approx(spread)
+    # Sorted 0, 0.5, 1, 1: p10 at position 0.3, p50 at 1.5, p90 at 2.7.
+    assert value("reward_p10", run).value == pytest.approx(0.15)
+    assert value("reward_p50", run).value == pytest.approx(0.75)
+    assert value("reward_p90", run).value == pytest.approx(1.0)
+
+
+def test_grpo_group_statistics() -> None:
+    run = sampled(
+        [
+            [(True, 1.0)] * 4,
+            [(True, 1.0), (False, 0.0), (True, 1.0), (False, 0.0)],
+            # One completion left: no spread to speak of, so not counted.
+            [(True, 1.0)],
+        ]
+    )
+
+    spread = value("group_reward_std", run)
+    assert spread.n == 2
+    assert spread.value == pytest.approx(math.sqrt(1 / 3) / 2)
+    zero = value("group_zero_spread", run)
+    assert (zero.value, zero.n) == (0.5, 2)
+    assert zero.stderr == pytest.approx(math.sqrt(0.25 / 2))
+
+
+def test_entropy_is_token_weighted_with_the_ratio_estimators_stderr() -> None:
+    run = EvalRecord(
+        samples=(
+            SampleRecord(correct=True, tokens=3, truncated=False, entropy_sum=2.0, entropy_tokens=4),
+            SampleRecord(correct=True, tokens=1, truncated=False, entropy_sum=3.0, entropy_tokens=2),
+            SampleRecord(correct=True, tokens=0, truncated=False),
+        )
+    )
+
+    result = value("entropy", run)
+
+    assert (result.value, result.n) == (pytest.approx(5 / 6), 2)
+    # Residuals 2 - 5/6·4 and 3 - 5/6·2 are both ±4/3: sqrt((16/9 · 2) / 2) / mean tokens 3.
+    assert result.stderr == pytest.approx((4 / 3) / 3)
+
+
+def test_bleu_is_sacrebleus_corpus_bleu() -> None:
+    pairs = [
+        ("the cat sat on the mat", "the cat sat on the mat"),
+        ("a dog ran in the park", "a dog ran to the park"),
+    ]
+    run = EvalRecord(
+        samples=tuple(
+            SampleRecord(correct=False, tokens=1, truncated=False, response=h, reference=r) for h, r in pairs
+        )
+    )
+
+    result = value("bleu", run)
+
+    expected = sacrebleu.corpus_bleu([h for h, _ in pairs], [[r for _, r in pairs]]).score
+    assert (result.value, result.n, result.stderr) == (pytest.approx(expected), 2, None)
+    assert 0 < result.value < 100
+
+
+def test_perplexity_and_nll_are_token_weighted() -> None:
+    run = EvalRecord(documents=(DocumentRecord(nll=2.0, tokens=4), DocumentRecord(nll=1.0, tokens=1)))
+
+    nll = value("nll", run)
+    perplexity = value("perplexity", run)
+
+    assert (nll.value, nll.n) == (pytest.approx(0.6), 2)
+    # Residuals 2 - 0.6·4 = -0.4 and 1 - 0.6 = 0.4: sqrt(0.32 / 2) / mean tokens 2.5.
+    assert nll.stderr == pytest.approx(0.4 / 2.5)
+    assert perplexity.value == pytest.approx(math.exp(0.6))
+    assert perplexity.stderr == pytest.approx(math.exp(0.6) * 0.4 / 2.5)
+    assert value("tokens_per_s", EvalRecord(documents=run.documents, generation_s=0.5)).value == 10.0
 
 
 def test_compute_keeps_the_requested_order() -> None:
@@ -73,12 +262,40 @@ def test_compute_keeps_the_requested_order() -> None:
 
 
 def test_unknown_metric_names_it_and_lists_the_known() -> None:
-    with pytest.raises(TaskInvalid, match=r"unknown metric 'pass@1' \(known: accuracy, load_s, ") as caught:
-        resolve_metrics(["accuracy", "pass@1"])
+    with pytest.raises(TaskInvalid, match=r"unknown metric 'rouge' \(known: accuracy, bleu, ") as caught:
+        resolve_metrics(["accuracy", "rouge"])
 
-    assert all(name in str(caught.value) for name in METRICS)
+    assert all(name in str(caught.value) for name in [*METRICS, "pass@K", "maj@K"])
+    for bad in ("pass@0", "pass@", "PASS@2", "pass@k", "maj@-1"):
+        with pytest.raises(TaskInvalid, match="unknown metric"):
+            resolve_metrics([bad])
 
 
 def test_duplicate_metric() -> None:
     with pytest.raises(TaskInvalid, match="metric 'accuracy' is listed twice"):
         resolve_metrics(["accuracy", "accuracy"])
+    with pytest.raises(TaskInvalid, match="metric 'pass@2' is listed twice"):
+        resolve_metrics(["pass@2", "pass@2"], n_samples=2)
+
+
+def test_metrics_must_fit_the_task() -> None:
+    with pytest.raises(TaskInvalid, match=r"'pass@4' needs n_samples >= 4 .* the task has n_samples = 2"):
+        resolve_metrics(["pass@4"], n_samples=2)
+    with pytest.raises(TaskInvalid, match=r"'group_zero_spread' needs n_samples >= 2"):
+        resolve_metrics(["group_zero_spread"])
+    with pytest.raises(TaskInvalid, match=r"'perplexity' does not apply to a generate task"):
+        resolve_metrics(["perplexity"])
+    with pytest.raises(
+        TaskInvalid, match=r"'accuracy' does not apply to a likelihood task \(those that do: "
+    ):
+        resolve_metrics(["accuracy"], kind="likelihood")
+    for kind, names in DEFAULT_METRICS.items():
+        assert [m.name for m in resolve_metrics(names, kind=kind)] == list(names)
+
+
+def test_every_name_is_lower_case_and_has_a_direction_or_none() -> None:
+    assert all(name == name.lower() and " " not in name for name in METRICS)
+    assert higher_is_better("pass@16") is True
+    assert higher_is_better("perplexity") is False
+    assert higher_is_better("response_length") is None
+    assert higher_is_better("no_such_metric") is None

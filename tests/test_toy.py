@@ -15,12 +15,15 @@ from inference.grading import grade
 from inference.loader import load_model
 from inference.spec import InferenceSpec
 from inference.toy.problems import (
+    DATA_DIR,
     HELD_OUT_FRACTION,
     MAX_OPERAND,
     PROMPT_TEMPLATE,
+    SHIPPED,
     Problem,
     held_out_problems,
     training_problems,
+    write_shipped,
 )
 from inference.toy.tokenizer import ALPHABET, build_tokenizer
 from inference.toy.trainer import TrainConfig, build_model, parse_args, train
@@ -81,6 +84,46 @@ def test_problems_cli_writes_jsonl(tmp_path: Path) -> None:
         [*command[:-4], "--n", "0"], capture_output=True, env=SUBPROCESS_ENV, timeout=60
     )
     assert rejected.returncode == 2
+
+
+@pytest.mark.parametrize(
+    ("problem", "level"),
+    [
+        (Problem(3, 4), 1),
+        (Problem(13, 4), 2),
+        (Problem(13, 24), 3),
+        (Problem(18, 24), 4),
+        (Problem(98, 24), 5),
+    ],
+)
+def test_levels_count_two_digit_operands_and_carries(problem: Problem, level: int) -> None:
+    assert problem.level == level
+
+
+def test_shipped_datasets_are_what_the_generator_writes(tmp_path: Path) -> None:
+    written = write_shipped(tmp_path)
+
+    assert sorted(path.name for path in written) == sorted(SHIPPED)
+    for path in written:
+        assert path.read_bytes() == (DATA_DIR / path.name).read_bytes(), path.name
+
+
+def test_shipped_math500_file_has_math500s_fields_and_held_out_problems() -> None:
+    rows = [
+        json.loads(line) for line in (DATA_DIR / "arith500.jsonl").read_text(encoding="utf-8").splitlines()
+    ]
+    train_set = {problem.text for problem in training_problems()}
+
+    assert len(rows) == 500
+    assert {tuple(sorted(row)) for row in rows} == {
+        ("answer", "level", "problem", "solution", "subject", "unique_id")
+    }
+    assert not {row["problem"] for row in rows} & train_set
+    assert {row["level"] for row in rows} == {1, 2, 3, 4, 5}
+    for row in rows:
+        a, b = (int(x) for x in row["problem"].split("+"))
+        assert row["answer"] == str(a + b)
+        assert grade(row["solution"], row["answer"]).correct
 
 
 def test_trainer_saves_hf_checkpoints_and_announces_each(toy_run: ToyRun) -> None:

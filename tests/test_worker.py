@@ -14,7 +14,7 @@ from inference import loader
 from inference.dataset import load_dataset
 from inference.errors import CheckpointInvalid, CheckpointVanished, TaskInvalid
 from inference.loader import load_model
-from inference.spec import EXIT_INPUT_ERROR, InferenceSpec, JobResult, JobSpec, TaskSpec
+from inference.spec import EXIT_INPUT_ERROR, InferenceSpec, JobResult, JobSpec, Problem, TaskSpec
 from inference.task import CUT_MARKER, cut_text, render_prompts
 from inference.toy.problems import PROMPT_TEMPLATE
 from inference.worker import run
@@ -123,21 +123,36 @@ def test_truncated_weights(toy_run: ToyRun, toy_dataset: Path, tmp_path: Path) -
     assert f"{checkpoint}: model.safetensors: truncated" in result.error.message
 
 
-def test_bad_dataset_line(toy_run: ToyRun, toy_dataset: Path, tmp_path: Path) -> None:
+def test_a_bad_dataset_line_is_reported_and_the_rest_evaluated(
+    toy_run: ToyRun, toy_dataset: Path, tmp_path: Path
+) -> None:
     lines = toy_dataset.read_text(encoding="utf-8").splitlines()
     lines[2] = '{"id": "x", "problem": "1+1"}'
     toy_dataset.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
     done, result = run_worker(job(toy_run.last_checkpoint, toy_dataset, tmp_path), tmp_path)
 
-    assert done.returncode == EXIT_INPUT_ERROR
-    assert result.error is not None
+    assert done.returncode == 0, done.stderr
+    assert result.problems == (Problem(where=f"{toy_dataset}:3", message="missing field 'answer'"),)
+    assert {m.name: m.n for m in result.metrics}["accuracy"] == 19
+
+
+def test_a_dataset_without_a_good_line_fails_the_job(toy_dataset: Path, tmp_path: Path) -> None:
+    toy_dataset.write_text('{"id": "x", "problem": "1+1"}\n[]\n', encoding="utf-8")
+
+    result, code = run(job(tmp_path / "no-such-checkpoint", toy_dataset, tmp_path), 0)
+
+    assert code == EXIT_INPUT_ERROR
+    assert result is not None and result.error is not None
     assert result.error.kind == "dataset_invalid"
-    assert result.error.message == f"{toy_dataset}:3: missing field 'answer'"
+    assert result.error.message == (
+        f"{toy_dataset}: no usable rows, all 2 are bad: {toy_dataset}:1: missing field 'answer'; "
+        f"{toy_dataset}:2: expected a JSON object, got list"
+    )
 
 
 def test_unknown_metric_is_rejected_before_loading(toy_dataset: Path, tmp_path: Path) -> None:
-    spec = job(tmp_path / "no-such-checkpoint", toy_dataset, tmp_path, metrics=("accuracy", "bleu"))
+    spec = job(tmp_path / "no-such-checkpoint", toy_dataset, tmp_path, metrics=("accuracy", "rouge"))
 
     result, code = run(spec, 0)
 
@@ -145,7 +160,7 @@ def test_unknown_metric_is_rejected_before_loading(toy_dataset: Path, tmp_path: 
     assert result is not None
     assert result.error is not None
     assert result.error.kind == "task_invalid"
-    assert "unknown metric 'bleu'" in result.error.message
+    assert "unknown metric 'rouge'" in result.error.message
 
 
 def test_vanished_checkpoint(toy_dataset: Path, tmp_path: Path) -> None:

@@ -1,44 +1,119 @@
 """The metric registry: ``name → metric``.
 
 Metrics are pure functions over plain records (:class:`EvalRecord`), with no model and no torch, so
-each one is tested on hand-made data. Add one by writing a :class:`Metric` and listing it in
-:data:`METRICS`.
+each one is tested on hand-made data. Names are stable and lower-case: results, alerts and the API use
+them. ``pass@K`` and ``maj@K`` take their K from the name (K at most the task's ``n_samples``).
+
+Add a metric by writing a :class:`Metric` in the module of its family and listing it in :data:`METRICS`.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 
 from inference.errors import TaskInvalid
-from inference.metrics.accuracy import Accuracy
-from inference.metrics.base import EvalRecord, Metric, SampleRecord
-from inference.metrics.length import ResponseLength, TruncationRate
-from inference.metrics.throughput import LoadTime, TokensPerSecond, WallTime
-from inference.spec import MetricValue
+from inference.metrics.accuracy import Accuracy, ExactMatch
+from inference.metrics.base import DocumentRecord, EvalRecord, Metric, SampleRecord
+from inference.metrics.bleu import Bleu
+from inference.metrics.entropy import Entropy
+from inference.metrics.length import (
+    ResponseLength,
+    ResponseLengthCorrect,
+    ResponseLengthIncorrect,
+    TruncationRate,
+)
+from inference.metrics.likelihood import Nll, Perplexity
+from inference.metrics.passk import MajorityAtK, PassAtK
+from inference.metrics.reward import GroupRewardStd, GroupZeroSpread, Reward, RewardPercentile, RewardStd
+from inference.metrics.throughput import BatchLatency, LoadTime, PeakMemory, TokensPerSecond, WallTime
+from inference.spec import MetricValue, TaskKind
 
 METRICS: Mapping[str, Metric] = {
     metric.name: metric
     for metric in (
         Accuracy(),
+        ExactMatch(),
+        Reward(),
+        RewardStd(),
+        RewardPercentile(10),
+        RewardPercentile(50),
+        RewardPercentile(90),
+        Entropy(),
+        GroupRewardStd(),
+        GroupZeroSpread(),
         ResponseLength(),
+        ResponseLengthCorrect(),
+        ResponseLengthIncorrect(),
         TruncationRate(),
+        Bleu(),
+        Perplexity(),
+        Nll(),
         TokensPerSecond(),
-        WallTime(),
+        BatchLatency(50),
+        BatchLatency(95),
+        PeakMemory(),
         LoadTime(),
+        WallTime(),
     )
 }
 
+#: Metrics named with a parameter: ``pass@8`` is pass@k with k = 8.
+_PARAMETRISED = re.compile(r"(?P<family>pass|maj)@(?P<k>[1-9][0-9]{0,3})")
 
-def resolve_metrics(names: Iterable[str]) -> tuple[Metric, ...]:
-    """The metrics named, in order; an unknown name is :class:`TaskInvalid` listing the known ones."""
+#: Metrics computed from rewards: a task with any of them computes a reward per response.
+REWARD_METRICS = frozenset(
+    {"reward", "reward_std", "reward_p10", "reward_p50", "reward_p90"}
+    | {"group_reward_std", "group_zero_spread"}
+)
+
+DEFAULT_METRICS: Mapping[TaskKind, tuple[str, ...]] = {
+    "generate": ("accuracy", "response_length", "truncation_rate", "tokens_per_s", "wall_s"),
+    "likelihood": ("perplexity", "nll", "tokens_per_s", "wall_s"),
+}
+
+
+def known_names() -> str:
+    return ", ".join([*sorted(METRICS), "pass@K", "maj@K"])
+
+
+def metric(name: str) -> Metric:
+    """The metric called ``name``; an unknown name is :class:`TaskInvalid` listing the known ones."""
+    if name in METRICS:
+        return METRICS[name]
+    match = _PARAMETRISED.fullmatch(name)
+    if match is None:
+        raise TaskInvalid(f"unknown metric {name!r} (known: {known_names()})")
+    k = int(match["k"])
+    return PassAtK(k) if match["family"] == "pass" else MajorityAtK(k)
+
+
+def higher_is_better(name: str) -> bool | None:
+    """Which way ``name`` improves (``None``: no good direction, or not a metric of the registry)."""
+    try:
+        return metric(name).higher_is_better
+    except TaskInvalid:
+        return None
+
+
+def resolve_metrics(
+    names: Iterable[str], *, kind: TaskKind = "generate", n_samples: int = 1
+) -> tuple[Metric, ...]:
+    """The metrics named, in order, checked against the task they belong to."""
     metrics: list[Metric] = []
     for name in names:
-        if name not in METRICS:
-            known = ", ".join(sorted(METRICS))
-            raise TaskInvalid(f"unknown metric {name!r} (known: {known})")
-        if METRICS[name] in metrics:
+        found = metric(name)
+        if any(m.name == name for m in metrics):
             raise TaskInvalid(f"metric {name!r} is listed twice")
-        metrics.append(METRICS[name])
+        if kind not in found.kinds:
+            usable = ", ".join(sorted(n for n, m in METRICS.items() if kind in m.kinds))
+            raise TaskInvalid(f"metric {name!r} does not apply to a {kind} task (those that do: {usable})")
+        if n_samples < found.min_samples_per_prompt:
+            raise TaskInvalid(
+                f"metric {name!r} needs n_samples >= {found.min_samples_per_prompt} completions per prompt, "
+                f"the task has n_samples = {n_samples}"
+            )
+        metrics.append(found)
     return tuple(metrics)
 
 
@@ -47,10 +122,16 @@ def compute_metrics(metrics: Iterable[Metric], record: EvalRecord) -> tuple[Metr
 
 
 __all__ = [
+    "DEFAULT_METRICS",
     "METRICS",
+    "REWARD_METRICS",
+    "DocumentRecord",
     "EvalRecord",
     "Metric",
     "SampleRecord",
+    "TaskKind",
     "compute_metrics",
+    "higher_is_better",
+    "metric",
     "resolve_metrics",
 ]

@@ -1,8 +1,11 @@
 """What a metric is: a pure function from one evaluation's plain records to an aggregate with its noise.
 
 A :class:`SampleMetric` scores each sample and aggregates the scores (mean and standard error by
-default); a :class:`RunMetric` reads the run as a whole (timings). Every aggregate carries ``n`` and a
-standard error where one has meaning, so anomaly detectors know the noise floor.
+default); a :class:`GroupMetric` scores each prompt's group of ``n_samples`` completions; a
+:class:`RunMetric` reads the run as a whole (timings). Every aggregate carries ``n`` (what it averages
+over: samples, prompts, batches or documents) and a standard error where one has meaning, so anomaly
+detectors know the noise floor. Samples that failed (their reward raised, say) never reach a metric: the
+task leaves them out and reports them, so every metric of a job is over the same samples.
 """
 
 from __future__ import annotations
@@ -13,33 +16,68 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from inference.spec import MetricValue
+from inference.spec import MetricValue, TaskKind
+
+GENERATE: frozenset[TaskKind] = frozenset({"generate"})
+LIKELIHOOD: frozenset[TaskKind] = frozenset({"likelihood"})
+ANY_KIND: frozenset[TaskKind] = frozenset({"generate", "likelihood"})
 
 
 @dataclass(frozen=True)
 class SampleRecord:
+    """One generated response, graded."""
+
     correct: bool
     #: Generated tokens, EOS and padding not counted.
     tokens: int
     truncated: bool
+    #: The prompt's position in the eval set: the ``n_samples`` completions of a prompt share it.
+    group: int = 0
+    response: str = ""
+    reference: str = ""
+    #: The final answer math-verify found in the response; ``None`` if none.
+    answer: str | None = None
+    reward: float | None = None
+    #: Sum of the policy's per-token entropies (nats) over ``entropy_tokens`` decoding steps.
+    entropy_sum: float = 0.0
+    entropy_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class DocumentRecord:
+    """One held-out text, scored by the model."""
+
+    #: Summed negative log-likelihood of the scored tokens, in nats.
+    nll: float
+    #: Tokens scored (every token after the first).
+    tokens: int
 
 
 @dataclass(frozen=True)
 class EvalRecord:
-    samples: tuple[SampleRecord, ...]
-    #: Seconds spent in generation (the sum of the batches).
-    generation_s: float
-    load_s: float
+    samples: tuple[SampleRecord, ...] = ()
+    documents: tuple[DocumentRecord, ...] = ()
+    #: Seconds spent in the model (generating or scoring): the sum of the batches.
+    generation_s: float = 0.0
+    #: Seconds each batch took.
+    batch_latencies_s: tuple[float, ...] = ()
+    load_s: float = 0.0
     #: The whole evaluation, dataset and model loading included.
-    wall_s: float
+    wall_s: float = 0.0
+    #: Highest memory in use while evaluating (device memory on a GPU, resident set on the CPU).
+    peak_memory_mb: float | None = None
 
 
 class Metric(ABC):
-    name: ClassVar[str]
+    name: str
     description: ClassVar[str]
     #: Which way is better: what "new best" and "regression" mean. ``None`` for metrics with no good
     #: direction (response length).
     higher_is_better: ClassVar[bool | None]
+    #: The task kinds it applies to.
+    kinds: ClassVar[frozenset[TaskKind]] = GENERATE
+    #: Completions per prompt it needs (pass@k needs k).
+    min_samples_per_prompt: int = 1
 
     @abstractmethod
     def compute(self, record: EvalRecord) -> MetricValue: ...
@@ -53,8 +91,13 @@ def mean_with_stderr(name: str, values: Sequence[float]) -> MetricValue:
     mean = math.fsum(values) / n
     if n < 2:
         return MetricValue(name=name, value=mean, n=n, stderr=None)
-    variance = math.fsum((v - mean) ** 2 for v in values) / (n - 1)
-    return MetricValue(name=name, value=mean, n=n, stderr=math.sqrt(variance / n))
+    return MetricValue(name=name, value=mean, n=n, stderr=sample_std(values) / math.sqrt(n))
+
+
+def sample_std(values: Sequence[float]) -> float:
+    """Standard deviation with Bessel's correction (as ``torch.std``, which GRPO normalises by)."""
+    mean = math.fsum(values) / len(values)
+    return math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
 def proportion_with_stderr(name: str, hits: Sequence[bool]) -> MetricValue:
@@ -66,18 +109,69 @@ def proportion_with_stderr(name: str, hits: Sequence[bool]) -> MetricValue:
     return MetricValue(name=name, value=p, n=n, stderr=math.sqrt(p * (1.0 - p) / n))
 
 
+def ratio_with_stderr(name: str, numerators: Sequence[float], denominators: Sequence[float]) -> MetricValue:
+    """``sum(numerators) / sum(denominators)`` over units (a per-token mean over responses, say), with the
+    ratio estimator's standard error: units are the independent draws, not the tokens within them."""
+    n = len(numerators)
+    total = math.fsum(denominators)
+    if n == 0 or total <= 0:
+        return MetricValue(name=name, value=0.0, n=n, stderr=None)
+    ratio = math.fsum(numerators) / total
+    if n < 2:
+        return MetricValue(name=name, value=ratio, n=n, stderr=None)
+    residuals = math.fsum((y - ratio * x) ** 2 for y, x in zip(numerators, denominators, strict=True))
+    stderr = math.sqrt(residuals / (n * (n - 1))) / (total / n)
+    return MetricValue(name=name, value=ratio, n=n, stderr=stderr)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0–100) by linear interpolation between order statistics (numpy's default)."""
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100.0
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def groups(samples: Sequence[SampleRecord]) -> list[list[SampleRecord]]:
+    """The samples of each prompt, in the prompts' order."""
+    by_group: dict[int, list[SampleRecord]] = {}
+    for sample in samples:
+        by_group.setdefault(sample.group, []).append(sample)
+    return [by_group[group] for group in sorted(by_group)]
+
+
 class SampleMetric(Metric):
     """Scores each sample; aggregates by mean and standard error unless a subclass knows better."""
 
     @abstractmethod
-    def score(self, sample: SampleRecord) -> float: ...
+    def score(self, sample: SampleRecord) -> float | None:
+        """The sample's score; ``None`` leaves it out of this metric (a correct-only mean, say)."""
 
     def aggregate(self, scores: Sequence[float]) -> MetricValue:
         return mean_with_stderr(self.name, scores)
 
     def compute(self, record: EvalRecord) -> MetricValue:
-        return self.aggregate([self.score(sample) for sample in record.samples])
+        scores = [self.score(sample) for sample in record.samples]
+        return self.aggregate([score for score in scores if score is not None])
+
+
+class GroupMetric(Metric):
+    """Scores each prompt from its completions; the mean over prompts, ``n`` the prompts counted."""
+
+    @abstractmethod
+    def score(self, group: Sequence[SampleRecord]) -> float | None:
+        """The prompt's score; ``None`` leaves it out (too few completions survived)."""
+
+    def aggregate(self, scores: Sequence[float]) -> MetricValue:
+        return mean_with_stderr(self.name, scores)
+
+    def compute(self, record: EvalRecord) -> MetricValue:
+        scores = [self.score(group) for group in groups(record.samples)]
+        return self.aggregate([score for score in scores if score is not None])
 
 
 class RunMetric(Metric):
     """Reads the evaluation as a whole; no per-sample values, so no standard error."""
+
+    kinds: ClassVar[frozenset[TaskKind]] = ANY_KIND

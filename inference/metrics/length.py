@@ -1,4 +1,7 @@
-"""Response length: generated tokens per answer, and how often answers ran out of tokens."""
+"""Response length, overall and for correct and incorrect answers, and how often answers ran out of tokens.
+
+Length growing on wrong answers only is the signature of a policy that rambles when it is lost.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from inference.spec import MetricValue
 
 
 class ResponseLength(SampleMetric):
-    name: ClassVar[str] = "response_length"
+    name = "response_length"
     higher_is_better: ClassVar[bool | None] = None
     description: ClassVar[str] = "mean generated tokens per answer (EOS not counted)"
 
@@ -18,8 +21,26 @@ class ResponseLength(SampleMetric):
         return float(sample.tokens)
 
 
+class ResponseLengthCorrect(SampleMetric):
+    name = "response_length_correct"
+    higher_is_better: ClassVar[bool | None] = None
+    description: ClassVar[str] = "mean generated tokens per answer graded correct"
+
+    def score(self, sample: SampleRecord) -> float | None:
+        return float(sample.tokens) if sample.correct else None
+
+
+class ResponseLengthIncorrect(SampleMetric):
+    name = "response_length_incorrect"
+    higher_is_better: ClassVar[bool | None] = None
+    description: ClassVar[str] = "mean generated tokens per answer graded wrong"
+
+    def score(self, sample: SampleRecord) -> float | None:
+        return None if sample.correct else float(sample.tokens)
+
+
 class TruncationRate(SampleMetric):
-    name: ClassVar[str] = "truncation_rate"
+    name = "truncation_rate"
     higher_is_better: ClassVar[bool | None] = False
     description: ClassVar[str] = "share of answers that hit max_new_tokens before EOS"
 

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from typing import ClassVar
+
+from inference.metrics.base import GroupMetric, SampleRecord
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -41,3 +44,37 @@ def majority_at_k(answers: Sequence[str | None], correct: Sequence[bool], k: int
     tied = [answer for answer, count in votes.items() if count == top]
     graded = {answer: ok for answer, ok in zip(answers[:k], correct[:k], strict=True) if answer is not None}
     return sum(graded[answer] for answer in tied) / len(tied)
+
+
+class PassAtK(GroupMetric):
+    """pass@k per prompt, averaged over the prompts with at least k completions."""
+
+    higher_is_better: ClassVar[bool | None] = True
+    description: ClassVar[str] = "chance that at least one of k completions is correct (unbiased estimator)"
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.name = f"pass@{k}"
+        self.min_samples_per_prompt = k
+
+    def score(self, group: Sequence[SampleRecord]) -> float | None:
+        if len(group) < self.k:
+            return None
+        return pass_at_k(len(group), sum(sample.correct for sample in group), self.k)
+
+
+class MajorityAtK(GroupMetric):
+    """maj@k per prompt, averaged over the prompts with at least k completions."""
+
+    higher_is_better: ClassVar[bool | None] = True
+    description: ClassVar[str] = "share of prompts whose most frequent answer among k completions is correct"
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.name = f"maj@{k}"
+        self.min_samples_per_prompt = k
+
+    def score(self, group: Sequence[SampleRecord]) -> float | None:
+        if len(group) < self.k:
+            return None
+        return majority_at_k([s.answer for s in group], [s.correct for s in group], self.k)

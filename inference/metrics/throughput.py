@@ -1,26 +1,53 @@
-"""Efficiency: generation throughput and where the evaluation's time went."""
+"""Efficiency: throughput, batch latency, memory, and where the evaluation's time went."""
 
 from __future__ import annotations
 
 from typing import ClassVar
 
-from inference.metrics.base import EvalRecord, RunMetric
+from inference.metrics.base import EvalRecord, RunMetric, percentile
 from inference.spec import MetricValue
 
 
 class TokensPerSecond(RunMetric):
-    name: ClassVar[str] = "tokens_per_s"
+    name = "tokens_per_s"
     higher_is_better: ClassVar[bool | None] = True
-    description: ClassVar[str] = "generated tokens per second of generation (loading excluded)"
+    description: ClassVar[str] = "tokens generated (or scored, for likelihood) per second in the model"
 
     def compute(self, record: EvalRecord) -> MetricValue:
-        tokens = sum(sample.tokens for sample in record.samples)
+        tokens = sum(s.tokens for s in record.samples) + sum(d.tokens for d in record.documents)
         rate = tokens / record.generation_s if record.generation_s > 0 else 0.0
-        return MetricValue(name=self.name, value=rate, n=len(record.samples))
+        return MetricValue(name=self.name, value=rate, n=len(record.samples) or len(record.documents))
+
+
+class BatchLatency(RunMetric):
+    """A percentile of the per-batch latency (``latency_p50_s``, ``latency_p95_s``); n is the batches."""
+
+    higher_is_better: ClassVar[bool | None] = False
+    description: ClassVar[str] = "a percentile of the seconds one batch took"
+
+    def __init__(self, q: int) -> None:
+        self.q = q
+        self.name = f"latency_p{q}_s"
+
+    def compute(self, record: EvalRecord) -> MetricValue:
+        latencies = record.batch_latencies_s
+        value = percentile(latencies, self.q) if latencies else 0.0
+        return MetricValue(name=self.name, value=value, n=len(latencies))
+
+
+class PeakMemory(RunMetric):
+    name = "peak_memory_mb"
+    higher_is_better: ClassVar[bool | None] = False
+    description: ClassVar[str] = (
+        "peak memory while evaluating, MiB (GPU: allocated by torch; CPU: resident set)"
+    )
+
+    def compute(self, record: EvalRecord) -> MetricValue:
+        return MetricValue(name=self.name, value=record.peak_memory_mb or 0.0)
 
 
 class WallTime(RunMetric):
-    name: ClassVar[str] = "wall_s"
+    name = "wall_s"
     higher_is_better: ClassVar[bool | None] = False
     description: ClassVar[str] = "seconds for the whole evaluation, loading included"
 
@@ -29,7 +56,7 @@ class WallTime(RunMetric):
 
 
 class LoadTime(RunMetric):
-    name: ClassVar[str] = "load_s"
+    name = "load_s"
     higher_is_better: ClassVar[bool | None] = False
     description: ClassVar[str] = "seconds to load model and tokenizer"
 

@@ -1,0 +1,59 @@
+"""Scoring held-out text: the summed negative log-likelihood of each text's tokens under the model.
+
+Texts come in the same left-padded batches as prompts. Positions are counted from each row's first real
+token, so a padded row scores exactly as it would alone; the first token of a text has nothing before it
+and is not scored (with a BOS token, the first word is scored given BOS).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from inference.metrics import DocumentRecord
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel
+
+    from inference.generation import Batch
+
+
+def token_nll(logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Per row, the negative log-likelihood (nats) of every token whose predecessor is a real token;
+    shape ``[rows, length - 1]``, zero where nothing is scored."""
+    import torch
+
+    log_p = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    picked = log_p.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    scored = attention_mask[:, 1:].bool() & attention_mask[:, :-1].bool()
+    return torch.where(scored, -picked, torch.zeros_like(picked))
+
+
+def score_batches(
+    model: PreTrainedModel, batches: Sequence[Batch]
+) -> tuple[dict[int, DocumentRecord], list[float]]:
+    """Each text's :class:`DocumentRecord` by its index, and the seconds each batch took."""
+    import torch
+
+    device = next(iter(model.parameters())).device
+    scores: dict[int, DocumentRecord] = {}
+    latencies: list[float] = []
+    # Causal LMs' forward takes position_ids; PreTrainedModel's annotations do not say so.
+    forward: Any = model
+    with torch.inference_mode():
+        for batch in batches:
+            started = time.perf_counter()
+            ids = batch.input_ids.to(device)
+            mask = batch.attention_mask.to(device)
+            positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+            logits = forward(
+                input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False
+            ).logits
+            nll = token_nll(logits, ids, mask)
+            counted = (mask[:, 1:].bool() & mask[:, :-1].bool()).sum(-1)
+            latencies.append(time.perf_counter() - started)
+            for row, index in enumerate(batch.indices):
+                scores[index] = DocumentRecord(nll=float(nll[row].sum()), tokens=int(counted[row]))
+    return scores, latencies

@@ -1,0 +1,133 @@
+"""From generated responses to graded samples: correctness, reward, the records metrics read, the outputs
+kept for people to read, and the samples that failed.
+
+A sample fails when its reward raises, hangs past its time limit or is not a finite number. It is left out
+of every metric (so all of a job's metrics are over the same samples), kept among the outputs with its
+error, and reported as a :class:`~inference.spec.Problem`. Only when every sample fails is it the job's
+error: then the reward function is broken, not the data.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from inference.dataset import Item
+from inference.errors import TaskInvalid
+from inference.generation import Generation
+from inference.grading import Grade, grade
+from inference.metrics import SampleRecord
+from inference.rewards import RewardFailed
+from inference.spec import Problem, SampleOutput
+
+#: Closes text cut to ``max_text_chars``.
+CUT_MARKER = "…[cut]"
+
+#: Given (dataset prompt, response, reference) and math-verify's grade, the sample's reward.
+Scorer = Callable[[str, str, str, Grade], float]
+
+
+def builtin_scorer(prompt: str, response: str, reference: str, graded: Grade) -> float:
+    """The built-in math reward, from the grade already made (the same verdict as ``math_reward``)."""
+    return 1.0 if graded.correct else 0.0
+
+
+def cut_text(text: str, limit: int) -> str:
+    """``text`` if it fits in ``limit`` characters, else its start and :data:`CUT_MARKER`."""
+    if len(text) <= limit:
+        return text
+    return text[: max(0, limit - len(CUT_MARKER))] + CUT_MARKER
+
+
+@dataclass(frozen=True)
+class Graded:
+    #: The samples that did not fail, for the metrics.
+    records: tuple[SampleRecord, ...]
+    #: The first ``max_samples`` samples, and every failed one.
+    outputs: tuple[SampleOutput, ...]
+    problems: tuple[Problem, ...]
+    #: Seconds spent grading and in the reward.
+    seconds: float
+
+
+@dataclass(frozen=True)
+class SampleLimits:
+    n_samples: int
+    max_samples: int
+    max_text_chars: int
+
+
+def grade_samples(
+    task_name: str,
+    items: Sequence[Item],
+    prompts: Sequence[str],
+    generations: Sequence[Generation],
+    limits: SampleLimits,
+    scorer: Scorer | None,
+) -> Graded:
+    """Grade ``generations`` (``limits.n_samples`` per item, prompt-major); ``prompts`` are what the model
+    was given, one per item."""
+    started = time.perf_counter()
+    records: list[SampleRecord] = []
+    outputs: list[SampleOutput] = []
+    problems: list[Problem] = []
+    cut = limits.max_text_chars
+    for index, generation in enumerate(generations):
+        group = index // limits.n_samples
+        item = items[group]
+        graded = grade(generation.text, item.reference)
+        reward: float | None = None
+        error: str | None = None
+        if scorer is not None:
+            try:
+                reward = scorer(item.prompt, generation.text, item.reference, graded)
+            except RewardFailed as exc:
+                error = f"reward {exc}"
+        if error is None:
+            records.append(
+                SampleRecord(
+                    correct=graded.correct,
+                    tokens=generation.tokens,
+                    truncated=generation.truncated,
+                    group=group,
+                    response=generation.text,
+                    reference=item.reference,
+                    answer=graded.extracted,
+                    reward=reward,
+                    entropy_sum=generation.entropy_sum,
+                    entropy_tokens=generation.entropy_tokens,
+                )
+            )
+        else:
+            problems.append(
+                Problem(where=f"sample {index}", message=error, prompt_id=item.prompt_id, index=index)
+            )
+        if index < limits.max_samples or error is not None:
+            outputs.append(
+                SampleOutput(
+                    index=index,
+                    prompt_id=item.prompt_id,
+                    prompt=cut_text(prompts[group], cut),
+                    response=cut_text(generation.text, cut),
+                    extracted=None if graded.extracted is None else cut_text(graded.extracted, cut),
+                    reference=cut_text(item.reference, cut),
+                    correct=graded.correct,
+                    tokens=generation.tokens,
+                    truncated=generation.truncated,
+                    reward=reward,
+                    entropy=(
+                        generation.entropy_sum / generation.entropy_tokens
+                        if generation.entropy_tokens
+                        else None
+                    ),
+                    error=error,
+                )
+            )
+    if generations and not records:
+        first = problems[0]
+        raise TaskInvalid(
+            f"task {task_name!r}: every one of the {len(generations)} samples failed, "
+            f"so the reward function is broken, not the data; {first.where}: {first.message}"
+        )
+    return Graded(tuple(records), tuple(outputs), tuple(problems), time.perf_counter() - started)
