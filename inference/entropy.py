@@ -9,7 +9,6 @@ the token is drawn from before top-p, which is the policy an RL trainer optimise
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 from transformers.generation.logits_process import LogitsProcessor
@@ -29,9 +28,8 @@ class EntropyMeter(LogitsProcessor):
         self._temperature = temperature if temperature > 0 else 1.0
         self._steps: list[torch.Tensor] = []
 
-    def __call__(
-        self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any
-    ) -> torch.FloatTensor:
+    # No **kwargs: transformers insists that a processor taking more than (input_ids, scores) gets them all.
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         self._steps.append(token_entropy(scores, self._temperature))
         return scores
 

@@ -126,7 +126,9 @@ class RewardProcess:
                 )
             ok, value = connection.recv()
         except (EOFError, ConnectionError) as exc:
-            code = self._process.exitcode if self._process is not None else None
+            # The pipe closes a moment before the child is reaped: wait for its exit code.
+            self._process.join(timeout=5)
+            code = self._process.exitcode
             self._stop()
             raise RewardFailed(f"crashed its process (exit code {code})") from exc
         if not ok:
