@@ -22,7 +22,7 @@ from pathlib import Path
 import structlog
 from sqlalchemy.orm import Session
 
-from daemon import stages
+from daemon import report, stages
 from daemon.config import Config
 from daemon.errors import JobSetupError
 from daemon.planner import Planner
@@ -39,6 +39,11 @@ log = structlog.get_logger("evald.runner")
 
 #: Failures another try may cure: a rank that died, a hung worker. A rejected input fails at once.
 RETRYABLE = frozenset({"crash", "timeout"})
+
+#: How many of a stored result's problems its ``job.problems`` warning quotes (``evald samples`` lists all),
+#: and how much of each.
+PROBLEMS_LOGGED = 5
+PROBLEM_CHARS = 200
 
 
 def build_spec(config: Config, job: queries.ClaimedJob, job_dir: Path) -> JobSpec:
@@ -337,6 +342,7 @@ class JobRunner:
     def _store(self, job: queries.ClaimedJob, result: JobResult, duration: float) -> None:
         metrics = [queries.MetricRow(m.name, m.value, m.n, m.stderr) for m in result.metrics]
         samples = [queries.SampleRow(**s.model_dump()) for s in result.samples]
+        problems = [queries.ProblemRow(**p.model_dump()) for p in result.problems]
         load_s = result.timing.load_s if result.timing else None
         consistency = result.consistency
         with self._db.session() as session:
@@ -349,6 +355,7 @@ class JobRunner:
                 duration_s=duration,
                 load_s=load_s,
                 tp_disagreements=None if consistency is None else len(consistency.disagreements),
+                problems=problems,
             )
             if stored and consistency is not None and consistency.disagreements:
                 self._report_disagreements(session, job, consistency)
@@ -360,6 +367,8 @@ class JobRunner:
                 reason = "deleted after it was evaluated"
                 queries.mark_checkpoint(session, job.checkpoint_id, CheckpointState.VANISHED, reason)
             log.info("checkpoint.vanished", run=job.run, step=job.step, reason=reason)
+        if stored and problems:
+            self._report_problems(job, problems)
         if stored:
             values = {m.name: round(m.value, 4) for m in result.metrics}
             log.info(
@@ -367,6 +376,23 @@ class JobRunner:
             )
         else:
             log.warning("job.lost_lease", job_id=job.id, run=job.run, step=job.step)
+
+    def _report_problems(self, job: queries.ClaimedJob, problems: list[queries.ProblemRow]) -> None:
+        """Inputs left out of the metrics do not fail the job, so a warning is the only place they surface
+        before someone reads them with ``evald samples``."""
+        first = [
+            report.one_line(f"{p.where}: {p.message}", PROBLEM_CHARS) for p in problems[:PROBLEMS_LOGGED]
+        ]
+        log.warning(
+            "job.problems",
+            job_id=job.id,
+            run=job.run,
+            step=job.step,
+            task=job.task,
+            stage=job.stage,
+            count=len(problems),
+            first=first,
+        )
 
     def _report_disagreements(
         self, session: Session, job: queries.ClaimedJob, consistency: Consistency

@@ -188,6 +188,9 @@ class EvalJob(Base):
     stuck_at: Mapped[datetime | None]
     #: Batches whose tp ranks generated different tokens, in the stored result (None: tp = 1).
     tp_disagreements: Mapped[int | None] = mapped_column(Integer)
+    #: Inputs the stored result left out of its metrics (bad dataset rows, failed samples); None for a job
+    #: not yet stored, or stored before evald counted them.
+    problems: Mapped[int | None] = mapped_column(Integer)
 
     checkpoint: Mapped[Checkpoint] = relationship(back_populates="jobs")
     results: Mapped[list[Result]] = relationship(back_populates="job")
@@ -249,3 +252,24 @@ class Sample(Base):
     correct: Mapped[bool] = mapped_column(Boolean)
     tokens: Mapped[int] = mapped_column(Integer)
     truncated: Mapped[bool] = mapped_column(Boolean)
+    reward: Mapped[float | None] = mapped_column(Float)
+    #: Mean token entropy over the response, in nats.
+    entropy: Mapped[float | None] = mapped_column(Float)
+    #: Why the sample is left out of every metric; NULL for a sample that counts.
+    error: Mapped[str | None] = mapped_column(Text)
+
+
+class SampleProblem(Base):
+    """An input a job's metrics left out: a bad dataset row or a sample whose reward failed. Every one is
+    kept, whatever ``max_samples`` cut from the samples."""
+
+    __tablename__ = "sample_problems"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("eval_jobs.id", ondelete="CASCADE"), index=True)
+    #: ``FILE:LINE`` for a dataset row, ``sample INDEX`` for a sample.
+    where: Mapped[str] = mapped_column(Text)
+    message: Mapped[str] = mapped_column(Text)
+    prompt_id: Mapped[str | None] = mapped_column(String(200))
+    #: The sample's index; NULL for a dataset row.
+    index: Mapped[int | None] = mapped_column(Integer)

@@ -7,13 +7,15 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
 from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 
 from storage import migrations, queries, scheduling
 from storage.database import Database
 from storage.errors import DatabaseUnreachable, InstanceLocked, SchemaOutdated
-from storage.models import CheckpointState, EvalJob, JobState, Result, UTCDateTime
+from storage.models import Base, CheckpointState, EvalJob, JobState, Result, UTCDateTime
 
 
 def _ready_checkpoint(db: Database, step: int = 10, tasks: tuple[str, ...] = ("arith",)) -> int:
@@ -41,6 +43,13 @@ def test_upgrade_creates_schema_and_is_idempotent(database: Database) -> None:
     migrations.require_current(database)
     before, after = migrations.upgrade(database)
     assert before == after == migrations.head_revision()
+
+
+def test_migrations_build_exactly_the_models_schema(database: Database) -> None:
+    """A migration that forgets a column, an index or a foreign key the models declare (or the reverse)
+    would only show on the production database: compare the upgraded schema with the models."""
+    with database.engine.connect() as conn:
+        assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
 
 
 def test_upgrade_from_0001_starts_the_counters_after_what_was_evaluated(database_url: str) -> None:
