@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import signal
 import sys
 import tempfile
@@ -16,7 +17,7 @@ from pydantic import ValidationError
 from sqlalchemy.exc import DBAPIError
 
 from daemon import log as logs
-from daemon import report
+from daemon import report, stages
 from daemon.config import Config, InferenceConfig, config_path, load_config
 from daemon.errors import ConfigError, EvaldError
 from daemon.planner import schedule_summary
@@ -119,6 +120,29 @@ def cmd_history(args: argparse.Namespace) -> int:
     if not attempts:
         raise EvaldError(f"job {args.job}: no worker has run it (see `evald status` for job ids)")
     print(report.history(attempts, args.format))
+    return 0
+
+
+def cmd_samples(args: argparse.Namespace) -> int:
+    config = _load(args)
+    database = _open_current(config)
+    try:
+        with database.session() as session:
+            found = queries.job_samples(
+                session,
+                run=args.run,
+                step=args.step,
+                task=args.task,
+                stage=args.stage,
+                wrong_only=args.wrong_only,
+            )
+    finally:
+        database.dispose()
+    if args.format == "json":
+        print(report.samples_json(found, wrong_only=args.wrong_only))
+    else:
+        width = shutil.get_terminal_size().columns
+        print(report.samples_text(found, width=width, wrong_only=args.wrong_only))
     return 0
 
 
@@ -306,6 +330,21 @@ def build_parser() -> argparse.ArgumentParser:
     history.add_argument("job", type=int, help="job id (as `evald status` shows it)")
     history.add_argument("--format", choices=("table", "json"), default="table")
     history.set_defaults(func=cmd_history)
+
+    samples = commands.add_parser(
+        "samples", help="one job's per-sample outputs, and the inputs it left out of its metrics"
+    )
+    samples.add_argument("--run", required=True)
+    samples.add_argument("--step", type=int, required=True, help="the checkpoint's step")
+    samples.add_argument("--task", required=True)
+    samples.add_argument(
+        "--stage", choices=(stages.FULL, stages.QUICK), help="default: full where it ran, else quick"
+    )
+    samples.add_argument(
+        "--wrong-only", action="store_true", help="only samples graded wrong (not those left out by an error)"
+    )
+    samples.add_argument("--format", choices=("table", "json"), default="table")
+    samples.set_defaults(func=cmd_samples)
 
     status = commands.add_parser("status", help="checkpoints and jobs by state, per run")
     status.add_argument("--format", choices=("table", "json"), default="table")

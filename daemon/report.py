@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from daemon.resources import Check
-from storage.queries import AttemptRow, CheckpointRow, JobRow, ResultRow
+from storage.queries import AttemptRow, CheckpointRow, JobRow, JobSamples, ProblemRow, ResultRow, SampleRow
 from storage.scheduling import PlanRow
 
 Format = Literal["table", "json", "csv"]
@@ -138,6 +138,11 @@ def status(
                 for j in run_jobs
                 if j.tp_disagreements
             ],
+            "left_out": [
+                {"job": j.id, "step": j.step, "task": j.task, "stage": j.stage, "inputs": j.problems}
+                for j in run_jobs
+                if j.problems
+            ],
         }
     return out
 
@@ -237,6 +242,11 @@ def status_text(summary: Mapping[str, Any]) -> str:
                 f"  tp ranks disagreed: step {_cell(found['step'])} [{found['task']}] (job {found['job']}): "
                 f"{found['batches']} batch(es), settled by majority"
             )
+        for job in info.get("left_out", []):
+            where = f"step {_cell(job['step'])} [{job['task']}/{job['stage']}] (job {job['job']})"
+            lines.append(
+                f"  left out:    {where}: {job['inputs']} input(s) with problems (see `evald samples`)"
+            )
     return "\n".join(lines)
 
 
@@ -275,3 +285,84 @@ def one_line(text: str, limit: int | None = None) -> str:
     """``text`` with its whitespace runs made single spaces, cut to ``limit`` characters if given."""
     flat = " ".join(text.split())
     return flat if limit is None or len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+#: How much of a prompt id, extracted answer or reference the samples table shows; the response gets the
+#: rest of the terminal, but never less than RESPONSE_MIN_CHARS (``--format json`` shows everything).
+FIELD_CHARS = 24
+RESPONSE_MIN_CHARS = 20
+SAMPLE_COLUMNS = (
+    "index",
+    "prompt_id",
+    "correct",
+    "reward",
+    "tokens",
+    "truncated",
+    "extracted",
+    "reference",
+    "response",
+)
+
+
+def _verdict(sample: SampleRow) -> str:
+    # A sample with an error was never graded: neither right nor wrong, and out of every metric.
+    if sample.error is not None:
+        return "error"
+    return "yes" if sample.correct else "no"
+
+
+def _short(text: str | None) -> str | None:
+    return None if text is None else one_line(text, FIELD_CHARS)
+
+
+def _problem_line(problem: ProblemRow) -> str:
+    prompt = f" (prompt {problem.prompt_id})" if problem.prompt_id is not None else ""
+    return f"problem: {problem.where}{prompt}: {problem.message}"
+
+
+def samples_text(found: JobSamples, *, width: int, wrong_only: bool = False) -> str:
+    """A heading, one table row per sample (the response flattened and cut to fit ``width``), then one
+    line per problem."""
+    shown = f"{len(found.samples)} wrong of {found.stored}" if wrong_only else str(found.stored)
+    heading = (
+        f"run {found.run}, step {found.step} ({found.checkpoint}), task {found.task}, stage {found.stage}, "
+        f"job {found.job_id}: {shown} sample(s), {len(found.problems)} problem(s)"
+    )
+    rows = [
+        [
+            s.index,
+            _short(s.prompt_id),
+            _verdict(s),
+            s.reward,
+            s.tokens,
+            "yes" if s.truncated else "no",
+            _short(s.extracted),
+            _short(s.reference),
+        ]
+        for s in found.samples
+    ]
+    fixed = [max([len(h)] + [len(_cell(r[i])) for r in rows]) for i, h in enumerate(SAMPLE_COLUMNS[:-1])]
+    room = max(RESPONSE_MIN_CHARS, width - sum(fixed) - 2 * len(fixed))
+    for row, sample in zip(rows, found.samples, strict=True):
+        row.append(one_line(sample.response, room))
+    lines = [heading, table(SAMPLE_COLUMNS, rows)]
+    lines.extend(one_line(_problem_line(p), max(width, RESPONSE_MIN_CHARS)) for p in found.problems)
+    return "\n".join(lines)
+
+
+def samples_json(found: JobSamples, *, wrong_only: bool = False) -> str:
+    return json.dumps(
+        {
+            "run": found.run,
+            "step": found.step,
+            "task": found.task,
+            "stage": found.stage,
+            "job_id": found.job_id,
+            "checkpoint": found.checkpoint,
+            "stored_samples": found.stored,
+            "wrong_only": wrong_only,
+            "samples": [asdict(s) for s in found.samples],
+            "problems": [asdict(p) for p in found.problems],
+        },
+        indent=1,
+    )
