@@ -222,3 +222,68 @@ def test_bad_run_schedule_names_the_field(tmp_path: Path, run_extra: str, proble
     with pytest.raises(ConfigError) as info:
         load_config(_write(tmp_path, text), environ={})
     assert any(p.startswith(problem) for p in info.value.problems), info.value.problems
+
+
+def test_task_kinds_metrics_and_rewards(tmp_path: Path) -> None:
+    text = (
+        GOOD
+        + """
+metrics = ["accuracy", "pass@8", "maj@8", "group_zero_spread", "entropy"]
+n_samples = 8
+temperature = 0.8
+reward = "my_rewards.math:score"
+reward_timeout_s = 2.5
+
+[[tasks]]
+name = "heldout-ppl"
+kind = "likelihood"
+dataset = "data/math.jsonl"
+text_field = "problem"
+max_length = 512
+"""
+    )
+    config = load_config(_write(tmp_path, text), environ={})
+    math, ppl = config.tasks
+
+    assert math.metrics == ("accuracy", "pass@8", "maj@8", "group_zero_spread", "entropy")
+    assert (math.spec().reward, math.spec().reward_timeout_s, math.spec().n_samples) == (
+        "my_rewards.math:score",
+        2.5,
+        8,
+    )
+    assert ppl.metrics == ("perplexity", "nll", "tokens_per_s", "wall_s")
+    assert (ppl.spec().kind, ppl.spec().text_field, ppl.spec().max_length) == ("likelihood", "problem", 512)
+    assert GOOD and load_config(_write(tmp_path, GOOD), environ={}).tasks[0].metrics == (
+        "accuracy",
+        "response_length",
+        "truncation_rate",
+        "tokens_per_s",
+        "wall_s",
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "problem"),
+    [
+        (
+            'metrics = ["accuracy", "rouge"]',
+            "tasks[0]: metrics: unknown metric 'rouge' (known: ",
+        ),
+        ('metrics = ["pass@4"]', "tasks[0]: metrics: metric 'pass@4' needs n_samples >= 4"),
+        (
+            'metrics = ["perplexity"]',
+            "tasks[0]: metrics: metric 'perplexity' does not apply to a generate",
+        ),
+        ('reward = "no_colon"', "tasks[0].reward: String should match pattern"),
+        (
+            'kind = "likelihood"\nreward = "a:b"',
+            'tasks[0]: reward: only for kind = "generate" tasks',
+        ),
+        ('kind = "ranking"', "tasks[0].kind: Input should be 'generate' or 'likelihood'"),
+    ],
+)
+def test_bad_task_fields_are_named(tmp_path: Path, extra: str, problem: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, GOOD + extra + "\n"), environ={})
+
+    assert any(p.startswith(problem) for p in info.value.problems), info.value.problems
