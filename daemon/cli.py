@@ -23,10 +23,10 @@ from daemon.errors import ConfigError, EvaldError
 from daemon.planner import schedule_summary
 from daemon.service import resource_probe
 from inference import layouts
-from inference.dataset import load_dataset
-from inference.errors import InferenceError
+from inference.dataset import read_dataset
+from inference.errors import DatasetInvalid, InferenceError
 from inference.launcher import worker_command
-from inference.spec import InferenceSpec, JobResult, JobSpec
+from inference.spec import InferenceSpec, JobResult, JobSpec, Problem
 from storage import migrations, queries, scheduling
 from storage.database import Database, describe_url
 from storage.errors import DatabaseUnreachable, StorageError
@@ -39,16 +39,30 @@ def _load(args: argparse.Namespace) -> Config:
     return load_config(config_path(args.config))
 
 
-def check_datasets(config: Config) -> None:
-    """Read every task's dataset once, so a bad line stops the start instead of failing every job."""
+def dataset_problems(config: Config) -> list[Problem]:
+    """Read every task's dataset once: a dataset with no usable row stops the start (it would fail every
+    job) as :class:`DatasetInvalid`; the bad rows of a usable one are returned (each job reports them too)."""
+    problems: list[Problem] = []
     for task in config.tasks:
-        load_dataset(
+        likelihood = task.kind == "likelihood"
+        dataset = read_dataset(
             task.dataset,
-            prompt_field=task.prompt_field,
-            answer_field=task.answer_field,
+            prompt_field=task.text_field if likelihood else task.prompt_field,
+            answer_field=None if likelihood else task.answer_field,
             id_field=task.id_field,
             limit=task.limit,
         )
+        problems.extend(dataset.problems)
+    return problems
+
+
+def check_datasets(config: Config) -> None:
+    """Every row of every dataset must be good (``evald config check``)."""
+    problems = dataset_problems(config)
+    if problems:
+        first = problems[0]
+        more = f" (and {len(problems) - 1} more bad rows)" if len(problems) > 1 else ""
+        raise DatasetInvalid(f"{first.where}: {first.message}{more}")
 
 
 def _open_current(config: Config) -> Database:
@@ -61,8 +75,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     from daemon.service import Service, open_database
 
     config = _load(args)
-    check_datasets(config)
+    problems = dataset_problems(config)
     logs.configure(sys.stdout, fmt=config.daemon.log_format, level=config.daemon.log_level)
+    if problems:
+        # Not fatal: each job leaves these rows out and reports them.
+        structlog.get_logger("daemon.cli").warning(
+            "dataset.problems", count=len(problems), first=[f"{p.where}: {p.message}" for p in problems[:5]]
+        )
     database = open_database(config)
     service = Service(config, database)
     signal.signal(signal.SIGTERM, service.request_stop)
@@ -274,6 +293,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 "metrics": {m.name: m.value for m in r.metrics},
                 "n": {m.name: m.n for m in r.metrics},
                 "stderr": {m.name: m.stderr for m in r.metrics},
+                "problems": [p.model_dump() for p in r.problems],
             }
             for name, r in outcomes
         ]
@@ -281,6 +301,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     else:
         rows = [(name, m.name, m.value, m.n, m.stderr) for name, r in outcomes for m in r.metrics]
         print(report.table(("task", "metric", "value", "n", "stderr"), rows))
+        for name, r in outcomes:
+            for problem in r.problems:
+                print(f"{name}: left out: {problem.where}: {report.one_line(problem.message)}")
     return 0
 
 

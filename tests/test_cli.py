@@ -190,9 +190,14 @@ def test_eval_command_and_a_bad_dataset_line(
     assert out["tasks"][0]["task"] == "arith" and out["tasks"][0]["n"]["accuracy"] == 4
     lines = data.read_text().splitlines()
     data.write_text("\n".join([lines[0], '{"problem": "1+1"}', *lines[1:]]) + "\n")
+    # One bad row costs only itself: the rest are evaluated and the row is reported.
+    assert main(["--config", path, "eval", checkpoint]) == 0
+    out = capsys.readouterr().out
+    assert f"arith: left out: {data}:2: missing field 'answer'" in out.splitlines()
+    data.write_text('{"problem": "1+1"}\n')
     assert main(["--config", path, "eval", checkpoint]) == 1
     [error] = _errors(capsys)
-    assert error.startswith("evald: error: ") and f"{data}:2" in error and "answer" in error
+    assert error.startswith("evald: error: ") and f"{data}: no usable rows" in error and "answer" in error
 
 
 def test_eval_tries_a_layout_of_ranks_given_on_the_command_line(
@@ -217,14 +222,23 @@ def test_eval_tries_a_layout_of_ranks_given_on_the_command_line(
     )
 
 
-def test_a_bad_dataset_line_stops_the_daemon_before_it_starts(tmp_path: Path, dataset: Path) -> None:
+def test_a_bad_dataset_line_fails_the_check_and_an_unusable_dataset_the_start(
+    tmp_path: Path, dataset: Path
+) -> None:
     lines = dataset.read_text().splitlines()
-    dataset.write_text("\n".join([*lines[:2], "{not json", *lines[2:]]) + "\n")
+    dataset.write_text("\n".join([*lines[:2], "{not json", *lines[2:], "[]"]) + "\n")
     path = write_config(tmp_path, f"sqlite:///{tmp_path / 'e.db'}", dataset=dataset)
-    for command in (["run"], ["config", "check", str(path)]):
-        done = evald("--config", str(path), *command)
-        lines_out = done.stderr.strip().splitlines()
-        assert done.returncode == 1, (command, done.stderr)
-        assert len(lines_out) == 1 and lines_out[0].startswith(f"evald: error: {dataset}:3: invalid JSON"), (
-            lines_out
-        )
+    done = evald("--config", str(path), "config", "check", str(path))
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"evald: error: {dataset}:3: invalid JSON: Expecting property name enclosed in double quotes "
+        "(column 2) (and 1 more bad rows)"
+    ]
+
+    dataset.write_text("{not json\n[]\n")
+    done = evald("--config", str(path), "run")
+    lines_out = done.stderr.strip().splitlines()
+    assert done.returncode == 1, done.stderr
+    assert len(lines_out) == 1 and lines_out[0].startswith(
+        f"evald: error: {dataset}: no usable rows, all 2 are bad"
+    )

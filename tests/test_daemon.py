@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
+from inference.metrics import DEFAULT_METRICS
 from storage import queries
 from storage.database import Database
 from storage.models import EvalJob
@@ -82,7 +83,7 @@ def test_every_checkpoint_is_evaluated_exactly_once_after_it_is_complete(
         (60, "succeeded", 1),
     ]
     counts = _result_counts(database)
-    metrics = {"accuracy", "response_length", "tokens_per_s", "wall_s"}
+    metrics = {"accuracy", "response_length", "truncation_rate", "tokens_per_s", "wall_s"}
     assert set(counts) == {(p.name, "arith", m) for p in saved for m in metrics}
     assert set(counts.values()) == {1}
     # None was read before it was complete: each job started after its checkpoint's last write.
@@ -181,7 +182,7 @@ def test_sigkill_mid_job_redoes_it_once_and_evaluates_nothing_twice(
     assert attempts[running[0].id] == 2
     assert sorted(attempts.values()) == [1, 2]
     counts = _result_counts(database)
-    assert len(counts) == 2 * 4 and set(counts.values()) == {1}
+    assert len(counts) == 2 * len(DEFAULT_METRICS["generate"]) and set(counts.values()) == {1}
     assert b"job.recovered" in (tmp_path / "daemon-2.log").read_bytes()
     database.dispose()
 
