@@ -187,6 +187,8 @@ class TaskConfig(_Section):
     #: A response ends at the first of these strings.
     stop: tuple[str, ...] = ()
     limit: int | None = Field(default=None, ge=1)
+    #: Evaluate a fixed, seeded, stratified subset of the rows: the same items at every checkpoint.
+    subset: SubsetSpec | None = None
     #: ``module:function(prompt, response, reference) -> float``; unset, reward metrics use the built-in
     #: math reward (1 for a correct answer, else 0).
     reward: str | None = Field(default=None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
@@ -246,7 +248,7 @@ class TaskConfig(_Section):
             ) from exc
         return value
 
-    def spec(self, subset: SubsetSpec | None = None) -> TaskSpec:
+    def spec(self, stage_subset: SubsetSpec | None = None) -> TaskSpec:
         return TaskSpec(
             name=self.name,
             kind=self.kind,
@@ -269,7 +271,8 @@ class TaskConfig(_Section):
             stop=self.stop,
             limit=self.limit,
             metrics=self.metrics,
-            subset=subset,
+            subset=self.subset,
+            stage_subset=stage_subset,
         )
 
 

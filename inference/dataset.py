@@ -12,6 +12,7 @@ job; checks before a start reject them (:func:`load_dataset`).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,8 +28,16 @@ class Item:
     prompt_id: str
     prompt: str
     reference: str
-    #: The value of the dataset's ``stratify_field``, as text; ``None`` when none is set.
-    stratum: str | None = None
+    #: ``(field, value as text)`` for each stratify field the reader was asked for.
+    strata: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def stratum(self) -> str | None:
+        """The value of the first stratify field; ``None`` when none was asked for."""
+        return self.strata[0][1] if self.strata else None
+
+    def stratum_of(self, field: str) -> str:
+        return dict(self.strata)[field]
 
 
 def _describe(value: Any) -> str:
@@ -112,13 +121,14 @@ def read_dataset(
     answer_field: str | None = "answer",
     id_field: str | None = None,
     limit: int | None = None,
-    stratify_field: str | None = None,
+    stratify_fields: Sequence[str] = (),
     strict: bool = False,
 ) -> Dataset:
     """Every good row of ``path`` (the first ``limit`` of them; all when ``None``), and every bad row before
     the last one taken, named by file and line. A bad row costs only itself; a file that cannot be read,
-    or has no good row, is :class:`DatasetInvalid` (``strict``: the caller decides). With ``answer_field`` None rows need no answer (held-out
-    text for likelihood), and the reference is empty.
+    or has no good row, is :class:`DatasetInvalid` (``strict``: the caller decides). With
+    ``answer_field`` None rows need no answer (held-out text for likelihood) and the reference is empty;
+    each of ``stratify_fields`` must be in every row.
     """
     items: list[Item] = []
     problems: list[Problem] = []
@@ -138,14 +148,14 @@ def read_dataset(
                 raise DatasetInvalid(
                     f"{where}: duplicate id {prompt_id!r} (first on line {first_seen[prompt_id]})"
                 )
-            stratum = None if stratify_field is None else _stratum(row, stratify_field, where)
+            strata = tuple((field, _stratum(row, field, where)) for field in dict.fromkeys(stratify_fields))
         except DatasetInvalid as exc:
             problems.append(
                 Problem(where=where, message=exc.message.removeprefix(f"{where}: "), prompt_id=None)
             )
             continue
         first_seen[prompt_id] = number
-        items.append(Item(prompt_id=prompt_id, prompt=prompt, reference=reference, stratum=stratum))
+        items.append(Item(prompt_id=prompt_id, prompt=prompt, reference=reference, strata=strata))
 
     dataset = Dataset(items=tuple(items), problems=tuple(problems))
     if not items and not strict:
@@ -169,7 +179,7 @@ def load_dataset(
         prompt_field=prompt_field,
         answer_field=answer_field,
         id_field=id_field,
-        stratify_field=stratify_field,
+        stratify_fields=() if stratify_field is None else (stratify_field,),
         strict=True,
     )
     if dataset.problems:

@@ -89,6 +89,8 @@ class TaskSpec(_Plain):
     limit: int | None = Field(default=None, ge=1)
     #: Evaluate only this subset of the rows (taken after ``limit``); ``None`` evaluates all.
     subset: SubsetSpec | None = None
+    #: A quick stage's subset, taken from the task's items (after ``subset``).
+    stage_subset: SubsetSpec | None = None
     metrics: tuple[str, ...] = ("accuracy", "response_length", "tokens_per_s", "wall_s")
 
 

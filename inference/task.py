@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import string
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -88,17 +88,25 @@ def render_prompts(task: TaskSpec, items: Sequence[Item]) -> list[str]:
 
 
 def select_items(task: TaskSpec, items: Sequence[Item]) -> tuple[Item, ...]:
-    """The items ``task`` evaluates: all of ``items``, or its subset (the same at every checkpoint)."""
-    subset = task.subset
-    if subset is None:
-        return tuple(items)
-    stratum = None if subset.stratify_field is None else _stratum
-    return tuple(stratified_subset(items, subset.size, seed=subset.seed, stratum=stratum))
+    """The items ``task`` evaluates: all of ``items``, or its subset and then its stage's (each the same
+    at every checkpoint)."""
+    chosen = tuple(items)
+    for subset in (task.subset, task.stage_subset):
+        if subset is not None:
+            field = subset.stratify_field
+            stratum = None if field is None else _stratum_by(field)
+            chosen = tuple(stratified_subset(chosen, subset.size, seed=subset.seed, stratum=stratum))
+    return chosen
 
 
-def _stratum(item: Item) -> str:
-    # Never None here: load_dataset fills every stratum when the subset names a stratify_field.
-    return "" if item.stratum is None else item.stratum
+def stratify_fields(task: TaskSpec) -> tuple[str, ...]:
+    subsets = (task.subset, task.stage_subset)
+    return tuple(s.stratify_field for s in subsets if s is not None and s.stratify_field is not None)
+
+
+def _stratum_by(field: str) -> Callable[[Item], str]:
+    # Every item has the field: read_dataset reports a row without it.
+    return lambda item: item.stratum_of(field)
 
 
 def apply_chat_template(
@@ -158,7 +166,7 @@ def run_task(spec: JobSpec, group: WorkerGroup, faults: Faults | None = None) ->
         answer_field=None if likelihood else task.answer_field,
         id_field=task.id_field,
         limit=task.limit,
-        stratify_field=None if task.subset is None else task.subset.stratify_field,
+        stratify_fields=stratify_fields(task),
     )
     items = select_items(task, dataset.items)
     prompts = [item.prompt for item in items] if likelihood else render_prompts(task, items)

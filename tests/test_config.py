@@ -287,3 +287,16 @@ def test_bad_task_fields_are_named(tmp_path: Path, extra: str, problem: str) -> 
         load_config(_write(tmp_path, GOOD + extra + "\n"), environ={})
 
     assert any(p.startswith(problem) for p in info.value.problems), info.value.problems
+
+
+def test_a_task_subset_is_fixed_seeded_and_stratified(tmp_path: Path) -> None:
+    text = GOOD + '\n[tasks.subset]\nsize = 100\nseed = 7\nstratify_field = "level"\n'
+
+    spec = load_config(_write(tmp_path, text), environ={}).tasks[0].spec()
+
+    assert spec.subset is not None
+    assert (spec.subset.size, spec.subset.seed, spec.subset.stratify_field) == (100, 7, "level")
+    assert spec.stage_subset is None
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, GOOD + "\n[tasks.subset]\nsize = 0\n"), environ={})
+    assert any(p.startswith("tasks[0].subset.size: ") for p in info.value.problems), info.value.problems

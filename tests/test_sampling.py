@@ -201,7 +201,7 @@ def test_stratify_field_of_another_type(tmp_path: Path) -> None:
 
 
 def test_select_items_takes_the_task_subset() -> None:
-    items = [Item(str(index), f"{index}+1", str(index + 1), stratum=str(index % 2)) for index in range(10)]
+    items = [Item(str(i), f"{i}+1", str(i + 1), strata=(("level", str(i % 2)),)) for i in range(10)]
     task = TaskSpec(name="t", dataset=Path("d.jsonl"), subset=SubsetSpec(size=4, stratify_field="level"))
 
     chosen = select_items(task, items)
