@@ -20,6 +20,7 @@ from typing import TextIO
 
 from daemon import report
 from daemon.errors import EvaldError
+from inference.toy.problems import DATA_DIR
 from storage import migrations, queries
 from storage.database import Database
 from storage.models import JobState
@@ -39,16 +40,22 @@ name = "toy"
 root = "{run_dir}"
 layout = "auto"
 
+# The shipped MATH500-format arithmetic set; the same 100 problems, stratified by level, at every step.
 [[tasks]]
 name = "arith"
 dataset = "{dataset}"
 prompt_field = "problem"
 answer_field = "answer"
-id_field = "id"
+id_field = "unique_id"
 prompt_template = "{{prompt}}="
 max_new_tokens = 12
 batch_size = 50
-metrics = ["accuracy", "response_length", "tokens_per_s", "wall_s"]
+metrics = {metrics}
+
+[tasks.subset]
+size = {problems}
+seed = 0
+stratify_field = "level"
 
 [inference]
 engine = "hf"
@@ -64,7 +71,24 @@ tick_secs = 0.1
 state_dir = "{state}"
 """
 
-TABLE_METRICS = ("accuracy", "response_length", "tokens_per_s", "wall_s")
+#: What the demo's task computes: quality, RL and efficiency metrics of the registry.
+DEMO_METRICS = (
+    "accuracy",
+    "exact_match",
+    "reward",
+    "entropy",
+    "response_length",
+    "response_length_correct",
+    "response_length_incorrect",
+    "truncation_rate",
+    "tokens_per_s",
+    "latency_p50_s",
+    "latency_p95_s",
+    "peak_memory_mb",
+    "load_s",
+    "wall_s",
+)
+TABLE_METRICS = ("accuracy", "entropy", "response_length", "truncation_rate", "tokens_per_s", "wall_s")
 
 
 def _say(message: str, stream: TextIO) -> None:
@@ -72,23 +96,9 @@ def _say(message: str, stream: TextIO) -> None:
 
 
 def write_workspace(workdir: Path) -> Path:
-    """Create the run folder, the held-out eval set and the config; returns the config path."""
+    """Create the run folder and the config (the eval set is shipped); returns the config path."""
     (workdir / "run").mkdir(parents=True, exist_ok=True)
-    dataset = workdir / "arith-heldout.jsonl"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "inference.toy.problems",
-            "--out",
-            str(dataset),
-            "--n",
-            str(EVAL_PROBLEMS),
-            "--seed",
-            "1",
-        ],
-        check=True,
-    )
+    dataset = DATA_DIR / "arith500.jsonl"
     config = workdir / "evald.toml"
     config.write_text(
         CONFIG_TEMPLATE.format(
@@ -96,6 +106,8 @@ def write_workspace(workdir: Path) -> Path:
             db=workdir / "evald.db",
             run_dir=workdir / "run",
             dataset=dataset,
+            problems=EVAL_PROBLEMS,
+            metrics=json.dumps(list(DEMO_METRICS)),
             state=workdir / "state",
         ),
         encoding="utf-8",
@@ -161,8 +173,16 @@ def run_demo(workdir: Path | None, *, as_json: bool) -> int:
         table_rows = [
             [step, *(m.get(name) for name in TABLE_METRICS)] for (_r, step, _n, _t), m in grouped.items()
         ]
-        print(report.table(("step", "accuracy", "length", "tokens/s", "wall s"), table_rows))
+        print(
+            report.table(
+                ("step", "accuracy", "entropy", "length", "truncated", "tokens/s", "wall s"), table_rows
+            )
+        )
         print(f"\nresults: evald --config {config_path} results")
+        if grouped:
+            (_run, step, _name, task), _ = list(grouped.items())[-1]
+            query = f"--run toy --step {step} --task {task} --wrong-only"
+            print(f"what it got wrong: evald --config {config_path} samples {query}")
     return 0
 
 
@@ -190,7 +210,11 @@ def _follow(
         for job in done:
             if job.id not in shown:
                 shown.add(job.id)
-                values = {r.metric: r.value for r in rows if r.step == job.step and r.task == job.task}
+                values = {
+                    r.metric: r.value
+                    for r in rows
+                    if r.step == job.step and r.task == job.task and r.metric in TABLE_METRICS
+                }
                 detail = (
                     ", ".join(f"{k} {v:.3g}" for k, v in values.items())
                     if values

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from daemon.demo import DEMO_METRICS
 from storage import queries
 from storage.database import Database
 
@@ -30,15 +31,34 @@ def test_demo_json_shows_learning_with_every_checkpoint_evaluated_once(tmp_path:
     steps = [c["step"] for c in report["checkpoints"]]
     assert steps == sorted(steps) and len(steps) == 6
     for checkpoint in report["checkpoints"]:
-        assert set(checkpoint["metrics"]) == {"accuracy", "response_length", "tokens_per_s", "wall_s"}
+        assert set(checkpoint["metrics"]) == set(DEMO_METRICS)
     accuracy = [c["metrics"]["accuracy"] for c in report["checkpoints"]]
     assert accuracy[-1] - accuracy[0] >= 0.5, accuracy
+    last = report["checkpoints"][-1]["metrics"]
+    # The built-in reward is the math grade; a model that learnt the task is sure of its tokens.
+    assert last["reward"] == last["accuracy"]
+    assert 0 < last["entropy"] < report["checkpoints"][0]["metrics"]["entropy"]
+    # What the model answered at that step, as a user reads it.
+    config = str(workdir / "evald.toml")
+    query = ("--run", "toy", "--step", str(steps[-1]), "--task", "arith", "--format", "json")
+    shown = subprocess.run(
+        [sys.executable, "-m", "daemon", "--config", config, "samples", *query],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == 0, shown.stderr
+    samples = json.loads(shown.stdout)["samples"]
+    assert len(samples) == 100
+    assert {s["prompt_id"].split("/")[1] for s in samples} == {"arithmetic"}
+    assert sum(s["correct"] for s in samples) == round(last["accuracy"] * 100)
+    assert all(s["reward"] == float(s["correct"]) and s["entropy"] is not None for s in samples)
     database = Database(f"sqlite:///{workdir / 'evald.db'}")
     try:
         with database.session() as session:
             counts = Counter((r.checkpoint, r.metric) for r in queries.result_rows(session))
     finally:
         database.dispose()
-    assert len(counts) == 6 * 4 and set(counts.values()) == {1}
+    assert len(counts) == 6 * len(DEMO_METRICS) and set(counts.values()) == {1}
     # The daemon stopped on SIGTERM and said so.
     assert '"daemon.stopped"' in (workdir / "daemon.log").read_text()
