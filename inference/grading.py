@@ -178,3 +178,13 @@ def grade(response: str, reference: str, *, shortcut: bool = True) -> Grade:
         # Garbage in a model's output is an answer that is wrong, never a failed job.
         return Grade(extracted=None, correct=False)
     return Grade(extracted=_as_text(predicted), correct=correct)
+
+
+def warm_up() -> threading.Thread:
+    """Import math-verify's parsers (sympy, the LaTeX grammar: about half a second) in a thread, so that a
+    worker pays for them while its model loads rather than in its first grade."""
+    thread = threading.Thread(
+        target=grade, args=("\\boxed{\\frac{1}{2}}", "0.5"), name="grading-warm-up", daemon=True
+    )
+    thread.start()
+    return thread

@@ -30,6 +30,7 @@ from inference.generation import (
     run_batches,
     token_lengths,
 )
+from inference.grading import warm_up
 from inference.group import WorkerGroup, head_results
 from inference.layouts import LayoutSettings
 from inference.likelihood import score_batches
@@ -172,6 +173,8 @@ def run_task(spec: JobSpec, group: WorkerGroup, faults: Faults | None = None) ->
     prompts = [item.prompt for item in items] if likelihood else render_prompts(task, items)
     if task.n_samples > 1 and task.temperature == 0:
         raise TaskInvalid(f"task {task.name!r}: n_samples = {task.n_samples} needs temperature > 0")
+    if topology.rank == 0 and not likelihood:
+        warm_up()
     # Built (and its module imported) now: a bad reward fails the job before the weights are loaded.
     with ExitStack() as cleanup:
         scorer = _scorer(task, cleanup) if topology.rank == 0 and not likelihood else None
