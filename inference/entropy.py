@@ -18,8 +18,8 @@ def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tenso
     """Entropy in nats of ``softmax(logits / temperature)`` over the last dimension."""
     log_p = torch.log_softmax(logits.float() / temperature, dim=-1)
     p = log_p.exp()
-    # A token of probability 0 contributes 0, not 0 · -inf = NaN.
-    return -torch.where(p > 0, p * log_p, torch.zeros_like(p)).sum(dim=-1)
+    # A token of probability 0 contributes 0, not 0 · -inf = NaN; NaN logits (a diverged model) stay NaN.
+    return -torch.where(p == 0, torch.zeros_like(p), p * log_p).sum(dim=-1)
 
 
 class EntropyMeter(LogitsProcessor):

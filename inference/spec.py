@@ -32,7 +32,8 @@ Engine = Literal["deepspeed", "hf"]
 
 
 class _Plain(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # A diverged checkpoint's NaN perplexity is a result to store, not a file the daemon cannot read back.
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")
 
 
 class SubsetSpec(_Plain):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import string
+import threading
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
@@ -173,12 +174,13 @@ def run_task(spec: JobSpec, group: WorkerGroup, faults: Faults | None = None) ->
     prompts = [item.prompt for item in items] if likelihood else render_prompts(task, items)
     if task.n_samples > 1 and task.temperature == 0:
         raise TaskInvalid(f"task {task.name!r}: n_samples = {task.n_samples} needs temperature > 0")
-    if topology.rank == 0 and not likelihood:
-        warm_up()
+    warming = warm_up() if topology.rank == 0 and not likelihood else None
     # Built (and its module imported) now: a bad reward fails the job before the weights are loaded.
     with ExitStack() as cleanup:
         scorer = _scorer(task, cleanup) if topology.rank == 0 and not likelihood else None
-        return _evaluate(spec, group, faults, metrics, items, prompts, dataset.problems, scorer, started)
+        return _evaluate(
+            spec, group, faults, metrics, items, prompts, dataset.problems, scorer, warming, started
+        )
 
 
 def _scorer(task: TaskSpec, cleanup: ExitStack) -> Scorer | None:
@@ -199,6 +201,7 @@ def _evaluate(
     prompts: list[str],
     problems: Sequence[Problem],
     scorer: Scorer | None,
+    warming: threading.Thread | None,
     started: float,
 ) -> JobResult | None:
     task = spec.task
@@ -267,7 +270,11 @@ def _evaluate(
             checked=vote.checked,
             disagreements=tuple(vote.disagreements),
         )
-    mine = dataclasses.replace(mine, peak_memory_mb=peak_memory_mb(device))
+    # A single rank on a GPU has no group device: the configured one is where the model went.
+    on_gpu = spec.inference.device.startswith("cuda")
+    mine = dataclasses.replace(
+        mine, peak_memory_mb=peak_memory_mb(device or (spec.inference.device if on_gpu else None))
+    )
     parts = group.gather_to_root(mine if topology.is_head else None)
     if parts is None:
         return None
@@ -283,6 +290,9 @@ def _evaluate(
     else:
         per_item = restore_order([out.generations for out in outputs], len(items))
         generations = [g for item in per_item for g in item]
+        if warming is not None:
+            # Grading in two threads at once would only contend for the interpreter.
+            warming.join(timeout=60)
         limits = SampleLimits(task.n_samples, spec.max_samples, spec.max_text_chars)
         graded = grade_samples(task.name, items, prompts, generations, limits, scorer)
     finished = time.perf_counter()

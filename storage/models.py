@@ -7,6 +7,7 @@ result per job × metric, one sample row per job × index. Code that breaks them
 from __future__ import annotations
 
 import enum
+import math
 from datetime import UTC, datetime
 
 from sqlalchemy import (
@@ -81,6 +82,22 @@ class UTCDateTime(TypeDecorator[datetime]):
         if value is None:
             return None
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class MetricFloat(TypeDecorator[float]):
+    """A metric's value, NaN included: SQLite has no NaN (it would store NULL into a NOT NULL column and
+    fail the whole result), so there NaN is kept as NULL and read back as NaN. PostgreSQL stores NaN."""
+
+    impl = Float
+    cache_ok = True
+
+    def process_bind_param(self, value: float | None, dialect: Dialect) -> float | None:
+        if value is not None and math.isnan(value) and dialect.name == "sqlite":
+            return None
+        return value
+
+    def process_result_value(self, value: float | None, dialect: Dialect) -> float | None:
+        return math.nan if value is None else value
 
 
 class Base(DeclarativeBase):
@@ -229,7 +246,8 @@ class Result(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("eval_jobs.id", ondelete="CASCADE"))
     metric: Mapped[str] = mapped_column(String(100))
-    value: Mapped[float] = mapped_column(Float)
+    #: NULL only for NaN on SQLite (see :class:`MetricFloat`).
+    value: Mapped[float] = mapped_column(MetricFloat, nullable=True)
     n: Mapped[int | None] = mapped_column(Integer)
     stderr: Mapped[float | None] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -28,6 +28,7 @@ def test_token_entropy_on_a_small_case() -> None:
     hot = token_entropy(torch.tensor([[math.log(4.0), 0.0]]), temperature=2.0)
     assert hot.item() == pytest.approx(-(2 / 3) * math.log(2 / 3) - (1 / 3) * math.log(1 / 3))
     assert token_entropy(torch.tensor([[0.0, float("-inf")]])).item() == 0.0
+    assert math.isnan(token_entropy(torch.tensor([[0.0, float("nan")]])).item())
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.7])

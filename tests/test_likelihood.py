@@ -12,7 +12,7 @@ import torch
 from inference.generation import prepare_batches
 from inference.likelihood import score_batches, token_nll
 from inference.loader import load_model
-from inference.spec import InferenceSpec, JobSpec, Problem, TaskSpec
+from inference.spec import InferenceSpec, JobResult, JobSpec, MetricValue, Problem, TaskSpec
 from inference.toy.problems import DATA_DIR
 from inference.toy.tokenizer import ALPHABET
 from inference.worker import run
@@ -91,3 +91,13 @@ def test_a_likelihood_job_reports_perplexity_and_its_bad_rows(toy_run: ToyRun, t
     assert metrics["peak_memory_mb"].value > 50
     assert result.samples == ()
     assert result.problems == (Problem(where=f"{dataset}:5", message="missing field 'text'"),)
+
+
+def test_a_nan_perplexity_survives_the_result_file(tmp_path: Path) -> None:
+    # A diverged checkpoint's logits are NaN: its metrics must reach the daemon, not an unreadable file.
+    path = tmp_path / "result.json"
+    JobResult(job_id=1, metrics=(MetricValue(name="perplexity", value=math.nan, n=3),)).write(path)
+
+    (value,) = JobResult.read(path).metrics
+
+    assert math.isnan(value.value) and value.n == 3

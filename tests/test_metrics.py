@@ -23,7 +23,9 @@ from inference.spec import MetricValue
 
 def record(*samples: tuple[bool, int, bool], generation_s: float = 2.0) -> EvalRecord:
     return EvalRecord(
-        samples=tuple(SampleRecord(correct=c, tokens=t, truncated=tr) for c, t, tr in samples),
+        samples=tuple(
+            SampleRecord(correct=c, tokens=t, truncated=tr, group=i) for i, (c, t, tr) in enumerate(samples)
+        ),
         generation_s=generation_s,
         load_s=1.5,
         wall_s=4.0,
@@ -160,7 +162,7 @@ def test_exact_match_compares_the_final_answer_as_written() -> None:
         run = EvalRecord(
             samples=(
                 SampleRecord(
-                    correct=False, tokens=1, truncated=False, response=response, reference=reference
+                    correct=False, tokens=1, truncated=False, group=0, response=response, reference=reference
                 ),
             )
         )
@@ -176,7 +178,7 @@ def test_exact_match_compares_the_final_answer_as_written() -> None:
 
 
 def test_reward_mean_and_distribution() -> None:
-    run = sampled([[(True, 0.0), (True, 1.0), (True, 0.5), (True, 1.0)]])
+    run = sampled([[(True, 0.0)], [(True, 1.0)], [(True, 0.5)], [(True, 1.0)]])
 
     mean = value("reward", run)
     assert (mean.value, mean.n) == (0.625, 4)
@@ -210,9 +212,9 @@ def test_grpo_group_statistics() -> None:
 def test_entropy_is_token_weighted_with_the_ratio_estimators_stderr() -> None:
     run = EvalRecord(
         samples=(
-            SampleRecord(correct=True, tokens=3, truncated=False, entropy_sum=2.0, entropy_tokens=4),
-            SampleRecord(correct=True, tokens=1, truncated=False, entropy_sum=3.0, entropy_tokens=2),
-            SampleRecord(correct=True, tokens=0, truncated=False),
+            SampleRecord(correct=True, tokens=3, truncated=False, group=0, entropy_sum=2.0, entropy_tokens=4),
+            SampleRecord(correct=True, tokens=1, truncated=False, group=1, entropy_sum=3.0, entropy_tokens=2),
+            SampleRecord(correct=True, tokens=0, truncated=False, group=2),
         )
     )
 
@@ -230,7 +232,8 @@ def test_bleu_is_sacrebleus_corpus_bleu() -> None:
     ]
     run = EvalRecord(
         samples=tuple(
-            SampleRecord(correct=False, tokens=1, truncated=False, response=h, reference=r) for h, r in pairs
+            SampleRecord(correct=False, tokens=1, truncated=False, group=i, response=h, reference=r)
+            for i, (h, r) in enumerate(pairs)
         )
     )
 
@@ -299,3 +302,17 @@ def test_every_name_is_lower_case_and_has_a_direction_or_none() -> None:
     assert higher_is_better("perplexity") is False
     assert higher_is_better("response_length") is None
     assert higher_is_better("no_such_metric") is None
+
+
+def test_completions_of_one_prompt_are_not_independent_draws() -> None:
+    # Two prompts, two completions each: one solved twice, one failed twice.
+    run = sampled([[(True, 1.0), (True, 1.0)], [(False, 0.0), (False, 0.0)]])
+
+    accuracy = value("accuracy", run)
+    length = value("response_length", run)
+
+    # Per prompt sums 2 and 0 of 2 each, ratio 0.5: sqrt(((2 - 1)² + (0 - 1)²) / (2 · 1)) / 2 = 0.5, where
+    # the binomial error over 4 independent samples would claim 0.25.
+    assert (accuracy.value, accuracy.n, accuracy.stderr) == (0.5, 4, pytest.approx(0.5))
+    assert (length.value, length.n, length.stderr) == (5.0, 4, 0.0)
+    assert value("reward", run).stderr == pytest.approx(0.5)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from datetime import UTC, datetime, timedelta
 
@@ -275,3 +276,24 @@ def test_timestamps_come_back_aware_in_utc(database: Database) -> None:
     with database.session() as s:
         started = s.get(EvalJob, job.id).started_at  # type: ignore[union-attr]
     assert started is not None and started.utcoffset() == timedelta(0)
+
+
+def test_a_nan_or_infinite_metric_is_stored_and_read_back(database: Database) -> None:
+    _ready_checkpoint(database)
+    with database.session() as s:
+        job = queries.claim_next_job(s, "host:1")
+    assert job is not None
+    metrics = [
+        queries.MetricRow("perplexity", float("nan"), 29, None),
+        queries.MetricRow("nll", float("inf"), 29, None),
+        queries.MetricRow("wall_s", 1.5, None, None),
+    ]
+    with database.session() as s:
+        assert queries.complete_job(
+            s, job_id=job.id, owner="host:1", metrics=metrics, samples=[], duration_s=1.0, load_s=None
+        )
+    with database.session() as s:
+        values = {r.metric: r.value for r in queries.result_rows(s)}
+    assert math.isnan(values["perplexity"])
+    assert values["nll"] == math.inf
+    assert values["wall_s"] == 1.5

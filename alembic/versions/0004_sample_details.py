@@ -1,4 +1,4 @@
-"""sample details: per-sample reward, entropy and error; a job's problems (inputs left out)
+"""sample details: per-sample reward, entropy and error; a job's problems (inputs left out); NaN results
 
 Revision ID: 0004
 Revises: 0003
@@ -39,9 +39,16 @@ def upgrade() -> None:
     )
     with op.batch_alter_table("sample_problems", schema=None) as batch_op:
         batch_op.create_index(batch_op.f("ix_sample_problems_job_id"), ["job_id"], unique=False)
+    # A NaN metric (a diverged checkpoint's perplexity) is stored; SQLite can only keep it as NULL.
+    with op.batch_alter_table("results", schema=None) as batch_op:
+        batch_op.alter_column("value", existing_type=sa.Float(), nullable=True)
 
 
 def downgrade() -> None:
+    # NaN results (NULL on SQLite) cannot go back under NOT NULL: they are dropped with the revision.
+    op.execute("DELETE FROM results WHERE value IS NULL")
+    with op.batch_alter_table("results", schema=None) as batch_op:
+        batch_op.alter_column("value", existing_type=sa.Float(), nullable=False)
     with op.batch_alter_table("sample_problems", schema=None) as batch_op:
         batch_op.drop_index(batch_op.f("ix_sample_problems_job_id"))
     op.drop_table("sample_problems")

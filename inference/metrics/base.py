@@ -32,7 +32,7 @@ class SampleRecord:
     tokens: int
     truncated: bool
     #: The prompt's position in the eval set: the ``n_samples`` completions of a prompt share it.
-    group: int = 0
+    group: int
     response: str = ""
     reference: str = ""
     #: The final answer math-verify found in the response; ``None`` if none.
@@ -141,8 +141,20 @@ def groups(samples: Sequence[SampleRecord]) -> list[list[SampleRecord]]:
     return [by_group[group] for group in sorted(by_group)]
 
 
+def clustered_stderr(groups: Sequence[Sequence[float]]) -> float | None:
+    """Standard error of the mean of all ``groups``' values when values within a group are correlated
+    (the completions of one prompt): the ratio estimator with the groups as the independent draws."""
+    kept = [group for group in groups if group]
+    stderr = ratio_with_stderr("", [math.fsum(g) for g in kept], [float(len(g)) for g in kept]).stderr
+    return stderr
+
+
 class SampleMetric(Metric):
-    """Scores each sample; aggregates by mean and standard error unless a subclass knows better."""
+    """Scores each sample; aggregates by mean and standard error unless a subclass knows better.
+
+    With several completions per prompt the samples are not independent draws (a prompt the model cannot
+    solve fails all of its completions), so the standard error is computed over prompts; the value is
+    still the mean over samples, and ``n`` the samples."""
 
     @abstractmethod
     def score(self, sample: SampleRecord) -> float | None:
@@ -152,8 +164,16 @@ class SampleMetric(Metric):
         return mean_with_stderr(self.name, scores)
 
     def compute(self, record: EvalRecord) -> MetricValue:
-        scores = [self.score(sample) for sample in record.samples]
-        return self.aggregate([score for score in scores if score is not None])
+        by_group: dict[int, list[float]] = {}
+        for sample in record.samples:
+            score = self.score(sample)
+            if score is not None:
+                by_group.setdefault(sample.group, []).append(score)
+        scores = [score for group in by_group.values() for score in group]
+        result = self.aggregate(scores)
+        if result.stderr is None or all(len(group) == 1 for group in by_group.values()):
+            return result
+        return result.model_copy(update={"stderr": clustered_stderr(list(by_group.values()))})
 
 
 class GroupMetric(Metric):

@@ -11,7 +11,8 @@ from inference.spec import MetricValue
 
 class Entropy(Metric):
     """Token-weighted, as RL trainers log it: total entropy over total decoding steps, each response's end
-    token included; the standard error treats responses, not tokens, as the independent draws.
+    token included; the standard error treats prompts, not tokens, as the independent draws; ``n`` is the
+    prompts.
 
     A step's entropy is that of the distribution the token was drawn from before top-p: the logits divided
     by the temperature (by 1 when decoding greedily)."""
@@ -21,7 +22,12 @@ class Entropy(Metric):
     description: ClassVar[str] = "mean entropy (nats) of the policy per generated token"
 
     def compute(self, record: EvalRecord) -> MetricValue:
-        scored = [sample for sample in record.samples if sample.entropy_tokens > 0]
-        return ratio_with_stderr(
-            self.name, [s.entropy_sum for s in scored], [float(s.entropy_tokens) for s in scored]
-        )
+        # A prompt's completions are one draw (see SampleMetric): they are summed into one unit.
+        sums: dict[int, float] = {}
+        steps: dict[int, int] = {}
+        for sample in record.samples:
+            if sample.entropy_tokens > 0:
+                sums[sample.group] = sums.get(sample.group, 0.0) + sample.entropy_sum
+                steps[sample.group] = steps.get(sample.group, 0) + sample.entropy_tokens
+        groups = sorted(sums)
+        return ratio_with_stderr(self.name, [sums[g] for g in groups], [float(steps[g]) for g in groups])
