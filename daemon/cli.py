@@ -27,6 +27,7 @@ from inference.dataset import read_dataset
 from inference.errors import DatasetInvalid, InferenceError
 from inference.launcher import worker_command
 from inference.spec import InferenceSpec, JobResult, JobSpec, Problem
+from inference.task import stratify_fields
 from storage import migrations, queries, scheduling
 from storage.database import Database, describe_url
 from storage.errors import DatabaseUnreachable, StorageError
@@ -45,12 +46,15 @@ def dataset_problems(config: Config) -> list[Problem]:
     problems: list[Problem] = []
     for task in config.tasks:
         likelihood = task.kind == "likelihood"
+        two_stage = config.scheduling.two_stage.get(task.name)
+        spec = task.spec(None if two_stage is None else two_stage.subset())
         dataset = read_dataset(
             task.dataset,
             prompt_field=task.text_field if likelihood else task.prompt_field,
             answer_field=None if likelihood else task.answer_field,
             id_field=task.id_field,
             limit=task.limit,
+            stratify_fields=stratify_fields(spec),
         )
         problems.extend(dataset.problems)
     return problems

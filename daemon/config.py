@@ -211,6 +211,8 @@ class TaskConfig(_Section):
             raise ValueError(
                 f"n_samples = {self.n_samples} draws identical greedy answers: set temperature > 0"
             )
+        if self.system_prompt is not None and not self.chat_template:
+            raise ValueError("system_prompt: only used with chat_template = true")
         if self.kind == "likelihood":
             generate_only = [
                 name

@@ -21,6 +21,8 @@ from inference.errors import DatasetInvalid
 from inference.spec import Problem
 
 PROMPT_FIELDS = ("prompt", "question", "problem")
+#: Longest id the database keeps (``samples.prompt_id``).
+MAX_ID_CHARS = 200
 
 
 @dataclass(frozen=True)
@@ -144,6 +146,8 @@ def read_dataset(
             prompt = _text(row, _prompt_field(row, prompt_field, where), where, numbers=False)
             reference = "" if answer_field is None else _text(row, answer_field, where, numbers=True)
             prompt_id = str(number) if id_field is None else _text(row, id_field, where, numbers=True)
+            if len(prompt_id) > MAX_ID_CHARS:
+                raise DatasetInvalid(f"{where}: id longer than {MAX_ID_CHARS} characters ({len(prompt_id)})")
             if prompt_id in first_seen:
                 raise DatasetInvalid(
                     f"{where}: duplicate id {prompt_id!r} (first on line {first_seen[prompt_id]})"

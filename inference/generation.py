@@ -167,10 +167,20 @@ def generate_tokens(
             f"{decoding.simulate_oom_above} allows"
         )
     torch.manual_seed(batch_seed(decoding.seed, seed_key))
+    # Exactly the configured policy: transformers' top_k = 50 default and a checkpoint's own
+    # generation_config.json (top_k, min_p, repetition_penalty) would otherwise reshape it, and pass@k,
+    # entropy and the RL trainer's own sampling would no longer agree.
     sampling: dict[str, Any] = (
-        {"do_sample": True, "temperature": decoding.temperature, "top_p": decoding.top_p}
+        {
+            "do_sample": True,
+            "temperature": decoding.temperature,
+            "top_p": decoding.top_p,
+            "top_k": 0,
+            "min_p": None,
+            "repetition_penalty": 1.0,
+        }
         if decoding.temperature > 0
-        else {"do_sample": False}
+        else {"do_sample": False, "repetition_penalty": 1.0}
     )
     device = next(iter(model.parameters())).device
     prompt_length = batch.input_ids.shape[1]

@@ -29,11 +29,17 @@ WATCH_SECS = 1.0
 def die_with_parent() -> None:
     """Arm ``PR_SET_PDEATHSIG`` against ``EVALD_PARENT_PID`` (Linux; a no-op elsewhere or when unset)."""
     expected = os.environ.get(PARENT_PID_ENV, "")
-    if not expected.isdigit() or not sys.platform.startswith("linux"):
+    if expected.isdigit():
+        die_with(int(expected))
+
+
+def die_with(parent: int) -> None:
+    """Be killed when ``parent``, this process's parent, exits (Linux; a no-op elsewhere)."""
+    if not sys.platform.startswith("linux"):
         return
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != int(expected):
+    if os.getppid() != parent:
         # The parent died before the signal was armed.
         os._exit(1)
 

@@ -25,8 +25,13 @@ def token_nll(logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: tor
     shape ``[rows, length - 1]``, zero where nothing is scored."""
     import torch
 
-    log_p = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    picked = log_p.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    # Row by row: float32 log-probabilities of a whole batch (16 × 2048 × a 150k vocabulary) would not fit.
+    picked = torch.stack(
+        [
+            torch.log_softmax(row[:-1].float(), dim=-1).gather(-1, ids[1:].unsqueeze(-1)).squeeze(-1)
+            for row, ids in zip(logits, input_ids, strict=True)
+        ]
+    )
     scored = attention_mask[:, 1:].bool() & attention_mask[:, :-1].bool()
     return torch.where(scored, -picked, torch.zeros_like(picked))
 

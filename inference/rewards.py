@@ -13,6 +13,7 @@ import importlib
 import math
 import multiprocessing
 import numbers
+import os
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from types import TracebackType
@@ -20,6 +21,7 @@ from typing import Any
 
 from inference.errors import TaskInvalid
 from inference.grading import grade
+from inference.lifeline import die_with
 
 RewardFunction = Callable[[str, str, str], Any]
 
@@ -67,9 +69,21 @@ def as_reward(value: object) -> float:
     return number
 
 
-def _serve(name: str, connection: Connection) -> None:
-    """The child's loop: one call per message, the outcome sent back as ``(ok, value or message)``."""
-    function = load_reward(name)
+#: Seconds a new child may take to start and import the reward's module, apart from the per-call limit.
+START_TIMEOUT_S = 120.0
+
+
+def _serve(name: str, connection: Connection, parent: int) -> None:
+    """The child's loop: ``ready`` once the function is imported, then one call per message, each outcome
+    sent back as ``(ok, value or message)``."""
+    # A call that hangs must not outlive the worker that gave up on it.
+    die_with(parent)
+    try:
+        function = load_reward(name)
+    except TaskInvalid as exc:
+        connection.send((False, exc.message))
+        return
+    connection.send((True, "ready"))
     while True:
         try:
             prompt, response, reference = connection.recv()
@@ -85,13 +99,15 @@ def _serve(name: str, connection: Connection) -> None:
 
 
 class RewardProcess:
-    """Calls the reward function ``name`` in a child process, at most ``timeout_s`` seconds a call."""
+    """Calls the reward function ``name`` in a child process, at most ``timeout_s`` seconds a call (the
+    child's start and import are not counted against it)."""
 
-    def __init__(self, name: str, timeout_s: float) -> None:
+    def __init__(self, name: str, timeout_s: float, start_timeout_s: float = START_TIMEOUT_S) -> None:
         # Checked here first, so a bad name is the job's error before any child starts.
         load_reward(name)
         self._name = name
         self._timeout_s = timeout_s
+        self._start_timeout_s = start_timeout_s
         # spawn, not fork: the parent holds torch's threads, which a forked child would inherit broken.
         self._context = multiprocessing.get_context("spawn")
         self._process: Any = None
@@ -99,10 +115,21 @@ class RewardProcess:
 
     def _start(self) -> Connection:
         parent, child = self._context.Pipe()
-        self._process = self._context.Process(target=_serve, args=(self._name, child), daemon=True)
+        self._process = self._context.Process(
+            target=_serve, args=(self._name, child, os.getpid()), daemon=True, name="evald-reward"
+        )
         self._process.start()
         child.close()
         self._connection = parent
+        try:
+            ready = parent.poll(self._start_timeout_s)
+            started, message = parent.recv() if ready else (False, None)
+        except (EOFError, OSError):
+            started, message = False, None
+        if not started:
+            self._stop()
+            why = message or f"its process did not start within {self._start_timeout_s:g} s"
+            raise RewardFailed(f"could not be started: {why}")
         return parent
 
     def _stop(self) -> None:
@@ -116,16 +143,14 @@ class RewardProcess:
 
     def __call__(self, prompt: str, response: str, reference: str) -> float:
         connection = self._connection or self._start()
-        connection.send((prompt, response, reference))
         try:
-            ready = connection.poll(self._timeout_s)
-            if not ready:
+            connection.send((prompt, response, reference))
+            if not connection.poll(self._timeout_s):
                 self._stop()
-                raise RewardFailed(
-                    f"took longer than {self._timeout_s:g} s (reward_timeout_s) and was stopped"
-                )
+                limit = f"{self._timeout_s:g} s"
+                raise RewardFailed(f"took longer than {limit} (reward_timeout_s) and was stopped")
             ok, value = connection.recv()
-        except (EOFError, ConnectionError) as exc:
+        except (EOFError, OSError) as exc:
             # The pipe closes a moment before the child is reaped: wait for its exit code.
             self._process.join(timeout=5)
             code = self._process.exitcode

@@ -24,6 +24,10 @@ from inference.spec import Problem, SampleOutput
 #: Closes text cut to ``max_text_chars``.
 CUT_MARKER = "…[cut]"
 
+#: Failed samples before any succeeded at which the reward is judged broken: a reward that hangs on
+#: every sample must not cost every sample its time limit.
+BROKEN_AFTER = 10
+
 #: Given (dataset prompt, response, reference) and math-verify's grade, the sample's reward.
 Scorer = Callable[[str, str, str, Grade], float]
 
@@ -44,7 +48,7 @@ def cut_text(text: str, limit: int) -> str:
 class Graded:
     #: The samples that did not fail, for the metrics.
     records: tuple[SampleRecord, ...]
-    #: The first ``max_samples`` samples, and every failed one.
+    #: The first ``max_samples`` samples, and the failed ones (up to ``max_samples`` more).
     outputs: tuple[SampleOutput, ...]
     problems: tuple[Problem, ...]
     #: Seconds spent grading and in the reward.
@@ -103,7 +107,11 @@ def grade_samples(
             problems.append(
                 Problem(where=f"sample {index}", message=error, prompt_id=item.prompt_id, index=index)
             )
-        if index < limits.max_samples or error is not None:
+        if not records and len(problems) >= BROKEN_AFTER:
+            raise _broken(task_name, len(problems), problems[0], "in a row, with none scored")
+        # Failed samples are kept beyond the cap (they are what needs reading), up to as many again.
+        failed_kept = error is not None and len(problems) <= limits.max_samples
+        if index < limits.max_samples or failed_kept:
             outputs.append(
                 SampleOutput(
                     index=index,
@@ -125,9 +133,12 @@ def grade_samples(
                 )
             )
     if generations and not records:
-        first = problems[0]
-        raise TaskInvalid(
-            f"task {task_name!r}: every one of the {len(generations)} samples failed, "
-            f"so the reward function is broken, not the data; {first.where}: {first.message}"
-        )
+        raise _broken(task_name, len(generations), problems[0], "(every one)")
     return Graded(tuple(records), tuple(outputs), tuple(problems), time.perf_counter() - started)
+
+
+def _broken(task_name: str, failed: int, first: Problem, how: str) -> TaskInvalid:
+    return TaskInvalid(
+        f"task {task_name!r}: the reward failed on {failed} samples {how}, so the reward function is broken, "
+        f"not the data; {first.where}: {first.message}"
+    )

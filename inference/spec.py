@@ -92,7 +92,8 @@ class TaskSpec(_Plain):
     subset: SubsetSpec | None = None
     #: A quick stage's subset, taken from the task's items (after ``subset``).
     stage_subset: SubsetSpec | None = None
-    metrics: tuple[str, ...] = ("accuracy", "response_length", "tokens_per_s", "wall_s")
+    #: ``inference.metrics.DEFAULT_METRICS["generate"]``: the daemon's config fills the default per kind.
+    metrics: tuple[str, ...] = ("accuracy", "response_length", "truncation_rate", "tokens_per_s", "wall_s")
 
 
 class InferenceSpec(_Plain):
@@ -121,7 +122,8 @@ class JobSpec(_Plain):
     inference: InferenceSpec = InferenceSpec()
     result_path: Path
     seed: int = 0
-    #: How many per-sample outputs to return (the rest are only aggregated).
+    #: How many per-sample outputs to return, the first ones (the rest are only aggregated); failed
+    #: samples are returned beyond it, up to as many again, and every one is in ``JobResult.problems``.
     max_samples: int = Field(default=1000, ge=0)
     #: Longest text kept per sample field; longer text is cut and marked.
     max_text_chars: int = Field(default=2000, ge=16)

@@ -21,7 +21,7 @@ TEMPLATE = (
 
 
 def task(dataset: Path, **fields: object) -> TaskSpec:
-    return TaskSpec(name="chat", dataset=dataset, **fields)  # type: ignore[arg-type]
+    return TaskSpec(name="chat", dataset=dataset, **fields)
 
 
 def test_prompts_become_user_messages_after_the_system_prompt(toy_run: ToyRun, tmp_path: Path) -> None:

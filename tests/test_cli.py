@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from daemon.cli import main
+from daemon.cli import dataset_problems, main
+from daemon.config import load_config
+from inference.errors import DatasetInvalid
 from storage import queries
 from storage.database import Database
 from storage.models import CheckpointState
@@ -242,3 +244,21 @@ def test_a_bad_dataset_line_fails_the_check_and_an_unusable_dataset_the_start(
     assert len(lines_out) == 1 and lines_out[0].startswith(
         f"evald: error: {dataset}: no usable rows, all 2 are bad"
     )
+
+
+def test_the_start_check_reads_the_fields_subsets_stratify_by(tmp_path: Path) -> None:
+    data = tmp_path / "levelled.jsonl"
+    rows = ({"id": str(i), "problem": f"{i}+1", "answer": i + 1, "level": i % 3} for i in range(6))
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    path = write_config(tmp_path, f"sqlite:///{tmp_path / 'e.db'}", dataset=data)
+    text = path.read_text()
+    good = text + '\n[scheduling.two_stage.arith]\nquick_size = 3\nstratify_field = "level"\n'
+    path.write_text(good)
+    assert dataset_problems(load_config(path)) == []
+
+    # A typo in the stratify field would leave every job without a usable row: the start stops on it.
+    path.write_text(good.replace('stratify_field = "level"', 'stratify_field = "levle"'))
+    with pytest.raises(
+        DatasetInvalid, match=r"no usable rows, all 6 are bad: .*missing field 'levle' \(stratify_field\)"
+    ):
+        dataset_problems(load_config(path))

@@ -280,6 +280,7 @@ max_length = 512
             'tasks[0]: reward: only for kind = "generate" tasks',
         ),
         ('kind = "ranking"', "tasks[0].kind: Input should be 'generate' or 'likelihood'"),
+        ('system_prompt = "Be brief."', "tasks[0]: system_prompt: only used with chat_template = true"),
     ],
 )
 def test_bad_task_fields_are_named(tmp_path: Path, extra: str, problem: str) -> None:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from inference.dataset import Item, load_dataset
+from inference.dataset import Item, load_dataset, read_dataset
 from inference.errors import DatasetInvalid
 
 
@@ -126,3 +126,23 @@ def test_empty_file(tmp_path: Path, content: str) -> None:
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(DatasetInvalid, match=r"nope\.jsonl: cannot read"):
         load_dataset(tmp_path / "nope.jsonl")
+
+
+def test_bad_rows_are_reported_and_the_rest_kept(tmp_path: Path) -> None:
+    path = write(
+        tmp_path / "d.jsonl",
+        *rows({"id": "a", "prompt": "1+1", "answer": "2"}, {"id": "x" * 201, "prompt": "p", "answer": "1"}),
+        '{"id": "b", "prompt": ""}',
+        *rows({"id": "a", "prompt": "again", "answer": "3"}, {"id": "c", "prompt": "2+2", "answer": 4}),
+    )
+
+    dataset = read_dataset(path, id_field="id")
+
+    assert [item.prompt_id for item in dataset.items] == ["a", "c"]
+    assert [(p.where, p.message) for p in dataset.problems] == [
+        (f"{path}:2", "id longer than 200 characters (201)"),
+        (f"{path}:3", "empty field 'prompt'"),
+        (f"{path}:4", "duplicate id 'a' (first on line 1)"),
+    ]
+    # A limit stops reading once it has its rows: later bad rows are not the job's.
+    assert read_dataset(path, id_field="id", limit=1).problems == ()

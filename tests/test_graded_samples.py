@@ -62,13 +62,19 @@ def test_a_failed_reward_leaves_the_sample_out_and_reports_it() -> None:
         ("sample 2", "b", 2, "reward raised ValueError: no fours"),
         ("sample 3", "b", 3, "reward raised ValueError: no fours"),
     ]
-    # The cap keeps the first sample, and every failed one whatever the cap.
+    # The cap keeps the first samples, and failed ones beyond it, up to as many again.
     assert [(o.index, o.error) for o in graded.outputs] == [
         (0, None),
         (2, "reward raised ValueError: no fours"),
-        (3, "reward raised ValueError: no fours"),
     ]
     assert graded.outputs[1].reward is None
+    wider = grade_samples("t", ITEMS, PROMPTS, generations(*texts), SampleLimits(2, 2, 100), picky)
+    assert [(o.index, o.error is None) for o in wider.outputs] == [
+        (0, True),
+        (1, True),
+        (2, False),
+        (3, False),
+    ]
 
 
 def test_without_a_scorer_there_is_no_reward() -> None:
@@ -93,6 +99,18 @@ def test_a_reward_that_fails_on_every_sample_fails_the_job() -> None:
         raise RewardFailed("raised RuntimeError: broken reward")
 
     with pytest.raises(
-        TaskInvalid, match=r"task 't': every one of the 3 samples failed, .*sample 0: reward raised"
+        TaskInvalid, match=r"task 't': the reward failed on 3 samples \(every one\), .*sample 0: "
     ):
         grade_samples("t", ITEMS, PROMPTS, generations("1", "2", "3"), SampleLimits(1, 10, 100), broken)
+    # A reward that fails from the start is not tried on every sample (each may cost its time limit).
+    calls: list[str] = []
+
+    def counted(prompt: str, response: str, reference: str, graded: Grade) -> float:
+        calls.append(response)
+        raise RewardFailed("took longer than 10 s (reward_timeout_s) and was stopped")
+
+    items = [Item(str(i), f"{i}+0", str(i)) for i in range(50)]
+    prompts = [item.prompt for item in items]
+    with pytest.raises(TaskInvalid, match=r"the reward failed on 10 samples in a row, with none scored"):
+        grade_samples("t", items, prompts, generations(*("x" * 50)), SampleLimits(1, 5, 100), counted)
+    assert len(calls) == 10

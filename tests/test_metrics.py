@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import pytest
 import sacrebleu
@@ -18,7 +19,7 @@ from inference.metrics import (
     higher_is_better,
     resolve_metrics,
 )
-from inference.spec import MetricValue
+from inference.spec import MetricValue, TaskKind
 
 
 def record(*samples: tuple[bool, int, bool], generation_s: float = 2.0) -> EvalRecord:
@@ -36,12 +37,12 @@ RUN = record((True, 10, False), (False, 12, False), (True, 11, False), (False, 3
 
 
 def value(name: str, run: EvalRecord = RUN, *, n_samples: int = 8) -> MetricValue:
-    kind = "likelihood" if run.documents else "generate"
+    kind: TaskKind = "likelihood" if run.documents else "generate"
     (result,) = compute_metrics(resolve_metrics([name], kind=kind, n_samples=n_samples), run)
     return result
 
 
-def sampled(groups: list[list[tuple[bool, float | None]]]) -> EvalRecord:
+def sampled(groups: Sequence[Sequence[tuple[bool, float | None]]]) -> EvalRecord:
     """Completions per prompt: (correct, reward)."""
     return EvalRecord(
         samples=tuple(
@@ -125,7 +126,8 @@ def test_pass_at_k_averages_the_unbiased_estimator_over_prompts() -> None:
     assert value("pass@1", run).value == pytest.approx(0.2)
     two = value("pass@2", run)
     # Prompt 0: 1 - C(3,2)/C(5,2) = 0.7; prompt 1: 0.
-    assert (two.value, two.n) == (pytest.approx(0.35), 2)
+    assert two.value == pytest.approx(0.35)
+    assert two.n == 2
     assert two.stderr == pytest.approx(0.35)
     assert value("pass@5", run).value == pytest.approx(0.5)
 
@@ -136,7 +138,8 @@ def test_pass_at_k_skips_prompts_left_with_fewer_than_k_completions() -> None:
 
     result = value("pass@2", run)
 
-    assert (result.value, result.n) == (pytest.approx(1 - 1 / 3), 1)
+    assert result.value == pytest.approx(1 - 1 / 3)
+    assert result.n == 1
 
 
 def test_majority_at_k() -> None:
@@ -220,7 +223,8 @@ def test_entropy_is_token_weighted_with_the_ratio_estimators_stderr() -> None:
 
     result = value("entropy", run)
 
-    assert (result.value, result.n) == (pytest.approx(5 / 6), 2)
+    assert result.value == pytest.approx(5 / 6)
+    assert result.n == 2
     # Residuals 2 - 5/6·4 and 3 - 5/6·2 are both ±4/3: sqrt((16/9 · 2) / 2) / mean tokens 3.
     assert result.stderr == pytest.approx((4 / 3) / 3)
 
@@ -240,7 +244,8 @@ def test_bleu_is_sacrebleus_corpus_bleu() -> None:
     result = value("bleu", run)
 
     expected = sacrebleu.corpus_bleu([h for h, _ in pairs], [[r for _, r in pairs]]).score
-    assert (result.value, result.n, result.stderr) == (pytest.approx(expected), 2, None)
+    assert result.value == pytest.approx(expected)
+    assert (result.n, result.stderr) == (2, None)
     assert 0 < result.value < 100
 
 
@@ -250,7 +255,8 @@ def test_perplexity_and_nll_are_token_weighted() -> None:
     nll = value("nll", run)
     perplexity = value("perplexity", run)
 
-    assert (nll.value, nll.n) == (pytest.approx(0.6), 2)
+    assert nll.value == pytest.approx(0.6)
+    assert nll.n == 2
     # Residuals 2 - 0.6·4 = -0.4 and 1 - 0.6 = 0.4: sqrt(0.32 / 2) / mean tokens 2.5.
     assert nll.stderr == pytest.approx(0.4 / 2.5)
     assert perplexity.value == pytest.approx(math.exp(0.6))
@@ -313,6 +319,7 @@ def test_completions_of_one_prompt_are_not_independent_draws() -> None:
 
     # Per prompt sums 2 and 0 of 2 each, ratio 0.5: sqrt(((2 - 1)² + (0 - 1)²) / (2 · 1)) / 2 = 0.5, where
     # the binomial error over 4 independent samples would claim 0.25.
-    assert (accuracy.value, accuracy.n, accuracy.stderr) == (0.5, 4, pytest.approx(0.5))
+    assert (accuracy.value, accuracy.n) == (0.5, 4)
+    assert accuracy.stderr == pytest.approx(0.5)
     assert (length.value, length.n, length.stderr) == (5.0, 4, 0.0)
     assert value("reward", run).stderr == pytest.approx(0.5)

@@ -84,7 +84,7 @@ def test_a_job_with_five_poisoned_rows_grades_the_other_995(toy_run: ToyRun, tmp
     metrics = {m.name: m for m in result.metrics}
     for name in ("accuracy", "exact_match", "reward", "entropy", "truncation_rate"):
         assert metrics[name].n == 995, name
-    assert metrics["response_length_correct"].n + metrics["response_length_incorrect"].n == 995
+    assert (metrics["response_length_correct"].n or 0) + (metrics["response_length_incorrect"].n or 0) == 995
     assert [(p.where, p.prompt_id) for p in result.problems] == [
         (f"{dataset}:100", None),
         (f"{dataset}:300", None),

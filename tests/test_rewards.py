@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
+import psutil
 import pytest
 
 from inference.errors import TaskInvalid
@@ -64,3 +69,50 @@ def test_reward_process_scores_and_survives_every_failure() -> None:
 def test_reward_process_checks_the_name_before_starting() -> None:
     with pytest.raises(TaskInvalid, match="has no attribute 'nope'"):
         RewardProcess("tests.reward_fns:nope", timeout_s=1.0)
+
+
+def test_a_slow_import_is_not_counted_against_the_call() -> None:
+    with RewardProcess("tests.reward_slow:constant", timeout_s=0.5) as reward:
+        assert reward("p", "r", "1") == 0.5
+
+
+def test_a_child_that_died_between_calls_costs_one_sample() -> None:
+    with RewardProcess("tests.reward_fns:poisoned", timeout_s=2.0) as reward:
+        assert reward("ok", "\\boxed{1}", "1") == 1.0
+        child = psutil.Process(os.getpid()).children()[-1]
+        # As the kernel's OOM killer would: killed, not reaped (multiprocessing reaps it and reads the code).
+        child.kill()
+        deadline = time.monotonic() + 5
+        while child.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with pytest.raises(RewardFailed, match=r"^crashed its process \(exit code -9\)$"):
+            reward("ok", "\\boxed{1}", "1")
+        assert reward("ok", "\\boxed{1}", "1") == 1.0
+
+
+def test_a_hung_reward_dies_with_its_worker(tmp_path: Path) -> None:
+    # A worker holding a reward stuck in a call is SIGKILLed (the daemon's timeout): the child goes too.
+    script = (
+        "import sys, os\n"
+        "from inference.rewards import RewardProcess\n"
+        "reward = RewardProcess('tests.reward_fns:poisoned', timeout_s=3600)\n"
+        "print(os.getpid(), flush=True)\n"
+        "reward('hang', 'x', '1')\n"
+    )
+    worker = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=Path.cwd()
+    )
+    assert worker.stdout is not None
+    int(worker.stdout.readline())
+    deadline = time.monotonic() + 30
+    children: list[psutil.Process] = []
+    while time.monotonic() < deadline and not children:
+        children = psutil.Process(worker.pid).children()
+        time.sleep(0.1)
+    assert children, "the reward child never started"
+    time.sleep(1.0)
+    worker.kill()
+    worker.wait(10)
+
+    _gone, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive, alive
