@@ -32,6 +32,8 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m bench.detection_latency
 	$(BIN)/python -m bench.idle_cost
+	$(BIN)/python -m bench.grading_throughput
+	$(BIN)/python -m bench.grading_share
 
 clean:
 	rm -rf $(VENV) *.egg-info .mypy_cache .ruff_cache .pytest_cache
