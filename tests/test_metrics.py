@@ -54,7 +54,8 @@ def sampled(groups: Sequence[Sequence[tuple[bool, float | None]]]) -> EvalRecord
 
 
 def test_accuracy_is_a_proportion_with_binomial_stderr() -> None:
-    assert value("accuracy") == MetricValue(name="accuracy", value=0.5, n=4, stderr=math.sqrt(0.25 / 4))
+    # Agresti–Coull: (2 + 2) / (4 + 4) = 0.5, so sqrt(0.25 / 8).
+    assert value("accuracy") == MetricValue(name="accuracy", value=0.5, n=4, stderr=math.sqrt(0.25 / 8))
 
 
 def test_response_length_mean_and_sample_stderr() -> None:
@@ -80,7 +81,8 @@ def test_truncation_rate() -> None:
     result = value("truncation_rate")
 
     assert (result.value, result.n) == (0.25, 4)
-    assert result.stderr == pytest.approx(math.sqrt(0.25 * 0.75 / 4))
+    # 1 of 4: q = 3 / 8.
+    assert result.stderr == pytest.approx(math.sqrt(3 / 8 * 5 / 8 / 8))
 
 
 def test_one_sample_has_no_sample_stderr() -> None:
@@ -209,7 +211,7 @@ def test_grpo_group_statistics() -> None:
     assert spread.value == pytest.approx(math.sqrt(1 / 3) / 2)
     zero = value("group_zero_spread", run)
     assert (zero.value, zero.n) == (0.5, 2)
-    assert zero.stderr == pytest.approx(math.sqrt(0.25 / 2))
+    assert zero.stderr == pytest.approx(math.sqrt(0.25 / 6))
 
 
 def test_entropy_is_token_weighted_with_the_ratio_estimators_stderr() -> None:
@@ -323,3 +325,13 @@ def test_completions_of_one_prompt_are_not_independent_draws() -> None:
     assert accuracy.stderr == pytest.approx(0.5)
     assert (length.value, length.n, length.stderr) == (5.0, 4, 0.0)
     assert value("reward", run).stderr == pytest.approx(0.5)
+
+
+def test_a_proportion_at_zero_or_one_still_has_noise() -> None:
+    none = value("truncation_rate", record(*[(True, 5, False)] * 500))
+    every = value("accuracy", record(*[(True, 5, False)] * 500))
+
+    assert (none.value, every.value) == (0.0, 1.0)
+    # q = 2 / 504: a first truncated answer is not an infinitely significant change.
+    assert none.stderr == pytest.approx(math.sqrt(2 / 504 * 502 / 504 / 504))
+    assert every.stderr == pytest.approx(none.stderr)

@@ -101,12 +101,15 @@ def sample_std(values: Sequence[float]) -> float:
 
 
 def proportion_with_stderr(name: str, hits: Sequence[bool]) -> MetricValue:
-    """Share of hits, with the binomial standard error ``sqrt(p (1 - p) / n)``."""
+    """Share of hits, with the Agresti–Coull standard error ``sqrt(q (1 - q) / (n + 4))``, ``q = (hits + 2)
+    / (n + 4)``. The plain binomial ``sqrt(p (1 - p) / n)`` is 0 at p = 0 or 1, which would make a first
+    truncated answer (0 → 0.2%) an infinitely significant change; the two agree away from the edges."""
     n = len(hits)
     if n == 0:
         return MetricValue(name=name, value=0.0, n=0, stderr=None)
     p = sum(hits) / n
-    return MetricValue(name=name, value=p, n=n, stderr=math.sqrt(p * (1.0 - p) / n))
+    q = (sum(hits) + 2) / (n + 4)
+    return MetricValue(name=name, value=p, n=n, stderr=math.sqrt(q * (1.0 - q) / (n + 4)))
 
 
 def ratio_with_stderr(name: str, numerators: Sequence[float], denominators: Sequence[float]) -> MetricValue:
