@@ -1,0 +1,85 @@
+"""Absolute rules: a value that is not a number, a configured threshold crossed, a drop from the best."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+
+from daemon.anomaly.series import Finding, Point, difference_noise, finite, worse
+from daemon.anomaly.settings import Settings
+
+
+def non_finite(metric: str, points: Sequence[Point]) -> Finding | None:
+    current = points[-1]
+    if math.isfinite(current.value):
+        return None
+    return Finding(
+        rule="non_finite",
+        metric=metric,
+        step=current.step,
+        value=current.value,
+        baseline=None,
+        severity="critical",
+        message=f"{metric} is {current.value} (a diverged checkpoint?)",
+    )
+
+
+def threshold(
+    metric: str, points: Sequence[Point], *, minimum: float | None = None, maximum: float | None = None
+) -> Finding | None:
+    current = points[-1]
+    if not math.isfinite(current.value):
+        return None
+    if minimum is not None and current.value < minimum:
+        bound, side = minimum, "below"
+    elif maximum is not None and current.value > maximum:
+        bound, side = maximum, "above"
+    else:
+        return None
+    return Finding(
+        rule="threshold",
+        metric=metric,
+        step=current.step,
+        value=current.value,
+        baseline=bound,
+        severity="critical",
+        message=f"{metric} {current.value:.4g} is {side} its threshold {bound:.4g}",
+    )
+
+
+def smoothed(points: Sequence[Point], width: int = 3) -> list[tuple[Point, float]]:
+    """Each point with the median of it and the ``width - 1`` before it: one lucky point is not a best."""
+    return [
+        (p, statistics.median(q.value for q in points[max(0, i - width + 1) : i + 1]))
+        for i, p in enumerate(points)
+    ]
+
+
+def drop_from_best(
+    metric: str, points: Sequence[Point], higher_is_better: bool | None, s: Settings
+) -> Finding | None:
+    """The newest point is worse than the best so far (smoothed) by more than ``drop_sigmas`` standard
+    errors of the difference; the baseline is that best, and its step is where to roll back to."""
+    current = points[-1]
+    history = finite(points[:-1])
+    if higher_is_better is None or len(history) < s.min_history or not math.isfinite(current.value):
+        return None
+    best_point, best = max(smoothed(history), key=lambda pair: pair[1] if higher_is_better else -pair[1])
+    drop = worse(current.value - best, higher_is_better)
+    noise = difference_noise(current, [best_point])
+    floor = max(s.drop_sigmas * noise, s.relative_floor * abs(best) * s.drop_sigmas, s.absolute_floor)
+    if drop <= floor:
+        return None
+    return Finding(
+        rule="drop_from_best",
+        metric=metric,
+        step=current.step,
+        value=current.value,
+        baseline=best,
+        severity="critical" if drop > 2 * floor else "warning",
+        message=(
+            f"{metric} {current.value:.4g} is {drop:.4g} worse than its best {best:.4g} "
+            f"(step {best_point.step})"
+        ),
+    )
