@@ -33,7 +33,7 @@ from inference.spec import Engine, InferenceSpec, SubsetSpec, TaskKind, TaskSpec
 
 ENV_PREFIX = "EVALD_"
 DEFAULT_CONFIG = Path("evald.toml")
-_ENV_SECTIONS = ("database", "inference", "scheduling", "daemon")
+_ENV_SECTIONS = ("database", "inference", "scheduling", "daemon", "alerts")
 
 
 class _Section(BaseModel):
@@ -478,6 +478,76 @@ class DaemonConfig(_Section):
         return _resolve(value, info)
 
 
+Direction = Literal["higher", "lower", "none"]
+
+
+class ThresholdConfig(_Section):
+    """An absolute bound on a metric: crossing it is a critical alert whatever the series did before."""
+
+    min: float | None = None
+    max: float | None = None
+
+
+class AlertsConfig(_Section):
+    #: A repeat of a firing alert within this long updates it without sending it again.
+    cooldown_secs: float = Field(default=3600.0, ge=0)
+    #: Where a status JSON per run is written (best checkpoint, firing alerts, where to roll back to).
+    feedback_dir: Path | None = None
+    #: The metric that picks a run's best checkpoint.
+    best_metric: str = "accuracy"
+    #: Which way is better, per metric, overriding the registry's (``none``: any jump counts).
+    directions: dict[str, Direction] = Field(default_factory=dict)
+    thresholds: dict[str, ThresholdConfig] = Field(default_factory=dict)
+    #: Detector settings (``daemon.anomaly.settings.Settings``): window, z_threshold, noise_sigmas, ...
+    detectors: dict[str, float] = Field(default_factory=dict)
+    #: Links sent with every alert, e.g. ``{ dashboard = "https://grafana/d/evald" }``.
+    links: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("feedback_dir")
+    @classmethod
+    def _feedback_dir(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        return None if value is None else _resolve(value, info)
+
+    @field_validator("detectors")
+    @classmethod
+    def _detectors(cls, value: dict[str, float]) -> dict[str, float]:
+        from daemon.anomaly.settings import Settings
+
+        known = set(Settings.__dataclass_fields__)
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown detector setting {', '.join(unknown)} (known: {', '.join(sorted(known))})"
+            )
+        return value
+
+    def settings(self) -> Any:
+        from daemon.anomaly.settings import Settings
+
+        defaults = Settings()
+        return Settings(**{k: type(getattr(defaults, k))(v) for k, v in self.detectors.items()})
+
+
+class WebhookConfig(_Section):
+    name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    url: str = Field(pattern=r"^https?://\S+$")
+    format: Literal["generic", "slack", "alertmanager"] = "generic"
+    #: The signing secret (Standard Webhooks, ``whsec_...``): from this environment variable or file.
+    secret_env: str | None = None
+    secret_file: Path | None = None
+    connect_timeout_secs: float = Field(default=2.0, gt=0)
+    #: The whole request, connect to last byte: a receiver that hangs is cut off here.
+    timeout_secs: float = Field(default=5.0, gt=0)
+    min_severity: Literal["info", "warning", "critical"] = "warning"
+    #: Retries back off exponentially (with jitter) up to this; a message is retried until delivered.
+    max_backoff_secs: float = Field(default=300.0, gt=0)
+
+    @field_validator("secret_file")
+    @classmethod
+    def _secret_file(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        return None if value is None else _resolve(value, info)
+
+
 class Config(_Section):
     database: DatabaseConfig = DatabaseConfig()
     runs: tuple[RunConfig, ...]
@@ -485,6 +555,8 @@ class Config(_Section):
     inference: InferenceConfig = InferenceConfig()
     scheduling: SchedulingConfig = SchedulingConfig()
     daemon: DaemonConfig = DaemonConfig()
+    alerts: AlertsConfig = AlertsConfig()
+    webhooks: tuple[WebhookConfig, ...] = ()
 
     @model_validator(mode="before")
     @classmethod
@@ -500,7 +572,12 @@ class Config(_Section):
         for kind, items in (("runs", self.runs), ("tasks", self.tasks)):
             if not items:
                 problems.append(f"{kind}: at least one is needed ([[{kind}]] tables)")
-        for kind, names in (("runs", [r.name for r in self.runs]), ("tasks", [t.name for t in self.tasks])):
+        groups = (
+            ("runs", [r.name for r in self.runs]),
+            ("tasks", [t.name for t in self.tasks]),
+            ("webhooks", [w.name for w in self.webhooks]),
+        )
+        for kind, names in groups:
             dupes = sorted({n for n in names if names.count(n) > 1})
             if dupes:
                 problems.append(f"{kind}: duplicate name {', '.join(dupes)}")

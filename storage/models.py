@@ -291,3 +291,96 @@ class SampleProblem(Base):
     prompt_id: Mapped[str | None] = mapped_column(String(200))
     #: The sample's index; NULL for a dataset row.
     index: Mapped[int | None] = mapped_column(Integer)
+
+
+class AlertState(enum.StrEnum):
+    FIRING = "firing"
+    RESOLVED = "resolved"
+
+
+class Alert(Base):
+    """One anomaly or operational problem of a run, by its fingerprint (run, rule, metric, task): a repeat
+    of a firing alert updates this row; after it resolves, the same fingerprint fires this row again."""
+
+    __tablename__ = "alerts"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    fingerprint: Mapped[str] = mapped_column(String(64), unique=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    task: Mapped[str | None] = mapped_column(String(200))
+    metric: Mapped[str | None] = mapped_column(String(100))
+    rule: Mapped[str] = mapped_column(String(64))
+    severity: Mapped[str] = mapped_column(String(16))
+    state: Mapped[AlertState] = mapped_column(_enum(AlertState, "alert_state"))
+    #: The checkpoint step of the latest finding (None for a run-level event).
+    step: Mapped[int | None] = mapped_column(Integer)
+    checkpoint: Mapped[str | None] = mapped_column(String(500))
+    value: Mapped[float | None] = mapped_column(MetricFloat, nullable=True)
+    baseline: Mapped[float | None] = mapped_column(MetricFloat, nullable=True)
+    best_step: Mapped[int | None] = mapped_column(Integer)
+    rollback_step: Mapped[int | None] = mapped_column(Integer)
+    message: Mapped[str] = mapped_column(Text)
+    #: When it last started firing.
+    fired_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    resolved_at: Mapped[datetime | None]
+    #: When it was last sent: a repeat within the cooldown updates the row without sending again.
+    notified_at: Mapped[datetime | None]
+    #: Findings since it last started firing.
+    repeats: Mapped[int] = mapped_column(Integer, default=1)
+
+
+class OutboxState(enum.StrEnum):
+    PENDING = "pending"
+    DELIVERED = "delivered"
+    #: Its endpoint answered 410 Gone: nothing more is sent there.
+    DISABLED = "disabled"
+
+
+class OutboxMessage(Base):
+    """One alert event for one endpoint, written in the transaction that stored the alert; the relay sends
+    it until the endpoint takes it. ``event_id`` is its ``webhook-id``, the same on every retry."""
+
+    __tablename__ = "alert_outbox"
+    __table_args__ = (Index("ix_alert_outbox_state_next", "state", "next_attempt_at"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    alert_id: Mapped[int] = mapped_column(ForeignKey("alerts.id", ondelete="CASCADE"), index=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    endpoint: Mapped[str] = mapped_column(String(200))
+    event_id: Mapped[str] = mapped_column(String(64), unique=True)
+    state: Mapped[OutboxState] = mapped_column(
+        _enum(OutboxState, "outbox_state"), default=OutboxState.PENDING
+    )
+    #: The event as JSON (the alert's facts when it happened), rendered per endpoint format when sent.
+    body: Mapped[str] = mapped_column(Text)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime] = mapped_column(default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    delivered_at: Mapped[datetime | None]
+    last_error: Mapped[str | None] = mapped_column(Text)
+
+
+class Delivery(Base):
+    """One attempt to send an outbox message: every try is kept."""
+
+    __tablename__ = "alert_deliveries"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    outbox_id: Mapped[int] = mapped_column(ForeignKey("alert_outbox.id", ondelete="CASCADE"), index=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime]
+    duration_s: Mapped[float] = mapped_column(Float)
+    status_code: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
+    retry_after_s: Mapped[float | None] = mapped_column(Float)
+
+
+class WebhookEndpoint(Base):
+    """An endpoint's standing: one that answered 410 Gone is disabled until its config changes."""
+
+    __tablename__ = "webhook_endpoints"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    disabled_at: Mapped[datetime | None]
+    disabled_reason: Mapped[str | None] = mapped_column(Text)

@@ -1,0 +1,275 @@
+"""Alert queries: the alert lifecycle's rows, the delivery outbox and its history.
+
+The outbox rows of an alert are written in the transaction that writes the alert (and the result that
+caused it), so an alert is never stored without being queued, nor queued without being stored; a relay
+sends them afterwards, as many times as it takes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import and_, func, select, update
+from sqlalchemy.orm import Session
+
+from storage.models import (
+    Alert,
+    AlertState,
+    Checkpoint,
+    Delivery,
+    EvalJob,
+    JobState,
+    OutboxMessage,
+    OutboxState,
+    Result,
+    Run,
+    WebhookEndpoint,
+    utcnow,
+)
+
+
+@dataclass(frozen=True)
+class SeriesRow:
+    step: int
+    value: float
+    n: int | None
+    stderr: float | None
+    checkpoint: str
+
+
+def run_series(session: Session, *, run_id: int, task: str, stage: str) -> dict[str, list[SeriesRow]]:
+    """Every metric of one run, task and stage, by step: what the detectors read."""
+    rows = session.execute(
+        select(Result.metric, Checkpoint.step, Result.value, Result.n, Result.stderr, Checkpoint.name)
+        .join(EvalJob, Result.job_id == EvalJob.id)
+        .join(Checkpoint, EvalJob.checkpoint_id == Checkpoint.id)
+        .where(
+            Checkpoint.run_id == run_id,
+            EvalJob.task == task,
+            EvalJob.stage == stage,
+            EvalJob.state == JobState.SUCCEEDED,
+            Checkpoint.step.is_not(None),
+        )
+        .order_by(Checkpoint.step, EvalJob.id)
+    )
+    series: dict[str, list[SeriesRow]] = {}
+    for metric, step, value, n, stderr, name in rows:
+        if step is not None:
+            series.setdefault(metric, []).append(SeriesRow(step, value, n, stderr, name))
+    return series
+
+
+def firing(session: Session, *, run_id: int, task: str | None) -> list[Alert]:
+    """The run's firing alerts for ``task`` (locked: two daemons storing results must not both fire)."""
+    return list(
+        session.scalars(
+            select(Alert)
+            .where(Alert.run_id == run_id, Alert.task == task, Alert.state == AlertState.FIRING)
+            .order_by(Alert.id)
+            .with_for_update()
+        )
+    )
+
+
+def by_fingerprint(session: Session, fingerprint: str) -> Alert | None:
+    return session.scalar(select(Alert).where(Alert.fingerprint == fingerprint).with_for_update())
+
+
+def enqueue(
+    session: Session, *, alert: Alert, endpoints: Sequence[str], event_ids: Sequence[str], body: str
+) -> None:
+    """One outbox row per endpoint for this event of ``alert``."""
+    now = utcnow()
+    session.add_all(
+        OutboxMessage(
+            alert_id=alert.id,
+            run_id=alert.run_id,
+            endpoint=endpoint,
+            event_id=event_id,
+            body=body,
+            next_attempt_at=now,
+            created_at=now,
+        )
+        for endpoint, event_id in zip(endpoints, event_ids, strict=True)
+    )
+    session.flush()
+
+
+@dataclass(frozen=True)
+class Due:
+    id: int
+    endpoint: str
+    event_id: str
+    body: str
+    attempts: int
+
+
+def due(session: Session, *, endpoint: str, now: datetime, limit: int = 20) -> list[Due]:
+    """Pending messages for ``endpoint`` that may be sent now, in order per run: a run's message waits
+    while an older one of the same run is still pending (its receiver sees a run's alerts in order)."""
+    if disabled(session, endpoint) is not None:
+        return []
+    oldest = (
+        select(OutboxMessage.run_id, func.min(OutboxMessage.id).label("first"))
+        .where(OutboxMessage.endpoint == endpoint, OutboxMessage.state == OutboxState.PENDING)
+        .group_by(OutboxMessage.run_id)
+        .subquery()
+    )
+    rows = session.execute(
+        select(OutboxMessage.id, OutboxMessage.event_id, OutboxMessage.body, OutboxMessage.attempts)
+        .join(oldest, and_(OutboxMessage.id == oldest.c.first))
+        .where(OutboxMessage.next_attempt_at <= now)
+        .order_by(OutboxMessage.id)
+        .limit(limit)
+    )
+    return [Due(id, endpoint, event_id, body, attempts) for id, event_id, body, attempts in rows]
+
+
+def next_due_at(session: Session, *, endpoint: str) -> datetime | None:
+    return session.scalar(
+        select(func.min(OutboxMessage.next_attempt_at)).where(
+            OutboxMessage.endpoint == endpoint, OutboxMessage.state == OutboxState.PENDING
+        )
+    )
+
+
+@dataclass(frozen=True)
+class Attempt:
+    started_at: datetime
+    duration_s: float
+    status_code: int | None
+    error: str | None
+    retry_after_s: float | None = None
+
+
+def record_attempt(session: Session, message_id: int, attempt: Attempt) -> int:
+    """Keep the attempt in the history; returns its number."""
+    message = session.get(OutboxMessage, message_id, with_for_update=True)
+    assert message is not None
+    message.attempts += 1
+    session.add(
+        Delivery(
+            outbox_id=message_id,
+            attempt=message.attempts,
+            started_at=attempt.started_at,
+            duration_s=attempt.duration_s,
+            status_code=attempt.status_code,
+            error=attempt.error,
+            retry_after_s=attempt.retry_after_s,
+        )
+    )
+    return message.attempts
+
+
+def delivered(session: Session, message_id: int) -> None:
+    session.execute(
+        update(OutboxMessage)
+        .where(OutboxMessage.id == message_id)
+        .values(state=OutboxState.DELIVERED, delivered_at=utcnow(), last_error=None)
+    )
+
+
+def retry_at(session: Session, message_id: int, when: datetime, error: str) -> None:
+    session.execute(
+        update(OutboxMessage)
+        .where(OutboxMessage.id == message_id)
+        .values(next_attempt_at=when, last_error=error)
+    )
+
+
+def disable_endpoint(session: Session, endpoint: str, reason: str) -> int:
+    """Stop sending to ``endpoint``: its pending messages become ``disabled``; returns how many."""
+    standing = session.get(WebhookEndpoint, endpoint, with_for_update=True)
+    if standing is None:
+        standing = WebhookEndpoint(name=endpoint)
+        session.add(standing)
+    standing.disabled_at = utcnow()
+    standing.disabled_reason = reason
+    result = session.execute(
+        update(OutboxMessage)
+        .where(OutboxMessage.endpoint == endpoint, OutboxMessage.state == OutboxState.PENDING)
+        .values(state=OutboxState.DISABLED, last_error=reason)
+    )
+    return int(getattr(result, "rowcount", 0))
+
+
+def disabled(session: Session, endpoint: str) -> str | None:
+    """Why ``endpoint`` is disabled, or None."""
+    standing = session.get(WebhookEndpoint, endpoint)
+    if standing is None or standing.disabled_at is None:
+        return None
+    return standing.disabled_reason or "disabled"
+
+
+def enable_endpoint(session: Session, endpoint: str) -> None:
+    """A changed endpoint config is a new chance (the operator fixed the URL)."""
+    standing = session.get(WebhookEndpoint, endpoint)
+    if standing is not None:
+        standing.disabled_at = None
+        standing.disabled_reason = None
+
+
+@dataclass(frozen=True)
+class AlertRow:
+    id: int
+    run: str
+    task: str | None
+    metric: str | None
+    rule: str
+    severity: str
+    state: str
+    step: int | None
+    value: float | None
+    baseline: float | None
+    best_step: int | None
+    rollback_step: int | None
+    message: str
+    fired_at: datetime
+    resolved_at: datetime | None
+    repeats: int
+    #: Outbox messages of this alert: delivered and all.
+    delivered: int
+    queued: int
+
+
+def alert_rows(session: Session, *, run: str | None = None, state: str | None = None) -> list[AlertRow]:
+    delivered_count = (
+        select(func.count())
+        .where(OutboxMessage.alert_id == Alert.id, OutboxMessage.state == OutboxState.DELIVERED)
+        .scalar_subquery()
+    )
+    queued_count = select(func.count()).where(OutboxMessage.alert_id == Alert.id).scalar_subquery()
+    query = (
+        select(Alert, Run.name, delivered_count, queued_count)
+        .join(Run, Alert.run_id == Run.id)
+        .order_by(Alert.fired_at, Alert.id)
+    )
+    if run is not None:
+        query = query.where(Run.name == run)
+    if state is not None:
+        query = query.where(Alert.state == AlertState(state))
+    return [
+        AlertRow(
+            id=a.id,
+            run=name,
+            task=a.task,
+            metric=a.metric,
+            rule=a.rule,
+            severity=a.severity,
+            state=a.state.value,
+            step=a.step,
+            value=a.value,
+            baseline=a.baseline,
+            best_step=a.best_step,
+            rollback_step=a.rollback_step,
+            message=a.message,
+            fired_at=a.fired_at,
+            resolved_at=a.resolved_at,
+            repeats=a.repeats,
+            delivered=int(sent or 0),
+            queued=int(total or 0),
+        )
+        for a, name, sent, total in session.execute(query)
+    ]
