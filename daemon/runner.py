@@ -23,6 +23,7 @@ import structlog
 from sqlalchemy.orm import Session
 
 from daemon import report, stages
+from daemon.alerts.lifecycle import Alerter
 from daemon.config import Config
 from daemon.errors import JobSetupError
 from daemon.planner import Planner
@@ -131,12 +132,15 @@ class JobRunner:
         *,
         planner: Planner | None = None,
         probe: ResourceProbe | None = None,
+        alerter: Alerter | None = None,
     ) -> None:
         self._config = config
         self._db = database
         self._owner = owner
         #: Plans the follow-ups of a stored result (full stage, adaptive interval) in its transaction.
         self._planner = planner
+        #: Detects anomalies in a stored result's series and queues their alerts, in its transaction.
+        self._alerter = alerter
         #: The resource thresholds; None when none is set.
         self._probe = probe
         self._python = str(config.inference.python or sys.executable)
@@ -361,6 +365,10 @@ class JobRunner:
                 self._report_disagreements(session, job, consistency)
             if stored and self._planner is not None:
                 self._planner.after_result(session, job, metrics)
+            if stored and self._alerter is not None:
+                self._alerter.after_result(session, job)
+        if stored and self._alerter is not None:
+            self._alerter.after_commit()
         if stored and not Path(job.checkpoint_path).is_dir():
             # Rotated away after the worker had it in memory: the results stand, the folder is gone.
             with self._db.session() as session:

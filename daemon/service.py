@@ -15,6 +15,8 @@ from types import FrameType
 import structlog
 
 from daemon import filesystem, resources
+from daemon.alerts.lifecycle import Alerter
+from daemon.alerts.relay import Relay, endpoints
 from daemon.config import Config, RunConfig
 from daemon.discovery import Discovery, WatchedRun
 from daemon.notify import SystemdNotifier
@@ -153,9 +155,19 @@ class Service:
         planner = Planner(self.config.scheduling, self.database, watched, on_reset=self.arm_time_trigger)
         planner.register_base_models()
         discovery = Discovery(self.database, watched, self.config.scheduling, after_ready=planner.plan)
+        # Secrets are loaded before anything starts: a missing one stops the start with its name.
+        relay = Relay(self.database, endpoints(self.config, os.environ)) if self.config.webhooks else None
+        alerter = Alerter(self.config, wake=relay.wake if relay is not None else lambda: None)
         runner = JobRunner(
-            self.config, self.database, self.owner, planner=planner, probe=resource_probe(self.config)
+            self.config,
+            self.database,
+            self.owner,
+            planner=planner,
+            probe=resource_probe(self.config),
+            alerter=alerter,
         )
+        if relay is not None:
+            relay.start()
         # Jobs deferred under thresholds since removed from the config would otherwise wait forever.
         runner.recheck_deferred()
         watcher = Watcher({r.name: r.root for r in self.config.runs if uses_inotify(r)}, self.wake)
@@ -216,6 +228,9 @@ class Service:
         finally:
             notifier.stopping()
             runner.shutdown(self.config.scheduling.shutdown_grace_secs)
+            if relay is not None:
+                # Undelivered messages stay in the outbox: the next start sends them.
+                relay.stop()
             self.timers.shutdown()
             watcher.stop()
             log.info("daemon.stopped")

@@ -58,8 +58,11 @@ class WebhookReceiver:
         *,
         tolerance_s: int = DEFAULT_TOLERANCE_S,
         clock: Callable[[], float] = time.time,
+        port: int = 0,
     ) -> None:
         self._secret = secret
+        #: 0: a free port; a given one lets a test bring a receiver back where a sender expects it.
+        self._port = port
         self._tolerance_s = tolerance_s
         self._clock = clock
         self._changed = threading.Condition()
@@ -81,7 +84,7 @@ class WebhookReceiver:
     def start(self) -> WebhookReceiver:
         if self._server is not None:
             raise RuntimeError("the webhook receiver is already started")
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_class(self))
+        self._server = ThreadingHTTPServer(("127.0.0.1", self._port), _handler_class(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="webhook-receiver", daemon=True

@@ -1,0 +1,307 @@
+"""The alert lifecycle: findings of a stored result become alerts, firing → resolved, and their notices.
+
+Runs in the transaction that stores the result (in a savepoint), so the result, the alert and its outbox
+rows commit together; the relay sends them afterwards. An alert is known by its fingerprint (run, rule,
+metric, task): a repeat of a firing alert updates it (and is sent again only after the cooldown); a metric
+rule that no longer fires at a new checkpoint resolves its alert, which is sent too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import structlog
+from sqlalchemy.orm import Session
+
+from daemon import stages
+from daemon.anomaly import Finding, Point, detect
+from daemon.anomaly.rules import threshold
+from daemon.anomaly.series import difference_noise
+from daemon.config import Config
+from inference.metrics import higher_is_better
+from storage import alerting, queries
+from storage.models import Alert, AlertState, utcnow
+
+log = structlog.get_logger("daemon.alerts")
+
+SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
+#: Rules of the metric detectors: an alert of one of these resolves when its rule no longer fires.
+METRIC_RULES = frozenset(
+    {
+        "robust_z",
+        "drop_from_best",
+        "ewma",
+        "cusum",
+        "threshold",
+        "non_finite",
+        "length_explosion",
+        "entropy_collapse",
+        "reward_hacking",
+        "zero_spread_rising",
+    }
+)
+
+
+def fingerprint(run: str, rule: str, metric: str | None, task: str | None) -> str:
+    return hashlib.sha256(json.dumps([run, rule, metric, task]).encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class Best:
+    metric: str
+    step: int
+    value: float
+    checkpoint: str
+
+
+def best_point(
+    points: Sequence[Point], names: Mapping[int, str], better: bool | None, metric: str
+) -> Best | None:
+    finite = [p for p in points if math.isfinite(p.value)]
+    if better is None or not finite:
+        return None
+    top = max(finite, key=lambda p: p.value if better else -p.value)
+    return Best(metric, top.step, top.value, names.get(top.step, ""))
+
+
+def rollback_step(points: Sequence[Point], finding: Finding, better: bool | None) -> int | None:
+    """The last step before ``finding`` whose value was within noise (2 standard errors) of the best
+    before it: where to roll back to after a regression. None without a direction or history."""
+    before = [p for p in points if p.step < finding.step and math.isfinite(p.value)]
+    if better is None or not before:
+        return None
+    best = max(before, key=lambda p: p.value if better else -p.value)
+    for point in reversed(before):
+        gap = (best.value - point.value) if better else (point.value - best.value)
+        if gap <= 2 * difference_noise(point, [best]):
+            return point.step
+    return best.step
+
+
+@dataclass
+class Notice:
+    alert_id: int
+    run: str
+    body: dict[str, Any]
+    severity: str
+
+
+class Alerter:
+    """Turns stored results into alerts and outbox rows; ``wake`` tells the relay there is mail."""
+
+    def __init__(self, config: Config, wake: Callable[[], None] = lambda: None) -> None:
+        self._config = config
+        self._settings = config.alerts.settings()
+        self._wake = wake
+        self._feedback: dict[str, dict[str, Any]] = {}
+
+    def direction(self, metric: str) -> bool | None:
+        override = self._config.alerts.directions.get(metric)
+        if override is not None:
+            return {"higher": True, "lower": False, "none": None}[override]
+        return higher_is_better(metric)
+
+    def watched_stage(self, task: str) -> str:
+        return stages.QUICK if task in self._config.scheduling.two_stage else stages.FULL
+
+    def after_result(self, session: Session, job: queries.ClaimedJob) -> int:
+        """Alerts for the result just stored for ``job``, in its transaction; returns the notices queued.
+        A failure is logged and undone (a savepoint): the result itself still commits."""
+        if job.step is None or job.stage != self.watched_stage(job.task):
+            return 0
+        try:
+            with session.begin_nested():
+                return self._after_result(session, job)
+        except Exception as exc:
+            log.exception("alerts.failed", job_id=job.id, run=job.run, error=repr(exc))
+            return 0
+
+    def _after_result(self, session: Session, job: queries.ClaimedJob) -> int:
+        assert job.step is not None
+        rows = alerting.run_series(session, run_id=job.run_id, task=job.task, stage=job.stage)
+        series = {
+            metric: [Point(r.step, r.value, r.n, r.stderr) for r in points if r.step <= job.step]
+            for metric, points in rows.items()
+        }
+        names = {r.step: r.checkpoint for points in rows.values() for r in points}
+        directions = {metric: self.direction(metric) for metric in series}
+        findings = [f for f in detect(series, directions, self._settings) if f.step == job.step]
+        for metric, bounds in self._config.alerts.thresholds.items():
+            points = series.get(metric)
+            if points and points[-1].step == job.step:
+                crossed = threshold(metric, points, minimum=bounds.min, maximum=bounds.max)
+                if crossed is not None:
+                    findings.append(crossed)
+        best_metric = self._config.alerts.best_metric
+        best = best_point(series.get(best_metric, []), names, self.direction(best_metric), best_metric)
+        now = utcnow()
+        notices: list[Notice] = []
+        seen: set[str] = set()
+        for finding in findings:
+            fp = fingerprint(job.run, finding.rule, finding.metric, job.task)
+            if fp in seen:
+                continue
+            seen.add(fp)
+            back = rollback_step(series.get(finding.metric, []), finding, directions.get(finding.metric))
+            notice = self._fire(session, job, fp, finding, best, back, names.get(job.step), now)
+            if notice is not None:
+                notices.append(notice)
+        for alert in alerting.firing(session, run_id=job.run_id, task=job.task):
+            if alert.fingerprint not in seen and alert.rule in METRIC_RULES:
+                notices.append(self._resolve(job, alert, now))
+        for notice in notices:
+            self._enqueue(session, notice)
+        self._feedback[job.run] = self._status(session, job, best)
+        if notices:
+            log.info("alerts.queued", run=job.run, step=job.step, task=job.task, notices=len(notices))
+        return len(notices)
+
+    def _fire(
+        self,
+        session: Session,
+        job: queries.ClaimedJob,
+        fp: str,
+        finding: Finding,
+        best: Best | None,
+        back: int | None,
+        checkpoint: str | None,
+        now: datetime,
+    ) -> Notice | None:
+        alert = alerting.by_fingerprint(session, fp)
+        cooldown = timedelta(seconds=self._config.alerts.cooldown_secs)
+        if alert is None:
+            alert = Alert(
+                fingerprint=fp, run_id=job.run_id, task=job.task, metric=finding.metric, rule=finding.rule
+            )
+            session.add(alert)
+            notify, alert.repeats, alert.fired_at = True, 1, now
+        elif alert.state is AlertState.RESOLVED:
+            notify, alert.repeats, alert.fired_at, alert.resolved_at = True, 1, now, None
+        else:
+            alert.repeats += 1
+            notify = alert.notified_at is None or now - alert.notified_at >= cooldown
+        alert.state = AlertState.FIRING
+        alert.severity = finding.severity
+        alert.step = finding.step
+        alert.checkpoint = checkpoint
+        alert.value = finding.value
+        alert.baseline = finding.baseline
+        alert.best_step = best.step if best else None
+        alert.rollback_step = back
+        alert.message = finding.message
+        alert.updated_at = now
+        session.flush()
+        if not notify:
+            return None
+        alert.notified_at = now
+        return Notice(alert.id, job.run, self._body(job.run, alert, ends_at=None), alert.severity)
+
+    def _resolve(self, job: queries.ClaimedJob, alert: Alert, now: datetime) -> Notice:
+        alert.state = AlertState.RESOLVED
+        alert.resolved_at = now
+        alert.updated_at = now
+        alert.message = (
+            f"{alert.metric or alert.rule} recovered at step {job.step} ({alert.rule} no longer fires)"
+        )
+        alert.step = job.step
+        return Notice(alert.id, job.run, self._body(job.run, alert, ends_at=now), alert.severity)
+
+    def _body(self, run: str, alert: Alert, ends_at: datetime | None) -> dict[str, Any]:
+        return {
+            "fingerprint": alert.fingerprint,
+            "run": run,
+            "checkpoint": alert.checkpoint,
+            "step": alert.step,
+            "task": alert.task,
+            "metric": alert.metric,
+            "rule": alert.rule,
+            "value": alert.value,
+            "baseline": alert.baseline,
+            "best_step": alert.best_step,
+            "rollback_step": alert.rollback_step,
+            "severity": alert.severity,
+            "state": "resolved" if ends_at is not None else "firing",
+            "message": alert.message,
+            "links": dict(self._config.alerts.links),
+            "starts_at": alert.fired_at.isoformat(),
+            "ends_at": None if ends_at is None else ends_at.isoformat(),
+        }
+
+    def _enqueue(self, session: Session, notice: Notice) -> None:
+        endpoints = [
+            w.name
+            for w in self._config.webhooks
+            if SEVERITY_RANK[notice.severity] >= SEVERITY_RANK[w.min_severity]
+            # An endpoint that answered 410 Gone gets nothing more (the alert itself is still stored).
+            and alerting.disabled(session, w.name) is None
+        ]
+        if not endpoints:
+            return
+        alert = session.get(Alert, notice.alert_id)
+        assert alert is not None
+        # Stored, not sent: Python's NaN token round-trips a NaN value to the relay, which renders it.
+        body = json.dumps(notice.body, default=str, allow_nan=True)
+        alerting.enqueue(
+            session,
+            alert=alert,
+            endpoints=endpoints,
+            event_ids=[f"evald_{uuid.uuid4().hex}" for _ in endpoints],
+            body=body,
+        )
+
+    def _status(self, session: Session, job: queries.ClaimedJob, best: Best | None) -> dict[str, Any]:
+        firing = [a for a in alerting.alert_rows(session, run=job.run, state="firing")]
+        rollbacks = [a.rollback_step for a in firing if a.rollback_step is not None]
+        return {
+            "run": job.run,
+            "updated_at": utcnow().isoformat(),
+            "step": job.step,
+            "best": None
+            if best is None
+            else {
+                "metric": best.metric,
+                "step": best.step,
+                "value": best.value,
+                "checkpoint": best.checkpoint,
+            },
+            "rollback_step": min(rollbacks) if rollbacks else None,
+            "firing": [
+                {
+                    "rule": a.rule,
+                    "metric": a.metric,
+                    "task": a.task,
+                    "step": a.step,
+                    "severity": a.severity,
+                    "message": a.message,
+                    "rollback_step": a.rollback_step,
+                }
+                for a in firing
+            ],
+        }
+
+    def after_commit(self) -> None:
+        """Once the result's transaction committed: status files written, the relay woken."""
+        feedback, self._feedback = self._feedback, {}
+        directory = self._config.alerts.feedback_dir
+        if directory is not None:
+            for run, status in feedback.items():
+                write_status(directory, run, status)
+        self._wake()
+
+
+def write_status(directory: Path, run: str, status: Mapping[str, Any]) -> Path:
+    """``DIRECTORY/RUN.json``, replaced atomically: a trainer polling it never reads half a file."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{run}.json"
+    tmp = directory / f".{run}.json.tmp"
+    tmp.write_text(json.dumps(status, indent=1, default=str), encoding="utf-8")
+    tmp.replace(path)
+    return path

@@ -1,0 +1,244 @@
+"""The relay: sends the outbox to every webhook endpoint until each message is delivered.
+
+One asyncio task per endpoint, in a thread of its own, so an endpoint that hangs or is down delays only its
+own messages. A request is cut off after ``timeout_secs`` in all (``connect_timeout_secs`` to connect). A
+2xx answer delivers; 410 Gone disables the endpoint (its pending messages too) with an error log; anything
+else, or no answer, is retried after an exponential backoff with jitter (``Retry-After`` honoured), for as
+long as it takes: no alert is dropped because its receiver was down. A run's messages reach an endpoint in
+the order they were queued. Every attempt is kept (``alert_deliveries``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import email.utils
+import json
+import random
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import structlog
+
+from daemon.alerts.payload import AlertMessage, render
+from daemon.alerts.signing import ID_HEADER, TIMESTAMP_HEADER, Secret, load_secret, sign
+from daemon.config import Config, WebhookConfig
+from storage import alerting
+from storage.database import Database
+from storage.models import utcnow
+
+log = structlog.get_logger("daemon.alerts.relay")
+
+#: Seconds between looks at the outbox when nothing wakes the relay (another daemon may have queued).
+POLL_SECS = 1.0
+#: A Retry-After longer than this is not waited for in full: the message is tried again then.
+MAX_RETRY_AFTER_SECS = 3600.0
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    config: WebhookConfig
+    #: ``None``: requests go unsigned (a Slack incoming webhook checks none).
+    secret: Secret | None
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+
+def endpoints(config: Config, environ: Mapping[str, str]) -> list[Endpoint]:
+    """The configured endpoints with their secrets loaded (a missing secret stops the start: SecretError)."""
+    found = []
+    for webhook in config.webhooks:
+        signed = webhook.secret_env is not None or webhook.secret_file is not None
+        secret = (
+            load_secret(env=webhook.secret_env, file=webhook.secret_file, environ=environ) if signed else None
+        )
+        found.append(Endpoint(webhook, secret))
+    return found
+
+
+def backoff(attempts: int, cap: float, rng: random.Random) -> float:
+    """Seconds before the next try after ``attempts`` failed ones: 1, 2, 4, ... up to ``cap``, each between
+    half and all of it (jitter, so that endpoints recovering together are not hit in lockstep)."""
+    return min(cap, 2.0 ** max(0, attempts - 1)) * rng.uniform(0.5, 1.0)
+
+
+def retry_after(value: str | None, now: datetime) -> float | None:
+    """``Retry-After`` in seconds: a number of seconds or an HTTP date; None when absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - now).total_seconds())
+
+
+def message(event_id: str, body: str) -> AlertMessage:
+    """The stored event as the payload renderer takes it."""
+    facts: dict[str, Any] = json.loads(body)
+    for name in ("value", "baseline"):
+        if isinstance(facts.get(name), str):
+            facts[name] = float(facts[name])
+    ends_at = facts.pop("ends_at")
+    return AlertMessage(
+        id=event_id,
+        starts_at=datetime.fromisoformat(facts.pop("starts_at")),
+        ends_at=None if ends_at is None else datetime.fromisoformat(ends_at),
+        **facts,
+    )
+
+
+@dataclass(frozen=True)
+class Outcome:
+    delivered: bool
+    disabled: bool = False
+
+
+class Relay:
+    def __init__(
+        self, database: Database, targets: Sequence[Endpoint], *, rng: random.Random | None = None
+    ) -> None:
+        self._db = database
+        self._targets = list(targets)
+        self._rng = rng or random.Random()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._events: dict[str, asyncio.Event] = {}
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._started = threading.Event()
+
+    def start(self) -> Relay:
+        with self._db.session() as session:
+            for target in self._targets:
+                # 410 Gone stands across restarts: `evald webhook test NAME` answered 2xx enables it again.
+                reason = alerting.disabled(session, target.name)
+                if reason is not None:
+                    log.error("webhook.still_disabled", endpoint=target.name, reason=reason)
+        self._thread = threading.Thread(target=self._run, name="evald-relay", daemon=True)
+        self._thread.start()
+        self._started.wait(10)
+        return self
+
+    def wake(self) -> None:
+        """Look at the outbox now (a result's alerts were just committed)."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            for event in self._events.values():
+                loop.call_soon_threadsafe(event.set)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stopping = True
+        self.wake()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        asyncio.run(self._main())
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._events = {target.name: asyncio.Event() for target in self._targets}
+        self._started.set()
+        await asyncio.gather(*(self._serve(target) for target in self._targets))
+
+    async def _serve(self, target: Endpoint) -> None:
+        timeout = httpx.Timeout(target.config.timeout_secs, connect=target.config.connect_timeout_secs)
+        event = self._events[target.name]
+        async with httpx.AsyncClient(timeout=timeout, headers={"user-agent": "evald"}) as client:
+            while not self._stopping:
+                event.clear()
+                with self._db.session() as session:
+                    batch = alerting.due(session, endpoint=target.name, now=utcnow())
+                    later = alerting.next_due_at(session, endpoint=target.name)
+                for due in batch:
+                    if self._stopping:
+                        return
+                    outcome = await self._send(client, target, due)
+                    if outcome.disabled:
+                        break
+                if batch:
+                    continue
+                wait = POLL_SECS
+                if later is not None:
+                    wait = min(wait, max(0.0, (later - utcnow()).total_seconds()))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), timeout=max(wait, 0.01))
+
+    async def _send(self, client: httpx.AsyncClient, target: Endpoint, due: alerting.Due) -> Outcome:
+        body = render(target.config.format, message(due.event_id, due.body))
+        stamp = int(time.time())
+        headers = (
+            sign(target.secret, due.event_id, stamp, body)
+            if target.secret is not None
+            else {ID_HEADER: due.event_id, TIMESTAMP_HEADER: str(stamp)}
+        )
+        headers["content-type"] = "application/json"
+        started_at = utcnow()
+        started = time.perf_counter()
+        status: int | None = None
+        error: str | None = None
+        wait_hint: str | None = None
+        try:
+            # The whole request, however slowly a receiver drips its answer (httpx times each read).
+            response = await asyncio.wait_for(
+                client.post(target.config.url, content=body, headers=headers),
+                timeout=target.config.timeout_secs,
+            )
+            status = response.status_code
+            wait_hint = response.headers.get("retry-after")
+        except TimeoutError:
+            error = f"no answer within {target.config.timeout_secs:g} s"
+        except httpx.HTTPError as exc:
+            error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        duration = time.perf_counter() - started
+        hinted = retry_after(wait_hint, utcnow()) if status is not None and not 200 <= status < 300 else None
+        with self._db.session() as session:
+            attempts = alerting.record_attempt(
+                session,
+                due.id,
+                alerting.Attempt(started_at, duration, status, error, hinted),
+            )
+            if status is not None and 200 <= status < 300:
+                alerting.delivered(session, due.id)
+                log.info("webhook.delivered", endpoint=target.name, event_id=due.event_id, attempts=attempts)
+                return Outcome(delivered=True)
+            if status == 410:
+                count = alerting.disable_endpoint(
+                    session, target.name, f"answered 410 Gone to {due.event_id}"
+                )
+                log.error(
+                    "webhook.disabled",
+                    endpoint=target.name,
+                    reason="410 Gone",
+                    pending_dropped=count,
+                )
+                return Outcome(delivered=False, disabled=True)
+            delay = backoff(attempts, target.config.max_backoff_secs, self._rng)
+            if hinted is not None:
+                delay = max(delay, min(hinted, MAX_RETRY_AFTER_SECS))
+            why = error or f"HTTP {status}"
+            alerting.retry_at(session, due.id, utcnow() + timedelta(seconds=delay), why)
+        log.warning(
+            "webhook.retry",
+            endpoint=target.name,
+            event_id=due.event_id,
+            attempts=attempts,
+            error=why,
+            retry_in_s=round(delay, 3),
+        )
+        return Outcome(delivered=False)
+
+
+__all__ = ["Endpoint", "Relay", "backoff", "endpoints", "message", "retry_after"]

@@ -1,0 +1,298 @@
+"""Alerts end to end below the daemon: stored results → detectors → alerts and outbox in one transaction →
+the relay → a real signed-webhook receiver on loopback (SQLite and PostgreSQL)."""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import time
+import tomllib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from daemon.alerts.lifecycle import Alerter
+from daemon.alerts.receiver import WebhookReceiver
+from daemon.alerts.relay import Endpoint, Relay, backoff, retry_after
+from daemon.alerts.signing import Secret
+from daemon.config import Config, parse_config
+from storage import alerting, queries
+from storage.database import Database
+from storage.models import CheckpointState, utcnow
+
+SECRET = Secret.parse("whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+PLATEAU = [0.30, 0.45, 0.55, 0.60, 0.61, 0.60, 0.62, 0.61, 0.60, 0.61]
+
+
+def make_config(tmp_path: Path, *, webhooks: Sequence[str] = ("hook",), cooldown: float = 3600) -> Config:
+    (tmp_path / "d.jsonl").write_text('{"problem": "1+1", "answer": "2"}\n')
+    hooks = "".join(
+        f'[[webhooks]]\nname = "{name}"\nurl = "http://127.0.0.1:9/hook"\ntimeout_secs = 1.0\n'
+        f"max_backoff_secs = 0.5\n"
+        for name in webhooks
+    )
+    text = f"""
+[[runs]]
+name = "grpo"
+root = "{tmp_path / "run"}"
+
+[[tasks]]
+name = "math"
+dataset = "d.jsonl"
+
+[alerts]
+cooldown_secs = {cooldown}
+feedback_dir = "feedback"
+links = {{ dashboard = "https://grafana.example/d/evald" }}
+
+{hooks}
+"""
+    return parse_config(tomllib.loads(text), base_dir=tmp_path, source="test", environ={})
+
+
+def store(db: Database, config: Config, alerter: Alerter, step: int, accuracy: float, n: int = 500) -> None:
+    """One checkpoint of run ``grpo`` evaluated on ``math``: its accuracy stored, then its alerts."""
+    with db.session() as s:
+        run_id = queries.ensure_run(s, "grpo", str(config.runs[0].root))
+        checkpoint_id = queries.record_checkpoint(
+            s,
+            run_id=run_id,
+            path=f"/runs/grpo/step_{step}",
+            name=f"step_{step}",
+            step=step,
+            epoch=None,
+            layout="hf",
+            state=CheckpointState.READY,
+        )
+        queries.enqueue_jobs(s, checkpoint_id=checkpoint_id, step=step, tasks=("math",))
+    with db.session() as s:
+        job = queries.claim_next_job(s, "test:1")
+        assert job is not None and job.step == step
+    stderr = math.sqrt(max(accuracy * (1 - accuracy), 0.01) / n)
+    with db.session() as s:
+        assert queries.complete_job(
+            s,
+            job_id=job.id,
+            owner="test:1",
+            metrics=[queries.MetricRow("accuracy", accuracy, n, stderr)],
+            samples=[],
+            duration_s=1.0,
+            load_s=None,
+        )
+        alerter.after_result(s, job)
+    alerter.after_commit()
+
+
+def outbox(db: Database) -> list[tuple[str, str, str]]:
+    """(endpoint, state, alert state in the body) of every outbox row, in order."""
+    from sqlalchemy import select
+
+    from storage.models import OutboxMessage
+
+    with db.session() as s:
+        rows = s.scalars(select(OutboxMessage).order_by(OutboxMessage.id)).all()
+        return [(r.endpoint, r.state.value, json.loads(r.body)["state"]) for r in rows]
+
+
+def test_a_cliff_fires_once_repeats_quietly_and_resolves(database: Database, tmp_path: Path) -> None:
+    config = make_config(tmp_path, webhooks=("hook", "slack"))
+    woken: list[int] = []
+    alerter = Alerter(config, wake=lambda: woken.append(1))
+    for i, value in enumerate(PLATEAU):
+        store(database, config, alerter, (i + 1) * 100, value)
+    assert outbox(database) == []
+
+    store(database, config, alerter, 1100, 0.35)
+    with database.session() as s:
+        [alert] = [a for a in alerting.alert_rows(s) if a.rule == "drop_from_best"]
+    assert (alert.state, alert.metric, alert.step, alert.severity) == ("firing", "accuracy", 1100, "critical")
+    assert alert.best_step is not None and alert.rollback_step == 1000
+    fired = outbox(database)
+    assert ("hook", "pending", "firing") in fired and ("slack", "pending", "firing") in fired
+    # The status file a trainer polls, written after the commit.
+    status = json.loads((tmp_path / "feedback" / "grpo.json").read_text())
+    assert status["rollback_step"] == 1000 and status["best"]["metric"] == "accuracy"
+    assert {f["rule"] for f in status["firing"]} >= {"drop_from_best"}
+
+    # Still down at the next checkpoint: the same alert, updated, not sent again within the cooldown.
+    store(database, config, alerter, 1200, 0.34)
+    with database.session() as s:
+        again = [a for a in alerting.alert_rows(s) if a.rule == "drop_from_best"]
+    assert len(again) == 1 and again[0].repeats == 2 and again[0].step == 1200
+    assert len(outbox(database)) == len(fired)
+
+    # Recovered: every firing alert of the run resolves, and the resolution is sent.
+    for step in (1300, 1400):
+        store(database, config, alerter, step, 0.61)
+    with database.session() as s:
+        assert {a.state for a in alerting.alert_rows(s)} == {"resolved"}
+    resolved = [row for row in outbox(database) if row[2] == "resolved"]
+    assert len(resolved) == len(fired)
+    assert woken
+
+
+def test_after_the_cooldown_a_firing_alert_is_sent_again(database: Database, tmp_path: Path) -> None:
+    config = make_config(tmp_path, cooldown=0)
+    alerter = Alerter(config)
+    for i, value in enumerate(PLATEAU):
+        store(database, config, alerter, (i + 1) * 100, value)
+    store(database, config, alerter, 1100, 0.35)
+    first = len(outbox(database))
+    store(database, config, alerter, 1200, 0.34)
+
+    assert len(outbox(database)) > first
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+def relay_config(tmp_path: Path) -> Iterator[tuple[Config, int]]:
+    port = free_port()
+    config = make_config(tmp_path)
+    hook = config.webhooks[0].model_copy(update={"url": f"http://127.0.0.1:{port}/hook"})
+    yield config.model_copy(update={"webhooks": (hook,)}), port
+
+
+def fire_cliffs(database: Database, config: Config, alerter: Alerter, count: int) -> None:
+    """``count`` alternating cliffs and recoveries: 2 × count notifications, in order."""
+    for i, value in enumerate(PLATEAU):
+        store(database, config, alerter, (i + 1) * 100, value)
+    step = 1100
+    for _ in range(count):
+        store(database, config, alerter, step, 0.30)
+        store(database, config, alerter, step + 100, 0.61)
+        store(database, config, alerter, step + 200, 0.61)
+        step += 300
+
+
+def test_receiver_down_then_up_gets_every_alert_once_in_order(
+    database: Database, relay_config: tuple[Config, int]
+) -> None:
+    config, port = relay_config
+    relay = Relay(database, [Endpoint(config.webhooks[0], SECRET)]).start()
+    try:
+        fire_cliffs(database, config, Alerter(config, wake=relay.wake), 2)
+        queued = [row for row in outbox(database)]
+        assert len(queued) >= 4
+        time.sleep(1.5)  # nobody listens: the relay keeps retrying
+        with WebhookReceiver(SECRET, port=port) as receiver:
+            delivered = receiver.wait_for(len(queued), timeout=15)
+            assert all(a.error is None for a in receiver.attempts)
+        ids = [a.webhook_id for a in delivered]
+        assert len(set(ids)) == len(ids) == len(queued)
+        states = [json.loads(a.body)["state"] for a in delivered]
+        assert states == [q[2] for q in queued]
+        with database.session() as s:
+            assert all(r.delivered == r.queued > 0 for r in alerting.alert_rows(s))
+        assert {row[1] for row in outbox(database)} == {"delivered"}
+    finally:
+        relay.stop()
+
+
+def history(database: Database) -> list[tuple[int | None, str | None]]:
+    from sqlalchemy import select
+
+    from storage.models import Delivery
+
+    with database.session() as s:
+        return [(d.status_code, d.error) for d in s.scalars(select(Delivery).order_by(Delivery.id))]
+
+
+def test_a_hanging_receiver_is_cut_off_by_the_timeout(
+    database: Database, relay_config: tuple[Config, int]
+) -> None:
+    config, port = relay_config
+    with WebhookReceiver(SECRET, port=port) as receiver:
+        receiver.hang(3.0)
+        relay = Relay(database, [Endpoint(config.webhooks[0], SECRET)]).start()
+        try:
+            fire_cliffs(database, config, Alerter(config, wake=relay.wake), 1)
+            receiver.wait_for(len(outbox(database)), timeout=20)
+        finally:
+            relay.stop()
+    tries = history(database)
+    # Cut off after the 1 s timeout (the receiver would have held it for 3 s), then sent again.
+    assert tries[0] == (None, "no answer within 1 s")
+    assert (200, None) in tries[1:]
+    assert {row[1] for row in outbox(database)} == {"delivered"}
+
+
+def test_a_500_is_retried_after_a_backoff(database: Database, relay_config: tuple[Config, int]) -> None:
+    config, port = relay_config
+    with WebhookReceiver(SECRET, port=port) as receiver:
+        receiver.respond(500)
+        receiver.respond(503, retry_after="1")
+        relay = Relay(database, [Endpoint(config.webhooks[0], SECRET)]).start()
+        try:
+            fire_cliffs(database, config, Alerter(config, wake=relay.wake), 1)
+            [first, *_] = receiver.wait_for(len(outbox(database)), timeout=20)
+        finally:
+            relay.stop()
+        attempts = receiver.attempts
+    assert [a.status for a in attempts[:3]] == [500, 503, 200]
+    assert attempts[0].webhook_id == attempts[1].webhook_id == attempts[2].webhook_id
+    # Retry-After: 1 was honoured over the shorter backoff.
+    assert attempts[2].received_at - attempts[1].received_at >= 0.95
+    assert [code for code, _ in history(database)[:3]] == [500, 503, 200]
+    assert json.loads(first.body)["type"] == "evald.alert"
+
+
+def test_410_disables_the_endpoint(database: Database, relay_config: tuple[Config, int]) -> None:
+    config, port = relay_config
+    with WebhookReceiver(SECRET, port=port) as receiver:
+        receiver.respond(410, times=10)
+        relay = Relay(database, [Endpoint(config.webhooks[0], SECRET)]).start()
+        try:
+            fire_cliffs(database, config, Alerter(config, wake=relay.wake), 2)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and {row[1] for row in outbox(database)} != {"disabled"}:
+                time.sleep(0.1)
+        finally:
+            relay.stop()
+        assert len(receiver.attempts) == 1
+    assert {row[1] for row in outbox(database)} == {"disabled"}
+    with database.session() as s:
+        assert alerting.disabled(s, "hook") is not None
+
+
+def test_an_alert_stored_before_a_crash_is_sent_after_the_restart(
+    database: Database, relay_config: tuple[Config, int]
+) -> None:
+    config, port = relay_config
+    # No relay: the daemon died right after the commit that stored the alert and its outbox rows.
+    fire_cliffs(database, config, Alerter(config), 1)
+    pending = outbox(database)
+    assert pending and {row[1] for row in pending} == {"pending"}
+
+    with WebhookReceiver(SECRET, port=port) as receiver:
+        relay = Relay(database, [Endpoint(config.webhooks[0], SECRET)]).start()
+        try:
+            delivered = receiver.wait_for(len(pending), timeout=15)
+        finally:
+            relay.stop()
+    assert len(delivered) == len(pending)
+
+
+def test_backoff_and_retry_after() -> None:
+    import random
+
+    rng = random.Random(1)
+    waits = [backoff(n, 60.0, rng) for n in range(1, 9)]
+
+    assert all(2 ** (n - 1) / 2 <= w <= 2 ** (n - 1) for n, w in zip(range(1, 7), waits, strict=False))
+    assert max(waits) <= 60.0
+    now = utcnow()
+    assert retry_after("7", now) == 7.0
+    assert retry_after(None, now) is None and retry_after("soon", now) is None
+    from datetime import timedelta
+    from email.utils import format_datetime
+
+    assert retry_after(format_datetime(now + timedelta(seconds=30), usegmt=True), now) == pytest.approx(
+        30, abs=1
+    )
