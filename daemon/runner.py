@@ -191,6 +191,22 @@ class JobRunner:
         limit = timedelta(seconds=self._config.scheduling.stuck_after_secs)
         with self._db.session() as session:
             stuck = store.mark_stuck(session, deferred_before=now - limit, now=now)
+            for item in stuck:
+                if self._alerter is None:
+                    break
+                self._alerter.operational(
+                    session,
+                    run_id=item.run_id,
+                    run=item.run,
+                    task=item.task,
+                    step=item.step,
+                    rule="deferred_stuck",
+                    severity="warning",
+                    message=f"job {item.id} ({item.task}/{item.stage} at step {item.step}) deferred for "
+                    f"{(now - item.deferred_at).total_seconds():.0f} s: {item.reason}",
+                )
+        if stuck and self._alerter is not None:
+            self._alerter.after_commit()
         for job in stuck:
             log.error(
                 "job.stuck",
@@ -361,12 +377,13 @@ class JobRunner:
                 tp_disagreements=None if consistency is None else len(consistency.disagreements),
                 problems=problems,
             )
-            if stored and consistency is not None and consistency.disagreements:
+            disagreed = consistency is not None and bool(consistency.disagreements)
+            if stored and consistency is not None and disagreed:
                 self._report_disagreements(session, job, consistency)
             if stored and self._planner is not None:
                 self._planner.after_result(session, job, metrics)
             if stored and self._alerter is not None:
-                self._alerter.after_result(session, job)
+                self._alerter.after_result(session, job, tp_disagreed=disagreed)
         if stored and self._alerter is not None:
             self._alerter.after_commit()
         if stored and not Path(job.checkpoint_path).is_dir():
@@ -417,6 +434,18 @@ class JobRunner:
             session, kind="tp_disagreement", run_id=job.run_id, job_id=job.id, message=message, now=utcnow()
         )
         log.warning("job.tp_disagreement", job_id=job.id, run=job.run, step=job.step, batches=len(found))
+        if self._alerter is not None:
+            self._alerter.operational(
+                session,
+                run_id=job.run_id,
+                run=job.run,
+                task=job.task,
+                step=job.step,
+                rule="tp_disagreement",
+                severity="warning",
+                message=f"tp ranks generated different tokens in {len(found)} of "
+                f"{consistency.batches_checked} batches (job {job.id}); results kept the majority's",
+            )
 
     def _fail(
         self, job: queries.ClaimedJob, kind: str, message: str, duration: float | None, *, retry: bool = False
@@ -433,6 +462,21 @@ class JobRunner:
             )
             if kind == "checkpoint_vanished":
                 queries.mark_checkpoint(session, job.checkpoint_id, CheckpointState.VANISHED, message)
+            # A vanished checkpoint is the trainer rotating it away, not a problem to page anyone about.
+            if not retry and kind != "checkpoint_vanished" and self._alerter is not None:
+                self._alerter.operational(
+                    session,
+                    run_id=job.run_id,
+                    run=job.run,
+                    task=job.task,
+                    step=job.step,
+                    rule="eval_failed",
+                    severity="warning",
+                    message=f"job {job.id} ({job.task}/{job.stage} at step {job.step}) failed after "
+                    f"{job.attempts} attempt(s): {kind}: {report.one_line(message, 300)}",
+                )
+        if not retry and self._alerter is not None:
+            self._alerter.after_commit()
         event = "job.retrying" if retry else "job.failed"
         log.warning(
             event,

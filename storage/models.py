@@ -315,8 +315,9 @@ class Alert(Base):
     #: The checkpoint step of the latest finding (None for a run-level event).
     step: Mapped[int | None] = mapped_column(Integer)
     checkpoint: Mapped[str | None] = mapped_column(String(500))
-    value: Mapped[float | None] = mapped_column(MetricFloat, nullable=True)
-    baseline: Mapped[float | None] = mapped_column(MetricFloat, nullable=True)
+    #: None for an alert with no value (a failed evaluation); a NaN value is NULL on SQLite too.
+    value: Mapped[float | None] = mapped_column(Float)
+    baseline: Mapped[float | None] = mapped_column(Float)
     best_step: Mapped[int | None] = mapped_column(Integer)
     rollback_step: Mapped[int | None] = mapped_column(Integer)
     message: Mapped[str] = mapped_column(Text)

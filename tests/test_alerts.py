@@ -296,3 +296,42 @@ def test_backoff_and_retry_after() -> None:
     assert retry_after(format_datetime(now + timedelta(seconds=30), usegmt=True), now) == pytest.approx(
         30, abs=1
     )
+
+
+def test_a_failed_evaluation_alerts_until_the_task_stores_a_result(
+    database: Database, tmp_path: Path
+) -> None:
+    config = make_config(tmp_path)
+    alerter = Alerter(config)
+    store(database, config, alerter, 100, 0.5)
+    with database.session() as s:
+        run_id = queries.ensure_run(s, "grpo", str(config.runs[0].root))
+        for _ in range(2):
+            alerter.operational(
+                s,
+                run_id=run_id,
+                run="grpo",
+                task="math",
+                step=200,
+                rule="eval_failed",
+                severity="warning",
+                message="job 2 (math/full at step 200) failed after 3 attempt(s): crash: rank 1 failed",
+            )
+    with database.session() as s:
+        [alert] = alerting.alert_rows(s)
+    assert (alert.rule, alert.state, alert.step, alert.metric, alert.repeats) == (
+        "eval_failed",
+        "firing",
+        200,
+        None,
+        2,
+    )
+    assert alert.value is None
+    assert outbox(database) == [("hook", "pending", "firing")]
+
+    store(database, config, alerter, 300, 0.5)
+
+    with database.session() as s:
+        [alert] = alerting.alert_rows(s)
+    assert alert.state == "resolved" and "cleared" in alert.message
+    assert outbox(database)[-1] == ("hook", "pending", "resolved")

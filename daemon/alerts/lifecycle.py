@@ -50,6 +50,11 @@ METRIC_RULES = frozenset(
 )
 
 
+#: Alerts from the daemon's own events (not from a metric): each resolves when the run's task next stores
+#: a good result (for a tp disagreement: one without).
+OPERATIONAL_RULES = frozenset({"eval_failed", "deferred_stuck", "tp_disagreement"})
+
+
 def fingerprint(run: str, rule: str, metric: str | None, task: str | None) -> str:
     return hashlib.sha256(json.dumps([run, rule, metric, task]).encode()).hexdigest()[:32]
 
@@ -112,19 +117,60 @@ class Alerter:
     def watched_stage(self, task: str) -> str:
         return stages.QUICK if task in self._config.scheduling.two_stage else stages.FULL
 
-    def after_result(self, session: Session, job: queries.ClaimedJob) -> int:
+    def after_result(self, session: Session, job: queries.ClaimedJob, *, tp_disagreed: bool = False) -> int:
         """Alerts for the result just stored for ``job``, in its transaction; returns the notices queued.
         A failure is logged and undone (a savepoint): the result itself still commits."""
-        if job.step is None or job.stage != self.watched_stage(job.task):
-            return 0
         try:
             with session.begin_nested():
-                return self._after_result(session, job)
+                return self._after_result(session, job, tp_disagreed)
         except Exception as exc:
             log.exception("alerts.failed", job_id=job.id, run=job.run, error=repr(exc))
             return 0
 
-    def _after_result(self, session: Session, job: queries.ClaimedJob) -> int:
+    def operational(
+        self,
+        session: Session,
+        *,
+        run_id: int,
+        run: str,
+        task: str | None,
+        step: int | None,
+        rule: str,
+        severity: str,
+        message: str,
+    ) -> int:
+        """An alert from the daemon's own events (a job that failed for good, one deferred past its limit,
+        a tp disagreement), in the transaction that records the event."""
+        try:
+            with session.begin_nested():
+                fp = fingerprint(run, rule, None, task)
+                # No metric: the alert has no value, and a run-level event may have no step.
+                finding = Finding(rule, "", step or 0, math.nan, None, severity, message)  # type: ignore[arg-type]
+                notice = self._fire(session, run_id, run, task, fp, finding, None, None, None, utcnow())
+                if notice is None:
+                    return 0
+                self._enqueue(session, notice)
+                log.info("alerts.queued", run=run, rule=rule, task=task, step=step)
+                return 1
+        except Exception as exc:
+            log.exception("alerts.failed", run=run, rule=rule, error=repr(exc))
+            return 0
+
+    def _after_result(self, session: Session, job: queries.ClaimedJob, tp_disagreed: bool) -> int:
+        if job.step is None:
+            return 0
+        notices = [
+            self._resolve(job, alert, utcnow())
+            for alert in alerting.firing(session, run_id=job.run_id, task=job.task)
+            if alert.rule in OPERATIONAL_RULES and not (alert.rule == "tp_disagreement" and tp_disagreed)
+        ]
+        for notice in notices:
+            self._enqueue(session, notice)
+        if job.stage != self.watched_stage(job.task):
+            return len(notices)
+        return len(notices) + self._metric_alerts(session, job)
+
+    def _metric_alerts(self, session: Session, job: queries.ClaimedJob) -> int:
         assert job.step is not None
         rows = alerting.run_series(session, run_id=job.run_id, task=job.task, stage=job.stage)
         series = {
@@ -151,7 +197,9 @@ class Alerter:
                 continue
             seen.add(fp)
             back = rollback_step(series.get(finding.metric, []), finding, directions.get(finding.metric))
-            notice = self._fire(session, job, fp, finding, best, back, names.get(job.step), now)
+            notice = self._fire(
+                session, job.run_id, job.run, job.task, fp, finding, best, back, names.get(job.step), now
+            )
             if notice is not None:
                 notices.append(notice)
         for alert in alerting.firing(session, run_id=job.run_id, task=job.task):
@@ -167,7 +215,9 @@ class Alerter:
     def _fire(
         self,
         session: Session,
-        job: queries.ClaimedJob,
+        run_id: int,
+        run: str,
+        task: str | None,
         fp: str,
         finding: Finding,
         best: Best | None,
@@ -178,9 +228,8 @@ class Alerter:
         alert = alerting.by_fingerprint(session, fp)
         cooldown = timedelta(seconds=self._config.alerts.cooldown_secs)
         if alert is None:
-            alert = Alert(
-                fingerprint=fp, run_id=job.run_id, task=job.task, metric=finding.metric, rule=finding.rule
-            )
+            metric = finding.metric or None
+            alert = Alert(fingerprint=fp, run_id=run_id, task=task, metric=metric, rule=finding.rule)
             session.add(alert)
             notify, alert.repeats, alert.fired_at = True, 1, now
         elif alert.state is AlertState.RESOLVED:
@@ -190,9 +239,10 @@ class Alerter:
             notify = alert.notified_at is None or now - alert.notified_at >= cooldown
         alert.state = AlertState.FIRING
         alert.severity = finding.severity
-        alert.step = finding.step
+        metric_rule = bool(finding.metric)
+        alert.step = finding.step if metric_rule or finding.step else None
         alert.checkpoint = checkpoint
-        alert.value = finding.value
+        alert.value = finding.value if metric_rule else None
         alert.baseline = finding.baseline
         alert.best_step = best.step if best else None
         alert.rollback_step = back
@@ -202,7 +252,7 @@ class Alerter:
         if not notify:
             return None
         alert.notified_at = now
-        return Notice(alert.id, job.run, self._body(job.run, alert, ends_at=None), alert.severity)
+        return Notice(alert.id, run, self._body(run, alert, ends_at=None), alert.severity)
 
     def _resolve(self, job: queries.ClaimedJob, alert: Alert, now: datetime) -> Notice:
         alert.state = AlertState.RESOLVED
@@ -210,6 +260,8 @@ class Alerter:
         alert.updated_at = now
         alert.message = (
             f"{alert.metric or alert.rule} recovered at step {job.step} ({alert.rule} no longer fires)"
+            if alert.rule in METRIC_RULES
+            else f"{alert.rule} cleared: task {job.task} stored a result at step {job.step}"
         )
         alert.step = job.step
         return Notice(alert.id, job.run, self._body(job.run, alert, ends_at=now), alert.severity)
