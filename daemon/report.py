@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from daemon.resources import Check
+from storage import alerting
 from storage.queries import AttemptRow, CheckpointRow, JobRow, JobSamples, ProblemRow, ResultRow, SampleRow
 from storage.scheduling import PlanRow
 
@@ -366,3 +367,67 @@ def samples_json(found: JobSamples, *, wrong_only: bool = False) -> str:
         },
         indent=1,
     )
+
+
+def alert_json(row: alerting.AlertRow) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "run": row.run,
+        "task": row.task,
+        "metric": row.metric,
+        "rule": row.rule,
+        "severity": row.severity,
+        "state": row.state,
+        "step": row.step,
+        "value": row.value,
+        "baseline": row.baseline,
+        "best_step": row.best_step,
+        "rollback_step": row.rollback_step,
+        "repeats": row.repeats,
+        "message": row.message,
+        "fired_at": row.fired_at.isoformat(),
+        "resolved_at": None if row.resolved_at is None else row.resolved_at.isoformat(),
+        "delivered": row.delivered,
+        "queued": row.queued,
+    }
+
+
+def alerts_text(rows: Sequence[alerting.AlertRow]) -> str:
+    if not rows:
+        return "no alerts"
+    header = (
+        "id",
+        "run",
+        "task",
+        "rule",
+        "metric",
+        "sev",
+        "state",
+        "step",
+        "value",
+        "baseline",
+        "best",
+        "rollback",
+        "sent",
+        "message",
+    )
+    body = [
+        (
+            row.id,
+            row.run,
+            row.task or "-",
+            row.rule,
+            row.metric or "-",
+            row.severity,
+            row.state,
+            "-" if row.step is None else row.step,
+            "-" if row.value is None else f"{row.value:.4g}",
+            "-" if row.baseline is None else f"{row.baseline:.4g}",
+            "-" if row.best_step is None else row.best_step,
+            "-" if row.rollback_step is None else row.rollback_step,
+            f"{row.delivered}/{row.queued}",
+            one_line(row.message, 80),
+        )
+        for row in rows
+    ]
+    return table(header, body)

@@ -17,6 +17,7 @@ from daemon.alerts.lifecycle import Alerter
 from daemon.alerts.receiver import WebhookReceiver
 from daemon.alerts.relay import Endpoint, Relay, backoff, retry_after
 from daemon.alerts.signing import Secret
+from daemon.cli import main
 from daemon.config import Config, parse_config
 from storage import alerting, queries
 from storage.database import Database
@@ -26,14 +27,20 @@ SECRET = Secret.parse("whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
 PLATEAU = [0.30, 0.45, 0.55, 0.60, 0.61, 0.60, 0.62, 0.61, 0.60, 0.61]
 
 
-def make_config(tmp_path: Path, *, webhooks: Sequence[str] = ("hook",), cooldown: float = 3600) -> Config:
+def config_text(
+    tmp_path: Path,
+    *,
+    webhooks: Sequence[str] = ("hook",),
+    cooldown: float = 3600,
+    url: str = "http://127.0.0.1:9/hook",
+) -> str:
     (tmp_path / "d.jsonl").write_text('{"problem": "1+1", "answer": "2"}\n')
     hooks = "".join(
-        f'[[webhooks]]\nname = "{name}"\nurl = "http://127.0.0.1:9/hook"\ntimeout_secs = 1.0\n'
-        f"max_backoff_secs = 0.5\n"
+        f'[[webhooks]]\nname = "{name}"\nurl = "{url}"\ntimeout_secs = 1.0\n'
+        f'max_backoff_secs = 0.5\nsecret_env = "EVALD_TEST_SECRET"\n'
         for name in webhooks
     )
-    text = f"""
+    return f"""
 [[runs]]
 name = "grpo"
 root = "{tmp_path / "run"}"
@@ -49,6 +56,10 @@ links = {{ dashboard = "https://grafana.example/d/evald" }}
 
 {hooks}
 """
+
+
+def make_config(tmp_path: Path, *, webhooks: Sequence[str] = ("hook",), cooldown: float = 3600) -> Config:
+    text = config_text(tmp_path, webhooks=webhooks, cooldown=cooldown)
     return parse_config(tomllib.loads(text), base_dir=tmp_path, source="test", environ={})
 
 
@@ -335,3 +346,50 @@ def test_a_failed_evaluation_alerts_until_the_task_stores_a_result(
         [alert] = alerting.alert_rows(s)
     assert alert.state == "resolved" and "cleared" in alert.message
     assert outbox(database)[-1] == ("hook", "pending", "resolved")
+
+
+def test_evald_alerts_lists_them_as_a_user_reads_them(
+    database: Database, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = make_config(tmp_path)
+    alerter = Alerter(config)
+    for i, value in enumerate([*PLATEAU, 0.35]):
+        store(database, config, alerter, (i + 1) * 100, value)
+    path = tmp_path / "evald.toml"
+    path.write_text(config_text(tmp_path) + f'\n[database]\nurl = "{database.url}"\n')
+    capsys.readouterr()
+
+    assert main(["--config", str(path), "alerts", "--format", "json", "--state", "firing"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert "drop_from_best" in {a["rule"] for a in listed}
+    drop = next(a for a in listed if a["rule"] == "drop_from_best")
+    assert (drop["run"], drop["step"], drop["state"], drop["rollback_step"]) == ("grpo", 1100, "firing", 1000)
+    assert (drop["delivered"], drop["queued"]) == (0, 1)
+
+    assert main(["--config", str(path), "alerts", "--run", "grpo"]) == 0
+    out = capsys.readouterr().out
+    assert "drop_from_best" in out and "0/1" in out
+    assert main(["--config", str(path), "alerts", "--state", "resolved"]) == 0
+    assert capsys.readouterr().out.strip() == "no alerts"
+
+
+def test_evald_webhook_test_sends_a_signed_test_alert(
+    database: Database, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EVALD_TEST_SECRET", SECRET.reveal_text())
+    with WebhookReceiver(SECRET) as receiver:
+        path = tmp_path / "evald.toml"
+        text = config_text(tmp_path, url=receiver.url)
+        path.write_text(text + f'\n[database]\nurl = "{database.url}"\n')
+        with database.session() as s:
+            alerting.disable_endpoint(s, "hook", "answered 410 Gone")
+
+        assert main(["--config", str(path), "webhook", "test", "hook"]) == 0
+
+        [got] = receiver.wait_for(1)
+    out = capsys.readouterr().out
+    assert out.startswith("hook: HTTP 200 in ") and got.webhook_id in out
+    assert json.loads(got.body)["rule"] == "webhook_test" and got.error is None
+    with database.session() as s:
+        assert alerting.disabled(s, "hook") is None
+    assert main(["--config", str(path), "webhook", "test", "nope"]) == 2

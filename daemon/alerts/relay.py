@@ -100,6 +100,69 @@ def message(event_id: str, body: str) -> AlertMessage:
     )
 
 
+def request_headers(target: Endpoint, event_id: str, body: bytes) -> dict[str, str]:
+    """Standard Webhooks headers, signed when the endpoint has a secret; signed now, not when queued, so a
+    retry hours later is not refused as stale."""
+    stamp = int(time.time())
+    headers = (
+        sign(target.secret, event_id, stamp, body)
+        if target.secret is not None
+        else {ID_HEADER: event_id, TIMESTAMP_HEADER: str(stamp)}
+    )
+    headers["content-type"] = "application/json"
+    return headers
+
+
+def test_message(target: Endpoint, links: Mapping[str, str]) -> AlertMessage:
+    """What ``evald webhook test`` sends: an info-level alert that names itself a test."""
+    now = utcnow()
+    return AlertMessage(
+        id=f"evald_test_{int(now.timestamp())}",
+        fingerprint="evald-webhook-test",
+        run="evald-webhook-test",
+        checkpoint=None,
+        step=None,
+        task=None,
+        metric=None,
+        rule="webhook_test",
+        value=None,
+        baseline=None,
+        best_step=None,
+        rollback_step=None,
+        severity="info",
+        state="firing",
+        message=f"A test of webhook {target.name!r} from evald: nothing is wrong.",
+        links=links,
+        starts_at=now,
+        ends_at=None,
+    )
+
+
+@dataclass(frozen=True)
+class TestResult:
+    event_id: str
+    status: int | None
+    #: The start of the answer's body, or what went wrong.
+    detail: str
+    duration_s: float
+
+
+def send_test(target: Endpoint, links: Mapping[str, str]) -> TestResult:
+    """POST a signed test alert to ``target`` now, with its timeouts; nothing is stored or queued."""
+    test = test_message(target, links)
+    body = render(target.config.format, test)
+    timeout = httpx.Timeout(target.config.timeout_secs, connect=target.config.connect_timeout_secs)
+    started = time.perf_counter()
+    try:
+        with httpx.Client(timeout=timeout, headers={"user-agent": "evald"}) as client:
+            response = client.post(
+                target.config.url, content=body, headers=request_headers(target, test.id, body)
+            )
+    except httpx.HTTPError as exc:
+        return TestResult(test.id, None, f"{type(exc).__name__}: {exc}", time.perf_counter() - started)
+    return TestResult(test.id, response.status_code, response.text[:500], time.perf_counter() - started)
+
+
 @dataclass(frozen=True)
 class Outcome:
     delivered: bool
@@ -178,13 +241,7 @@ class Relay:
 
     async def _send(self, client: httpx.AsyncClient, target: Endpoint, due: alerting.Due) -> Outcome:
         body = render(target.config.format, message(due.event_id, due.body))
-        stamp = int(time.time())
-        headers = (
-            sign(target.secret, due.event_id, stamp, body)
-            if target.secret is not None
-            else {ID_HEADER: due.event_id, TIMESTAMP_HEADER: str(stamp)}
-        )
-        headers["content-type"] = "application/json"
+        headers = request_headers(target, due.event_id, body)
         started_at = utcnow()
         started = time.perf_counter()
         status: int | None = None
@@ -241,4 +298,4 @@ class Relay:
         return Outcome(delivered=False)
 
 
-__all__ = ["Endpoint", "Relay", "backoff", "endpoints", "message", "retry_after"]
+__all__ = ["Endpoint", "Relay", "backoff", "endpoints", "message", "retry_after", "send_test"]
