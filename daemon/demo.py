@@ -16,14 +16,18 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
+
+from sqlalchemy import select
 
 from daemon import report
+from daemon.alerts.receiver import WebhookReceiver
+from daemon.alerts.signing import Secret
 from daemon.errors import EvaldError
 from inference.toy.problems import DATA_DIR
 from storage import migrations, queries
 from storage.database import Database
-from storage.models import JobState
+from storage.models import JobState, OutboxMessage
 
 #: The demo gives up (and says so) after this long; it normally takes one to two minutes on 2 cores.
 DEMO_TIMEOUT_SECS = 600.0
@@ -69,7 +73,23 @@ tick_secs = 0.1
 
 [daemon]
 state_dir = "{state}"
+
+# The toy trainer's learning rate jumps after step {collapse_at}: the alerts go to a receiver the demo runs.
+[alerts]
+feedback_dir = "{feedback}"
+
+[[webhooks]]
+name = "demo-receiver"
+url = "{receiver}"
+secret_env = "{secret_env}"
 """
+
+#: The trainer learns for this many steps, then its learning rate jumps (a run gone wrong).
+COLLAPSE_AT = 720
+TRAIN_STEPS = 960
+SECRET_ENV = "EVALD_DEMO_WEBHOOK_SECRET"
+#: After the last evaluation, how long the demo waits for its alerts to reach the receiver.
+DELIVERY_WAIT_SECS = 15.0
 
 #: What the demo's task computes: quality, RL and efficiency metrics of the registry.
 DEMO_METRICS = (
@@ -95,7 +115,7 @@ def _say(message: str, stream: TextIO) -> None:
     print(message, file=stream, flush=True)
 
 
-def write_workspace(workdir: Path) -> Path:
+def write_workspace(workdir: Path, receiver_url: str = "http://127.0.0.1:9/hook") -> Path:
     """Create the run folder and the config (the eval set is shipped); returns the config path."""
     (workdir / "run").mkdir(parents=True, exist_ok=True)
     dataset = DATA_DIR / "arith500.jsonl"
@@ -109,6 +129,10 @@ def write_workspace(workdir: Path) -> Path:
             problems=EVAL_PROBLEMS,
             metrics=json.dumps(list(DEMO_METRICS)),
             state=workdir / "state",
+            collapse_at=COLLAPSE_AT,
+            feedback=workdir / "feedback",
+            receiver=receiver_url,
+            secret_env=SECRET_ENV,
         ),
         encoding="utf-8",
     )
@@ -131,10 +155,16 @@ def run_demo(workdir: Path | None, *, as_json: bool) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     if (workdir / "evald.db").exists() or any((workdir / "run").glob("step_*")):
         raise EvaldError(f"{workdir} already holds a demo; pass a new --workdir or remove it")
-    config_path = write_workspace(workdir)
+    secret = Secret.generate()
+    with WebhookReceiver(secret) as receiver:
+        return _run(workdir, receiver, secret, as_json=as_json, progress=progress)
+
+
+def _run(workdir: Path, receiver: WebhookReceiver, secret: Secret, *, as_json: bool, progress: TextIO) -> int:
+    config_path = write_workspace(workdir, receiver.url)
     database = Database(f"sqlite:///{workdir / 'evald.db'}")
     migrations.upgrade(database)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", SECRET_ENV: secret.reveal_text()}
     daemon_log = (workdir / "daemon.log").open("wb")
     daemon = subprocess.Popen(
         [sys.executable, "-m", "daemon", "--config", str(config_path), "run"],
@@ -144,7 +174,10 @@ def run_demo(workdir: Path | None, *, as_json: bool) -> int:
     )
     trainer_log = (workdir / "trainer.log").open("wb")
     trainer = subprocess.Popen(
-        [sys.executable, "-m", "inference.toy.trainer", "--out", str(workdir / "run"), "--threads", "1"],
+        [
+            *(sys.executable, "-m", "inference.toy.trainer", "--out", str(workdir / "run"), "--threads", "1"),
+            *("--steps", str(TRAIN_STEPS), "--collapse-at", str(COLLAPSE_AT)),
+        ],
         stdout=trainer_log,
         stderr=subprocess.STDOUT,
         env=env,
@@ -152,6 +185,7 @@ def run_demo(workdir: Path | None, *, as_json: bool) -> int:
     _say("trainer and daemon started; checkpoints are evaluated as they appear", progress)
     try:
         rows = _follow(database, trainer, daemon, workdir, progress)
+        alerts = _await_alerts(database, receiver)
     finally:
         for process in (trainer, daemon):
             if process.poll() is None:
@@ -168,7 +202,7 @@ def run_demo(workdir: Path | None, *, as_json: bool) -> int:
         checkpoints = [
             {"step": step, "metrics": metrics} for (_run, step, _name, _task), metrics in grouped.items()
         ]
-        print(json.dumps({"checkpoints": checkpoints, "alerts": []}))
+        print(json.dumps({"checkpoints": checkpoints, "alerts": alerts}))
     else:
         table_rows = [
             [step, *(m.get(name) for name in TABLE_METRICS)] for (_r, step, _n, _t), m in grouped.items()
@@ -178,7 +212,14 @@ def run_demo(workdir: Path | None, *, as_json: bool) -> int:
                 ("step", "accuracy", "entropy", "length", "truncated", "tokens/s", "wall s"), table_rows
             )
         )
+        print(f"\nalerts at the demo's webhook receiver (the learning rate jumped after step {COLLAPSE_AT}):")
+        for alert in alerts:
+            seal = "signature verified" if alert["signature_verified"] else "SIGNATURE NOT VERIFIED"
+            got = "delivered" if alert["delivered"] else "NOT DELIVERED"
+            what = f"{alert['state']} {alert['rule']} on {alert['metric']}"
+            print(f"  step {alert['step']}: {what} ({got}, {seal})")
         print(f"\nresults: evald --config {config_path} results")
+        print(f"alerts: evald --config {config_path} alerts")
         if grouped:
             (_run, step, _name, task), _ = list(grouped.items())[-1]
             query = f"--run toy --step {step} --task {task} --wrong-only"
@@ -226,3 +267,36 @@ def _follow(
             return rows
         time.sleep(0.5)
     raise EvaldError(f"not every checkpoint was evaluated within {DEMO_TIMEOUT_SECS:.0f} s; see {workdir}")
+
+
+def _await_alerts(database: Database, receiver: WebhookReceiver) -> list[dict[str, Any]]:
+    """Every alert notification queued for the receiver, once delivered (or after the wait): what it was,
+    whether the receiver got it, and whether its signature verified there."""
+    deadline = time.monotonic() + DELIVERY_WAIT_SECS
+    while True:
+        with database.session() as session:
+            queued = session.execute(
+                select(OutboxMessage.event_id, OutboxMessage.body).order_by(OutboxMessage.id)
+            ).all()
+        got = {a.webhook_id: a for a in receiver.attempts if a.status == 200}
+        if all(event_id in got for event_id, _ in queued) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    alerts = []
+    for event_id, body in queued:
+        facts = json.loads(body)
+        attempt = got.get(event_id)
+        alerts.append(
+            {
+                "rule": facts["rule"],
+                "metric": facts["metric"],
+                "step": facts["step"],
+                "state": facts["state"],
+                "severity": facts["severity"],
+                "message": facts["message"],
+                "webhook_id": event_id,
+                "delivered": attempt is not None,
+                "signature_verified": attempt is not None and attempt.error is None,
+            }
+        )
+    return alerts

@@ -9,7 +9,7 @@ import pytest
 
 from daemon.anomaly import Finding, Point, Settings, detect, rl
 from daemon.anomaly.robust import robust_z
-from daemon.anomaly.rules import non_finite, threshold
+from daemon.anomaly.rules import drop_from_best, non_finite, threshold
 from daemon.anomaly.shift import cusum, ewma
 
 S = Settings()
@@ -155,3 +155,16 @@ def test_detect_reads_only_metrics_at_the_newest_step() -> None:
 
     assert {f.metric for f in found} == {"accuracy"}
     assert {f.step for f in found} == {1000}
+
+
+def test_a_timing_without_standard_errors_is_not_worse_than_its_best() -> None:
+    # A busy machine slows the job: no noise model says how much is normal, so only a threshold speaks.
+    slow = series([10.0, 10.4, 9.8, 10.1, 10.3, 9.9, 10.2, 16.0], stderr=None, n=None)
+
+    assert drop_from_best("wall_s", slow, False, S) is None
+    assert cusum("wall_s", slow, False, S) is None and ewma("wall_s", slow, False, S) is None
+    assert detect({"wall_s": slow}, {"wall_s": False}) == []
+    assert threshold("wall_s", slow, maximum=15.0) is not None
+    assert rules(detect({"wall_s": [*slow[:-1], Point(800, math.nan)]}, {"wall_s": False})) == {
+        ("non_finite", "wall_s")
+    }

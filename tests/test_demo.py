@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.demo import DEMO_METRICS
+from daemon.demo import COLLAPSE_AT, DEMO_METRICS
 from storage import queries
 from storage.database import Database
 
@@ -27,20 +27,30 @@ def test_demo_json_shows_learning_with_every_checkpoint_evaluated_once(tmp_path:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)
-    assert report["alerts"] == []
     steps = [c["step"] for c in report["checkpoints"]]
-    assert steps == sorted(steps) and len(steps) == 6
+    assert steps == sorted(steps) and len(steps) == 8
     for checkpoint in report["checkpoints"]:
         assert set(checkpoint["metrics"]) == set(DEMO_METRICS)
     accuracy = [c["metrics"]["accuracy"] for c in report["checkpoints"]]
-    assert accuracy[-1] - accuracy[0] >= 0.5, accuracy
-    last = report["checkpoints"][-1]["metrics"]
+    learnt = steps.index(COLLAPSE_AT)
+    assert accuracy[learnt] - accuracy[0] >= 0.5, accuracy
+    # Then the learning rate jumps: the run collapses, and the collapse is an alert, delivered and verified.
+    assert accuracy[learnt + 1] < accuracy[learnt] - 0.5, accuracy
+    alerts = report["alerts"]
+    collapse = [a for a in alerts if (a["rule"], a["metric"]) == ("drop_from_best", "accuracy")]
+    assert collapse and collapse[0]["step"] == steps[learnt + 1] and collapse[0]["state"] == "firing"
+    assert all(a["delivered"] and a["signature_verified"] for a in alerts), alerts
+    # Nothing fired while the run was healthy.
+    assert all(a["step"] > COLLAPSE_AT for a in alerts), alerts
+    status = json.loads((workdir / "feedback" / "toy.json").read_text())
+    assert status["best"]["step"] == COLLAPSE_AT and status["rollback_step"] == COLLAPSE_AT
+    last = report["checkpoints"][learnt]["metrics"]
     # The built-in reward is the math grade; a model that learnt the task is sure of its tokens.
     assert last["reward"] == last["accuracy"]
     assert 0 < last["entropy"] < report["checkpoints"][0]["metrics"]["entropy"]
-    # What the model answered at that step, as a user reads it.
+    # What the model answered at its best step, as a user reads it.
     config = str(workdir / "evald.toml")
-    query = ("--run", "toy", "--step", str(steps[-1]), "--task", "arith", "--format", "json")
+    query = ("--run", "toy", "--step", str(COLLAPSE_AT), "--task", "arith", "--format", "json")
     shown = subprocess.run(
         [sys.executable, "-m", "daemon", "--config", config, "samples", *query],
         capture_output=True,
@@ -59,6 +69,6 @@ def test_demo_json_shows_learning_with_every_checkpoint_evaluated_once(tmp_path:
             counts = Counter((r.checkpoint, r.metric) for r in queries.result_rows(session))
     finally:
         database.dispose()
-    assert len(counts) == 6 * len(DEMO_METRICS) and set(counts.values()) == {1}
+    assert len(counts) == 8 * len(DEMO_METRICS) and set(counts.values()) == {1}
     # The daemon stopped on SIGTERM and said so.
     assert '"daemon.stopped"' in (workdir / "daemon.log").read_text()

@@ -34,6 +34,9 @@ def detect(
         if bad is not None:
             findings.append(bad)
             continue
+        if points[-1].stderr is None:
+            # No noise model (timings, memory): a busy machine is not an anomaly. Thresholds still apply.
+            continue
         direction = directions.get(metric)
         for check in (robust_z, drop_from_best, ewma, cusum):
             found = check(metric, points, direction, settings)

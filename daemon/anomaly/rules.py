@@ -65,6 +65,9 @@ def drop_from_best(
     history = finite(points[:-1])
     if higher_is_better is None or len(history) < s.min_history or not math.isfinite(current.value):
         return None
+    if current.stderr is None:
+        # No noise model (a timing): "worse than the best" would page on every slow machine.
+        return None
     best_point, best = max(smoothed(history), key=lambda pair: pair[1] if higher_is_better else -pair[1])
     drop = worse(current.value - best, higher_is_better)
     noise = difference_noise(current, [best_point])

@@ -3,8 +3,9 @@
 A jump that no single point makes (a slow drift) accumulates here. The residual at each point is taken
 against the median of the ``window`` points before it, scaled by their MAD or their own noise, whichever is
 larger; only the bad direction accumulates. Neither speaks before ``min_history`` points, nor on a metric
-with no good direction: response length and entropy drift for good reasons in a healthy run (lengths grow
-as a model learns to reason), and their failure shapes have rules of their own (``rl``).
+without standard errors (timings: their drift is the machine's), nor on one with no good direction:
+response length and entropy drift for good reasons in a healthy run (lengths grow as a model learns to
+reason), and their failure shapes have rules of their own (``rl``).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def _finding(rule: str, metric: str, current: Point, statistic: float, message: 
 
 def ewma(metric: str, points: Sequence[Point], higher_is_better: bool | None, s: Settings) -> Finding | None:
     current = points[-1]
-    if higher_is_better is None or not math.isfinite(current.value):
+    if higher_is_better is None or current.stderr is None or not math.isfinite(current.value):
         return None
     series = residuals(points, higher_is_better, s)
     if len(series) < 2 or series[-1] <= 0:
@@ -67,7 +68,7 @@ def ewma(metric: str, points: Sequence[Point], higher_is_better: bool | None, s:
 
 def cusum(metric: str, points: Sequence[Point], higher_is_better: bool | None, s: Settings) -> Finding | None:
     current = points[-1]
-    if higher_is_better is None or not math.isfinite(current.value):
+    if higher_is_better is None or current.stderr is None or not math.isfinite(current.value):
         return None
     series = residuals(points, higher_is_better, s)
     if not series or series[-1] <= 0:

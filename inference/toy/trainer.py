@@ -52,6 +52,10 @@ class TrainConfig:
     lr: float = 3e-3
     batch_size: int = 64
     warmup_steps: int = 50
+    #: After this step the learning rate jumps to ``collapse_lr``: a run that goes wrong, for the demo's
+    #: alerts. The schedule before it is the one a run of ``collapse_at`` steps would have.
+    collapse_at: int | None = None
+    collapse_lr: float = 0.05
 
 
 def build_model(tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
@@ -107,9 +111,12 @@ def encode_problems(
 
 def learning_rate(step: int, config: TrainConfig) -> float:
     """Linear warm-up, then cosine decay to a tenth: the last checkpoint gets the settled weights."""
+    if config.collapse_at is not None and step >= config.collapse_at:
+        return config.collapse_lr
     if step < config.warmup_steps:
         return config.lr * (step + 1) / config.warmup_steps
-    progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
+    end = config.steps if config.collapse_at is None else min(config.steps, config.collapse_at)
+    progress = (step - config.warmup_steps) / max(1, end - config.warmup_steps)
     return config.lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress))))
 
 
@@ -209,6 +216,15 @@ def parse_args(argv: Sequence[str] | None) -> TrainConfig:
     parser.add_argument(
         "--batch-size", type=_positive_int, default=defaults.batch_size, help="problems per step"
     )
+    parser.add_argument(
+        "--collapse-at",
+        type=_positive_int,
+        metavar="STEP",
+        help="after STEP, jump to --collapse-lr (a run gone wrong)",
+    )
+    parser.add_argument(
+        "--collapse-lr", type=float, default=defaults.collapse_lr, help="the learning rate then"
+    )
     args = parser.parse_args(argv)
     if args.sleep_between_saves < 0:
         parser.error("--sleep-between-saves must not be negative")
@@ -224,7 +240,11 @@ def parse_args(argv: Sequence[str] | None) -> TrainConfig:
         sleep_between_saves=args.sleep_between_saves,
         lr=args.lr,
         batch_size=args.batch_size,
-        warmup_steps=min(defaults.warmup_steps, max(1, args.steps // 10)),
+        warmup_steps=min(
+            defaults.warmup_steps, max(1, min(args.steps, args.collapse_at or args.steps) // 10)
+        ),
+        collapse_at=args.collapse_at,
+        collapse_lr=args.collapse_lr,
     )
 
 
