@@ -34,6 +34,8 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.idle_cost
 	$(BIN)/python -m bench.grading_throughput
 	$(BIN)/python -m bench.grading_share
+	$(BIN)/python -m bench.detector_quality
+	$(BIN)/python -m bench.alert_latency
 
 clean:
 	rm -rf $(VENV) *.egg-info .mypy_cache .ruff_cache .pytest_cache
