@@ -388,7 +388,7 @@ def test_evald_webhook_test_sends_a_signed_test_alert(
 
         [got] = receiver.wait_for(1)
     out = capsys.readouterr().out
-    assert out.startswith("hook: HTTP 200 in ") and got.webhook_id in out
+    assert out.startswith("hook: HTTP 200 in ") and f"webhook-id {got.webhook_id}" in out
     assert json.loads(got.body)["rule"] == "webhook_test" and got.error is None
     with database.session() as s:
         assert alerting.disabled(s, "hook") is None
