@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy import and_, func, select, update
 from sqlalchemy.orm import Session
@@ -106,10 +106,27 @@ class Due:
     attempts: int
 
 
-def due(session: Session, *, endpoint: str, now: datetime, limit: int = 20) -> list[Due]:
-    """Pending messages for ``endpoint`` that may be sent now, in order per run: a run's message waits
-    while an older one of the same run is still pending (its receiver sees a run's alerts in order)."""
-    if disabled(session, endpoint) is not None:
+def due(
+    session: Session,
+    *,
+    endpoint: str,
+    now: datetime,
+    lease: timedelta = timedelta(seconds=60),
+    limit: int = 20,
+) -> list[Due]:
+    """Claim the pending messages for ``endpoint`` that may be sent now, in order per run: a run's message
+    waits while an older one of the same run is still pending (its receiver sees a run's alerts in order).
+
+    Claimed means moved ``lease`` into the future, under a row lock another daemon's relay skips: daemons
+    sharing a PostgreSQL outbox do not both send a message. Commit before sending."""
+    reason = disabled(session, endpoint)
+    if reason is not None:
+        # Rows a result's transaction queued while the endpoint was being disabled: never sent either.
+        session.execute(
+            update(OutboxMessage)
+            .where(OutboxMessage.endpoint == endpoint, OutboxMessage.state == OutboxState.PENDING)
+            .values(state=OutboxState.DISABLED, last_error=reason)
+        )
         return []
     oldest = (
         select(OutboxMessage.run_id, func.min(OutboxMessage.id).label("first"))
@@ -117,14 +134,17 @@ def due(session: Session, *, endpoint: str, now: datetime, limit: int = 20) -> l
         .group_by(OutboxMessage.run_id)
         .subquery()
     )
-    rows = session.execute(
-        select(OutboxMessage.id, OutboxMessage.event_id, OutboxMessage.body, OutboxMessage.attempts)
+    rows = session.scalars(
+        select(OutboxMessage)
         .join(oldest, and_(OutboxMessage.id == oldest.c.first))
         .where(OutboxMessage.next_attempt_at <= now)
         .order_by(OutboxMessage.id)
         .limit(limit)
-    )
-    return [Due(id, endpoint, event_id, body, attempts) for id, event_id, body, attempts in rows]
+        .with_for_update(skip_locked=True, of=OutboxMessage)
+    ).all()
+    for row in rows:
+        row.next_attempt_at = now + lease
+    return [Due(r.id, endpoint, r.event_id, r.body, r.attempts) for r in rows]
 
 
 def next_due_at(session: Session, *, endpoint: str) -> datetime | None:

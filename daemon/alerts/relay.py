@@ -38,6 +38,8 @@ log = structlog.get_logger("daemon.alerts.relay")
 POLL_SECS = 1.0
 #: A Retry-After longer than this is not waited for in full: the message is tried again then.
 MAX_RETRY_AFTER_SECS = 3600.0
+#: Messages claimed at a time (one per run at most).
+BATCH = 20
 
 
 @dataclass(frozen=True)
@@ -222,8 +224,13 @@ class Relay:
         async with httpx.AsyncClient(timeout=timeout, headers={"user-agent": "evald"}) as client:
             while not self._stopping:
                 event.clear()
+                # Claimed for longer than the batch can take to send, so no other relay sends them meanwhile.
+                lease = timedelta(seconds=(target.config.timeout_secs + 1) * BATCH + 30)
                 with self._db.session() as session:
-                    batch = alerting.due(session, endpoint=target.name, now=utcnow())
+                    batch = alerting.due(
+                        session, endpoint=target.name, now=utcnow(), lease=lease, limit=BATCH
+                    )
+                with self._db.session() as session:
                     later = alerting.next_due_at(session, endpoint=target.name)
                 for due in batch:
                     if self._stopping:
