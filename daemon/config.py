@@ -508,6 +508,33 @@ class AlertsConfig(_Section):
     def _feedback_dir(cls, value: Path | None, info: ValidationInfo) -> Path | None:
         return None if value is None else _resolve(value, info)
 
+    @field_validator("links")
+    @classmethod
+    def _links(cls, value: dict[str, str]) -> dict[str, str]:
+        empty = sorted(name for name, url in value.items() if not name or not url.strip())
+        if empty:
+            raise ValueError(f"empty link {', '.join(empty)}: give each a URL")
+        return value
+
+    @model_validator(mode="after")
+    def _ranges(self) -> AlertsConfig:
+        problems = [
+            f"thresholds.{m}: min > max"
+            for m, t in self.thresholds.items()
+            if t.min is not None and t.max is not None and t.min > t.max
+        ]
+        s = self.settings()
+        if s.window < 2 or s.min_history < 2:
+            problems.append("detectors: window and min_history must be at least 2")
+        if not 0 < s.ewma_lambda <= 1:
+            problems.append("detectors: ewma_lambda must be in (0, 1]")
+        for name in ("z_threshold", "noise_sigmas", "cusum_h", "drop_sigmas", "length_ratio"):
+            if getattr(s, name) <= 0:
+                problems.append(f"detectors: {name} must be positive")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
     @field_validator("detectors")
     @classmethod
     def _detectors(cls, value: dict[str, float]) -> dict[str, float]:

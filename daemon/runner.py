@@ -451,7 +451,7 @@ class JobRunner:
         self, job: queries.ClaimedJob, kind: str, message: str, duration: float | None, *, retry: bool = False
     ) -> None:
         with self._db.session() as session:
-            queries.fail_job(
+            ours = queries.fail_job(
                 session,
                 job_id=job.id,
                 owner=self._owner,
@@ -463,7 +463,8 @@ class JobRunner:
             if kind == "checkpoint_vanished":
                 queries.mark_checkpoint(session, job.checkpoint_id, CheckpointState.VANISHED, message)
             # A vanished checkpoint is the trainer rotating it away, not a problem to page anyone about.
-            if not retry and kind != "checkpoint_vanished" and self._alerter is not None:
+            # Only for a job still ours: after a lost lease another daemon owns it and its outcome.
+            if ours and not retry and kind != "checkpoint_vanished" and self._alerter is not None:
                 self._alerter.operational(
                     session,
                     run_id=job.run_id,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import and_, func, select, update
 from sqlalchemy.orm import Session
@@ -128,12 +129,7 @@ def due(
             .values(state=OutboxState.DISABLED, last_error=reason)
         )
         return []
-    oldest = (
-        select(OutboxMessage.run_id, func.min(OutboxMessage.id).label("first"))
-        .where(OutboxMessage.endpoint == endpoint, OutboxMessage.state == OutboxState.PENDING)
-        .group_by(OutboxMessage.run_id)
-        .subquery()
-    )
+    oldest = _heads(endpoint)
     rows = session.scalars(
         select(OutboxMessage)
         .join(oldest, and_(OutboxMessage.id == oldest.c.first))
@@ -147,11 +143,23 @@ def due(
     return [Due(r.id, endpoint, r.event_id, r.body, r.attempts) for r in rows]
 
 
+def _heads(endpoint: str) -> Any:
+    """Each run's oldest pending message for ``endpoint``: the only one of the run that may be sent."""
+    return (
+        select(OutboxMessage.run_id, func.min(OutboxMessage.id).label("first"))
+        .where(OutboxMessage.endpoint == endpoint, OutboxMessage.state == OutboxState.PENDING)
+        .group_by(OutboxMessage.run_id)
+        .subquery()
+    )
+
+
 def next_due_at(session: Session, *, endpoint: str) -> datetime | None:
+    """When the next message ``due`` would hand out becomes due (None: nothing to send)."""
+    if disabled(session, endpoint) is not None:
+        return None
+    heads = _heads(endpoint)
     return session.scalar(
-        select(func.min(OutboxMessage.next_attempt_at)).where(
-            OutboxMessage.endpoint == endpoint, OutboxMessage.state == OutboxState.PENDING
-        )
+        select(func.min(OutboxMessage.next_attempt_at)).join(heads, OutboxMessage.id == heads.c.first)
     )
 
 
@@ -188,6 +196,15 @@ def delivered(session: Session, message_id: int) -> None:
         update(OutboxMessage)
         .where(OutboxMessage.id == message_id)
         .values(state=OutboxState.DELIVERED, delivered_at=utcnow(), last_error=None)
+    )
+
+
+def give_up(session: Session, message_id: int, error: str) -> None:
+    """The endpoint refuses this message for good (or it cannot be rendered): it stops blocking its run."""
+    session.execute(
+        update(OutboxMessage)
+        .where(OutboxMessage.id == message_id)
+        .values(state=OutboxState.FAILED, last_error=error)
     )
 
 

@@ -336,6 +336,8 @@ class OutboxState(enum.StrEnum):
     DELIVERED = "delivered"
     #: Its endpoint answered 410 Gone: nothing more is sent there.
     DISABLED = "disabled"
+    #: Refused for good (a 4xx other than 408/429, ``PERMANENT_AFTER`` times) or not renderable.
+    FAILED = "failed"
 
 
 class OutboxMessage(Base):
@@ -378,7 +380,8 @@ class Delivery(Base):
 
 
 class WebhookEndpoint(Base):
-    """An endpoint's standing: one that answered 410 Gone is disabled until its config changes."""
+    """An endpoint's standing: one that answered 410 Gone is disabled until ``evald webhook test`` gets a
+    2xx from it."""
 
     __tablename__ = "webhook_endpoints"
 

@@ -19,6 +19,7 @@ from daemon.alerts.relay import Endpoint, Relay, backoff, retry_after
 from daemon.alerts.signing import Secret
 from daemon.cli import main
 from daemon.config import Config, parse_config
+from daemon.errors import ConfigError
 from storage import alerting, queries
 from storage.database import Database
 from storage.models import CheckpointState, utcnow
@@ -393,3 +394,58 @@ def test_evald_webhook_test_sends_a_signed_test_alert(
     with database.session() as s:
         assert alerting.disabled(s, "hook") is None
     assert main(["--config", str(path), "webhook", "test", "nope"]) == 2
+
+
+def test_a_late_result_for_an_older_step_does_not_resolve_newer_alerts(
+    database: Database, tmp_path: Path
+) -> None:
+    config = make_config(tmp_path)
+    alerter = Alerter(config)
+    for i, value in enumerate(PLATEAU):
+        store(database, config, alerter, (i + 1) * 100, value)
+    store(database, config, alerter, 1100, 0.35)
+
+    # The backlog ran newest first: step 1050's good result lands after 1100's bad one.
+    store(database, config, alerter, 1050, 0.61)
+
+    with database.session() as s:
+        assert "firing" in {a.state for a in alerting.alert_rows(s) if a.rule == "drop_from_best"}
+    assert json.loads((tmp_path / "feedback" / "grpo.json").read_text())["step"] == 1100
+
+
+def test_a_message_refused_for_good_stops_blocking_its_run(
+    database: Database, relay_config: tuple[Config, int]
+) -> None:
+    config, port = relay_config
+    with WebhookReceiver(SECRET, port=port) as receiver:
+        receiver.respond(400, times=5)
+        relay = Relay(database, [Endpoint(config.webhooks[0], SECRET)]).start()
+        try:
+            fire_cliffs(database, config, Alerter(config, wake=relay.wake), 1)
+            queued = len(outbox(database))
+            receiver.wait_for(queued - 1, timeout=30)
+            wait_for_states = time.monotonic() + 10
+            while time.monotonic() < wait_for_states and "pending" in {row[1] for row in outbox(database)}:
+                time.sleep(0.1)
+        finally:
+            relay.stop()
+    states = [row[1] for row in outbox(database)]
+    assert states[0] == "failed" and set(states[1:]) == {"delivered"}
+
+
+@pytest.mark.parametrize(
+    ("extra", "problem"),
+    [
+        ("[alerts.detectors]\nwindow = 1\n", "window and min_history must be at least 2"),
+        ("[alerts.detectors]\newma_lambda = 3\n", "ewma_lambda must be in (0, 1]"),
+        ("[alerts.detectors]\nwindoww = 3\n", "unknown detector setting windoww"),
+        ("[alerts.thresholds.accuracy]\nmin = 0.9\nmax = 0.1\n", "thresholds.accuracy: min > max"),
+        ('[alerts.links]\ndashboard = ""\n', "empty link dashboard"),
+    ],
+)
+def test_bad_alert_settings_are_named(tmp_path: Path, extra: str, problem: str) -> None:
+    text = config_text(tmp_path).replace("[alerts]\n", "[alerts]\n", 1) + "\n" + extra
+    text = text.replace('links = { dashboard = "https://grafana.example/d/evald" }\n', "")
+    with pytest.raises(ConfigError) as raised:
+        parse_config(tomllib.loads(text), base_dir=tmp_path, source="test", environ={})
+    assert any(problem in p for p in raised.value.problems), raised.value.problems

@@ -57,7 +57,9 @@ def upgrade() -> None:
         sa.Column("run_id", sa.Integer(), nullable=False),
         sa.Column("endpoint", sa.String(length=200), nullable=False),
         sa.Column("event_id", sa.String(length=64), nullable=False),
-        sa.Column("state", _enum("outbox_state", "pending", "delivered", "disabled"), nullable=False),
+        sa.Column(
+            "state", _enum("outbox_state", "pending", "delivered", "disabled", "failed"), nullable=False
+        ),
         sa.Column("body", sa.Text(), nullable=False),
         sa.Column("attempts", sa.Integer(), nullable=False),
         sa.Column("next_attempt_at", sa.DateTime(timezone=True), nullable=False),

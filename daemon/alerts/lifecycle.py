@@ -120,6 +120,8 @@ class Alerter:
     def after_result(self, session: Session, job: queries.ClaimedJob, *, tp_disagreed: bool = False) -> int:
         """Alerts for the result just stored for ``job``, in its transaction; returns the notices queued.
         A failure is logged and undone (a savepoint): the result itself still commits."""
+        # What a transaction that never committed computed must not be written after the next one.
+        self._feedback = {}
         try:
             with session.begin_nested():
                 return self._after_result(session, job, tp_disagreed)
@@ -141,6 +143,7 @@ class Alerter:
     ) -> int:
         """An alert from the daemon's own events (a job that failed for good, one deferred past its limit,
         a tp disagreement), in the transaction that records the event."""
+        self._feedback = {}
         try:
             with session.begin_nested():
                 fp = fingerprint(run, rule, None, task)
@@ -173,6 +176,10 @@ class Alerter:
     def _metric_alerts(self, session: Session, job: queries.ClaimedJob) -> int:
         assert job.step is not None
         rows = alerting.run_series(session, run_id=job.run_id, task=job.task, stage=job.stage)
+        newest = max((r.step for points in rows.values() for r in points), default=job.step)
+        # A late result for an older step (the backlog runs newest first) may raise its own findings, but
+        # says nothing about whether the run has recovered since.
+        current = job.step >= newest
         series = {
             metric: [Point(r.step, r.value, r.n, r.stderr) for r in points if r.step <= job.step]
             for metric, points in rows.items()
@@ -202,12 +209,13 @@ class Alerter:
             )
             if notice is not None:
                 notices.append(notice)
-        for alert in alerting.firing(session, run_id=job.run_id, task=job.task):
+        for alert in alerting.firing(session, run_id=job.run_id, task=job.task) if current else ():
             if alert.fingerprint not in seen and alert.rule in METRIC_RULES:
                 notices.append(self._resolve(job, alert, now))
         for notice in notices:
             self._enqueue(session, notice)
-        self._feedback[job.run] = self._status(session, job, best)
+        if current:
+            self._feedback[job.run] = self._status(session, job, best)
         if notices:
             log.info("alerts.queued", run=job.run, step=job.step, task=job.task, notices=len(notices))
         return len(notices)
@@ -236,7 +244,8 @@ class Alerter:
             notify, alert.repeats, alert.fired_at, alert.resolved_at = True, 1, now, None
         else:
             alert.repeats += 1
-            notify = alert.notified_at is None or now - alert.notified_at >= cooldown
+            escalated = SEVERITY_RANK[finding.severity] > SEVERITY_RANK.get(alert.severity, 0)
+            notify = escalated or alert.notified_at is None or now - alert.notified_at >= cooldown
         alert.state = AlertState.FIRING
         alert.severity = finding.severity
         metric_rule = bool(finding.metric)
@@ -345,7 +354,11 @@ class Alerter:
         directory = self._config.alerts.feedback_dir
         if directory is not None:
             for run, status in feedback.items():
-                write_status(directory, run, status)
+                try:
+                    write_status(directory, run, status)
+                except OSError as exc:
+                    # A full disk must not stop evaluations: the alerts are stored and sent regardless.
+                    log.error("alerts.status_unwritten", run=run, directory=str(directory), error=str(exc))
         self._wake()
 
 

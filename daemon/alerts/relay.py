@@ -15,8 +15,10 @@ import contextlib
 import email.utils
 import json
 import random
+import re
 import threading
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -38,8 +40,12 @@ log = structlog.get_logger("daemon.alerts.relay")
 POLL_SECS = 1.0
 #: A Retry-After longer than this is not waited for in full: the message is tried again then.
 MAX_RETRY_AFTER_SECS = 3600.0
-#: Messages claimed at a time (one per run at most).
-BATCH = 20
+#: A claimed message is another relay's to send again this long after its request's own timeout.
+CLAIM_MARGIN_SECS = 5.0
+#: A 4xx other than 408 and 429 this many times: the endpoint refuses the message for good, and it stops
+#: blocking the run's later alerts.
+PERMANENT_AFTER = 5
+RETRYABLE_4XX = frozenset({408, 425, 429})
 
 
 @dataclass(frozen=True)
@@ -68,7 +74,8 @@ def endpoints(config: Config, environ: Mapping[str, str]) -> list[Endpoint]:
 def backoff(attempts: int, cap: float, rng: random.Random) -> float:
     """Seconds before the next try after ``attempts`` failed ones: 1, 2, 4, ... up to ``cap``, each between
     half and all of it (jitter, so that endpoints recovering together are not hit in lockstep)."""
-    return min(cap, 2.0 ** max(0, attempts - 1)) * rng.uniform(0.5, 1.0)
+    # The exponent capped: after a week of outage 2 ** attempts would overflow a float.
+    return min(cap, 2.0 ** min(max(0, attempts - 1), 60)) * rng.uniform(0.5, 1.0)
 
 
 def retry_after(value: str | None, now: datetime) -> float | None:
@@ -76,7 +83,7 @@ def retry_after(value: str | None, now: datetime) -> float | None:
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
+    if re.fullmatch(r"[0-9]{1,9}", value):
         return float(value)
     try:
         when = email.utils.parsedate_to_datetime(value)
@@ -119,7 +126,7 @@ def test_message(target: Endpoint, links: Mapping[str, str]) -> AlertMessage:
     """What ``evald webhook test`` sends: an info-level alert that names itself a test."""
     now = utcnow()
     return AlertMessage(
-        id=f"evald_test_{int(now.timestamp())}",
+        id=f"evald_test_{uuid.uuid4().hex}",
         fingerprint="evald-webhook-test",
         run="evald-webhook-test",
         checkpoint=None,
@@ -220,26 +227,27 @@ class Relay:
 
     async def _serve(self, target: Endpoint) -> None:
         timeout = httpx.Timeout(target.config.timeout_secs, connect=target.config.connect_timeout_secs)
+        # One message claimed at a time, for as long as sending it may take: a relay killed mid-send
+        # leaves it to the next start after at most this.
+        lease = timedelta(seconds=target.config.timeout_secs + CLAIM_MARGIN_SECS)
         event = self._events[target.name]
         async with httpx.AsyncClient(timeout=timeout, headers={"user-agent": "evald"}) as client:
             while not self._stopping:
                 event.clear()
-                # Claimed for longer than the batch can take to send, so no other relay sends them meanwhile.
-                lease = timedelta(seconds=(target.config.timeout_secs + 1) * BATCH + 30)
-                with self._db.session() as session:
-                    batch = alerting.due(
-                        session, endpoint=target.name, now=utcnow(), lease=lease, limit=BATCH
-                    )
-                with self._db.session() as session:
-                    later = alerting.next_due_at(session, endpoint=target.name)
-                for due in batch:
-                    if self._stopping:
-                        return
-                    outcome = await self._send(client, target, due)
-                    if outcome.disabled:
-                        break
-                if batch:
-                    continue
+                try:
+                    with self._db.session() as session:
+                        claimed = alerting.due(
+                            session, endpoint=target.name, now=utcnow(), lease=lease, limit=1
+                        )
+                    if claimed:
+                        await self._send(client, target, claimed[0])
+                        continue
+                    with self._db.session() as session:
+                        later = alerting.next_due_at(session, endpoint=target.name)
+                except Exception as exc:
+                    # The database away for a moment must not end the relay: the outbox waits for it.
+                    log.exception("relay.failed", endpoint=target.name, error=repr(exc))
+                    later = utcnow() + timedelta(seconds=POLL_SECS)
                 wait = POLL_SECS
                 if later is not None:
                     wait = min(wait, max(0.0, (later - utcnow()).total_seconds()))
@@ -247,7 +255,13 @@ class Relay:
                     await asyncio.wait_for(event.wait(), timeout=max(wait, 0.01))
 
     async def _send(self, client: httpx.AsyncClient, target: Endpoint, due: alerting.Due) -> Outcome:
-        body = render(target.config.format, message(due.event_id, due.body))
+        try:
+            body = render(target.config.format, message(due.event_id, due.body))
+        except (ValueError, KeyError, TypeError) as exc:
+            with self._db.session() as session:
+                alerting.give_up(session, due.id, f"cannot be rendered: {exc}")
+            log.error("webhook.unrenderable", endpoint=target.name, event_id=due.event_id, error=str(exc))
+            return Outcome(delivered=False)
         headers = request_headers(target, due.event_id, body)
         started_at = utcnow()
         started = time.perf_counter()
@@ -289,6 +303,17 @@ class Relay:
                     pending_dropped=count,
                 )
                 return Outcome(delivered=False, disabled=True)
+            refused = status is not None and 400 <= status < 500 and status not in RETRYABLE_4XX
+            if refused and attempts >= PERMANENT_AFTER:
+                alerting.give_up(session, due.id, f"HTTP {status} {attempts} times")
+                log.error(
+                    "webhook.refused",
+                    endpoint=target.name,
+                    event_id=due.event_id,
+                    status=status,
+                    attempts=attempts,
+                )
+                return Outcome(delivered=False)
             delay = backoff(attempts, target.config.max_backoff_secs, self._rng)
             if hinted is not None:
                 delay = max(delay, min(hinted, MAX_RETRY_AFTER_SECS))
