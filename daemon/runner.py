@@ -196,10 +196,7 @@ class JobRunner:
                     break
                 self._alerter.operational(
                     session,
-                    run_id=item.run_id,
-                    run=item.run,
-                    task=item.task,
-                    step=item.step,
+                    item,
                     rule="deferred_stuck",
                     severity="warning",
                     message=f"job {item.id} ({item.task}/{item.stage} at step {item.step}) deferred for "
@@ -437,10 +434,7 @@ class JobRunner:
         if self._alerter is not None:
             self._alerter.operational(
                 session,
-                run_id=job.run_id,
-                run=job.run,
-                task=job.task,
-                step=job.step,
+                job,
                 rule="tp_disagreement",
                 severity="warning",
                 message=f"tp ranks generated different tokens in {len(found)} of "
@@ -467,10 +461,7 @@ class JobRunner:
             if ours and not retry and kind != "checkpoint_vanished" and self._alerter is not None:
                 self._alerter.operational(
                     session,
-                    run_id=job.run_id,
-                    run=job.run,
-                    task=job.task,
-                    step=job.step,
+                    job,
                     rule="eval_failed",
                     severity="warning",
                     message=f"job {job.id} ({job.task}/{job.stage} at step {job.step}) failed after "

@@ -9,6 +9,7 @@ import socket
 import time
 import tomllib
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -310,6 +311,14 @@ def test_backoff_and_retry_after() -> None:
     )
 
 
+@dataclass(frozen=True)
+class Place:
+    run_id: int
+    run: str
+    task: str
+    step: int | None
+
+
 def test_a_failed_evaluation_alerts_until_the_task_stores_a_result(
     database: Database, tmp_path: Path
 ) -> None:
@@ -321,10 +330,7 @@ def test_a_failed_evaluation_alerts_until_the_task_stores_a_result(
         for _ in range(2):
             alerter.operational(
                 s,
-                run_id=run_id,
-                run="grpo",
-                task="math",
-                step=200,
+                Place(run_id, "grpo", "math", 200),
                 rule="eval_failed",
                 severity="warning",
                 message="job 2 (math/full at step 200) failed after 3 attempt(s): crash: rank 1 failed",

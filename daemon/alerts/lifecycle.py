@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 from sqlalchemy.orm import Session
@@ -91,6 +91,19 @@ def rollback_step(points: Sequence[Point], finding: Finding, better: bool | None
     return best.step
 
 
+class JobPlace(Protocol):
+    """Where a job belongs (a claimed job, a stuck one): what an operational alert is about."""
+
+    @property
+    def run_id(self) -> int: ...
+    @property
+    def run(self) -> str: ...
+    @property
+    def task(self) -> str: ...
+    @property
+    def step(self) -> int | None: ...
+
+
 @dataclass
 class Notice:
     alert_id: int
@@ -129,21 +142,11 @@ class Alerter:
             log.exception("alerts.failed", job_id=job.id, run=job.run, error=repr(exc))
             return 0
 
-    def operational(
-        self,
-        session: Session,
-        *,
-        run_id: int,
-        run: str,
-        task: str | None,
-        step: int | None,
-        rule: str,
-        severity: str,
-        message: str,
-    ) -> int:
+    def operational(self, session: Session, job: JobPlace, *, rule: str, severity: str, message: str) -> int:
         """An alert from the daemon's own events (a job that failed for good, one deferred past its limit,
         a tp disagreement), in the transaction that records the event."""
         self._feedback = {}
+        run_id, run, task, step = job.run_id, job.run, job.task, job.step
         try:
             with session.begin_nested():
                 fp = fingerprint(run, rule, None, task)
