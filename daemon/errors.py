@@ -4,7 +4,8 @@ Hierarchy::
 
     EvaldError
     ├── ConfigError        the config file is missing, not TOML, or has bad fields (all are listed)
-    └── JobSetupError      a job could not be handed to a worker (its files could not be written)
+    ├── JobSetupError      a job could not be handed to a worker (its files could not be written)
+    └── SmoothingError     a smoothing spec (``ema:0.6``, ``window:5``) is malformed (also a ValueError)
 
 Errors from :mod:`storage` (``StorageError``) and :mod:`inference` (``InferenceError``) keep their own
 hierarchies; the CLI reports them the same way.
@@ -23,4 +24,8 @@ class ConfigError(EvaldError):
 
 
 class JobSetupError(EvaldError):
+    pass
+
+
+class SmoothingError(EvaldError, ValueError):
     pass
