@@ -26,6 +26,11 @@ At the edges the window is cut at the end of the series (it shrinks, as pandas'
 point passes through unchanged and is left out of its neighbours' means. Positions, not step distances:
 a series with gaps in its steps is smoothed over its checkpoints, as TensorBoard does.
 
+**Standard errors** go through the same linear weights, assuming the checkpoints' errors independent:
+a smoothed value ``s = sum_j c_j v_j`` has ``se(s) = sqrt(sum_j c_j**2 se_j**2)``. For the EMA,
+``c_j = (1 - w) w**(k - j) / (1 - w**k)``; for the window, ``c_j = 1 / m`` over its ``m`` finite points.
+One unknown standard error among the weights makes the smoothed one unknown (``None``).
+
 Specs, as written on the command line and in the dashboard's query strings: ``none``, ``ema:0.6``,
 ``window:5`` (:func:`parse_smoothing`).
 """
@@ -58,6 +63,53 @@ def ema(values: Sequence[float], weight: float) -> list[float]:
         last = last * weight + (1.0 - weight) * value
         count += 1
         out.append(last / (1.0 - weight**count))
+    return out
+
+
+def ema_stderr(values: Sequence[float], stderrs: Sequence[float | None], weight: float) -> list[float | None]:
+    """Standard error of each :func:`ema` value (module docstring); None where unknown or not finite."""
+    if not 0.0 <= weight < 1.0:
+        raise SmoothingError(f"EMA weight {weight!r} is outside [0, 1)")
+    out: list[float | None] = []
+    variance: float | None = 0.0
+    count = 0
+    for value, stderr in zip(values, stderrs, strict=True):
+        if not math.isfinite(value):
+            out.append(None)
+            continue
+        count += 1
+        if variance is None or stderr is None or not math.isfinite(stderr):
+            variance = None
+            out.append(None)
+            continue
+        variance = variance * weight**2 + ((1.0 - weight) * stderr) ** 2
+        out.append(math.sqrt(variance) / (1.0 - weight**count))
+    return out
+
+
+def moving_window_stderr(
+    values: Sequence[float], stderrs: Sequence[float | None], width: int
+) -> list[float | None]:
+    """Standard error of each :func:`moving_window` value (module docstring); None where unknown."""
+    if width < 1 or width % 2 == 0:
+        raise SmoothingError(f"window width {width!r} must be an odd integer >= 1")
+    if len(values) != len(stderrs):
+        raise ValueError(f"{len(values)} values but {len(stderrs)} standard errors")
+    half = width // 2
+    out: list[float | None] = []
+    for i, value in enumerate(values):
+        if not math.isfinite(value):
+            out.append(None)
+            continue
+        around = [
+            stderrs[j]
+            for j in range(max(0, i - half), min(len(values), i + half + 1))
+            if math.isfinite(values[j])
+        ]
+        known = [se for se in around if se is not None and math.isfinite(se)]
+        out.append(
+            math.sqrt(math.fsum(se * se for se in known)) / len(around) if len(known) == len(around) else None
+        )
     return out
 
 
@@ -102,6 +154,14 @@ class Smoothing:
         if self.kind == "window":
             return moving_window(values, int(self.parameter))
         return list(values)
+
+    def apply_stderr(self, values: Sequence[float], stderrs: Sequence[float | None]) -> list[float | None]:
+        """The standard error of each value :meth:`apply` returns (for ``none``: ``stderrs`` as given)."""
+        if self.kind == "ema":
+            return ema_stderr(values, stderrs, self.parameter)
+        if self.kind == "window":
+            return moving_window_stderr(values, stderrs, int(self.parameter))
+        return list(stderrs)
 
 
 NONE = Smoothing()

@@ -119,3 +119,24 @@ def test_bad_specs_name_the_spec(spec: str, fragment: str) -> None:
     assert fragment in str(info.value)
     assert "ema:0.6" in str(info.value)  # and say what would be accepted
     assert isinstance(info.value, ValueError)
+
+
+def test_ema_stderr_through_the_same_weights() -> None:
+    # w = 0.5 weighs the points 1, 2, 4 (/7): se = sqrt(1 + 4 + 16)/7 for unit errors.
+    got = parse_smoothing("ema:0.5").apply_stderr([1.0, 2.0, 3.0], [1.0, 1.0, 1.0])
+    assert got == pytest.approx([1.0, math.sqrt(5) / 3, math.sqrt(21) / 7])
+
+
+def test_ema_stderr_unknown_stays_unknown_and_nan_points_have_none() -> None:
+    smoothing = parse_smoothing("ema:0.5")
+    assert smoothing.apply_stderr([1.0, 2.0], [None, 1.0]) == [None, None]
+    got = smoothing.apply_stderr([1.0, math.nan, 3.0], [1.0, 9.0, 1.0])
+    assert got[1] is None and got[2] == pytest.approx(math.sqrt(5) / 3)
+
+
+def test_window_stderr_by_hand() -> None:
+    # width 3, errors 3, 4, 0: sqrt(9 + 16)/2, sqrt(9 + 16 + 0)/3, sqrt(16 + 0)/2
+    got = parse_smoothing("window:3").apply_stderr([1.0, 2.0, 3.0], [3.0, 4.0, 0.0])
+    assert got == pytest.approx([2.5, 5 / 3, 2.0])
+    assert parse_smoothing("window:3").apply_stderr([1.0, 2.0], [1.0, None]) == [None, None]
+    assert NONE.apply_stderr([1.0], [0.5]) == [0.5]
