@@ -40,6 +40,9 @@ class Attempt:
     error: str | None
     #: A verified request whose id had been accepted before (answered 200, not delivered again).
     duplicate: bool
+    #: Seconds the receiver held the request before answering (``hang``): a sender with a shorter
+    #: timeout never saw this answer, so its re-send of the same id is expected.
+    delay_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -175,7 +178,9 @@ class WebhookReceiver:
             duplicate = accepted and webhook_id in self._accepted_ids
             if accepted and webhook_id is not None:
                 self._accepted_ids.add(webhook_id)
-            attempt = Attempt(webhook_id, path, headers, body, received_at, reply.status, error, duplicate)
+            attempt = Attempt(
+                webhook_id, path, headers, body, received_at, reply.status, error, duplicate, reply.delay_s
+            )
             if not reply.delay_s:
                 self._record(attempt)
         if reply.delay_s:

@@ -1,0 +1,27 @@
+"""The reliability scenarios, by name: each takes :class:`~reliability.scenarios.base.Options` and returns
+its :class:`~reliability.figures.Figures`. Each module's docstring says what it injects."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+from reliability.figures import Figures
+from reliability.scenarios.base import Options
+
+#: Name on the command line → module, in the order a full run takes them.
+SCENARIOS = {
+    "kills": "reliability.scenarios.kills",
+    "postgres": "reliability.scenarios.postgres",
+    "webhooks": "reliability.scenarios.webhooks",
+    "slow-writers": "reliability.scenarios.slow_writers",
+    "disk-full": "reliability.scenarios.disk_full",
+    "deleted-checkpoint": "reliability.scenarios.deleted_checkpoint",
+}
+
+
+def scenario(name: str) -> Callable[[Options], Figures]:
+    if name not in SCENARIOS:
+        raise KeyError(f"no scenario {name!r}; there are: {', '.join(SCENARIOS)}")
+    run: Callable[[Options], Figures] = importlib.import_module(SCENARIOS[name]).run
+    return run
