@@ -10,6 +10,7 @@ from dataclasses import asdict
 from datetime import datetime
 from typing import Any, Literal
 
+from daemon.curves import Comparison, Difference
 from daemon.resources import Check
 from storage import alerting
 from storage.queries import AttemptRow, CheckpointRow, JobRow, JobSamples, ProblemRow, ResultRow, SampleRow
@@ -431,3 +432,96 @@ def alerts_text(rows: Sequence[alerting.AlertRow]) -> str:
         for row in rows
     ]
     return table(header, body)
+
+
+COMPARISON_FIELDS = (
+    "task",
+    "stage",
+    "metric",
+    "step",
+    "value_a",
+    "value_b",
+    "stderr_a",
+    "stderr_b",
+    "diff",
+    "combined_stderr",
+    "exceeds",
+)
+
+
+def comparison_rule(found: Comparison) -> str:
+    """The test every row was put to, in words (every rendering says it)."""
+    return (
+        f"diff = {found.run_b} - {found.run_a}; exceeds when |diff| > {found.sigmas:g} x "
+        f"sqrt(stderr_a^2 + stderr_b^2); smoothing {found.smoothing.spec}"
+    )
+
+
+def _difference(row: Difference, sigmas: float) -> dict[str, Any]:
+    return {
+        "task": row.task,
+        "stage": row.stage,
+        "metric": row.metric,
+        "step": row.step,
+        "value_a": row.a,
+        "value_b": row.b,
+        "stderr_a": row.stderr_a,
+        "stderr_b": row.stderr_b,
+        "diff": row.diff,
+        "combined_stderr": row.combined_stderr,
+        "exceeds": row.exceeds(sigmas),
+    }
+
+
+def comparison(found: Comparison, fmt: Format) -> str:
+    rows = [_difference(d, found.sigmas) for d in found.differences]
+    if fmt == "json":
+        return json.dumps(
+            {
+                "run_a": found.run_a,
+                "run_b": found.run_b,
+                "smoothing": found.smoothing.spec,
+                "sigmas": found.sigmas,
+                "rule": comparison_rule(found),
+                "rows": rows,
+                "unmatched": list(found.unmatched),
+            },
+            indent=1,
+        )
+    if fmt == "csv":
+        buffer = io.StringIO()
+        fields = ("run_a", "run_b", *COMPARISON_FIELDS, "sigmas", "smoothing")
+        writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n")
+        writer.writeheader()
+        extra = {
+            "run_a": found.run_a,
+            "run_b": found.run_b,
+            "sigmas": found.sigmas,
+            "smoothing": found.smoothing.spec,
+        }
+        writer.writerows({**row, **extra} for row in rows)
+        return buffer.getvalue().rstrip("\n")
+    verdict = {True: "yes", False: "no", None: "-"}
+    headers = ("task", "stage", "metric", "step", found.run_a, found.run_b, "diff", "stderr", "exceeds")
+    body = [
+        (
+            r["task"],
+            r["stage"],
+            r["metric"],
+            r["step"],
+            r["value_a"],
+            r["value_b"],
+            f"{r['diff']:+.4g}",
+            r["combined_stderr"],
+            verdict[r["exceeds"]],
+        )
+        for r in rows
+    ]
+    beyond = sum(1 for r in rows if r["exceeds"])
+    lines = [
+        f"{found.run_a} vs {found.run_b}: {len(rows)} matched point(s), {beyond} beyond noise",
+        f"({comparison_rule(found)})",
+        table(headers, body),
+    ]
+    lines.extend(f"not compared: {what}" for what in found.unmatched)
+    return "\n".join(lines)

@@ -310,3 +310,14 @@ def alert_rows(session: Session, *, run: str | None = None, state: str | None = 
         )
         for a, name, sent, total in session.execute(query)
     ]
+
+
+def firing_counts(session: Session) -> dict[str, int]:
+    """Alerts firing now, for every run (0 for a run with none): what ``evald_alerts_firing`` exports."""
+    query = (
+        select(Run.name, func.count(Alert.id))
+        .outerjoin(Alert, and_(Alert.run_id == Run.id, Alert.state == AlertState.FIRING))
+        .group_by(Run.name)
+        .order_by(Run.name)
+    )
+    return {name: int(count) for name, count in session.execute(query)}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -42,6 +43,14 @@ def _admin_connection() -> psycopg.Connection[tuple[object, ...]]:
 @pytest.fixture
 def postgres_url() -> Iterator[str]:
     """A fresh, empty PostgreSQL database for one test; dropped afterwards."""
+    with fresh_postgres() as url:
+        yield url
+
+
+@contextmanager
+def fresh_postgres() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database, dropped on exit (skips or fails the test as above when no
+    server answers); for fixtures of a wider scope than one test."""
     try:
         admin = _admin_connection()
     except psycopg.OperationalError as exc:
