@@ -12,11 +12,25 @@ from pathlib import Path
 import pytest
 
 from inference.toy.problems import held_out_problems, write_jsonl
+from tests.session_cache import built_once, close_session, open_session
 
 #: Environment for processes started by tests: no network, no progress bars.
 SUBPROCESS_ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 TOY_STEPS = 30
 TOY_SAVE_EVERY = 15
+
+
+_OWN_CACHE: list[Path | None] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The controller (or a plain run) picks the session cache; xdist workers inherit it.
+    _OWN_CACHE.append(open_session())
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _OWN_CACHE:
+        close_session(_OWN_CACHE.pop())
 
 
 @dataclass(frozen=True)
@@ -32,15 +46,26 @@ class ToyRun:
 
 
 @pytest.fixture(scope="session")
-def toy_run(tmp_path_factory: pytest.TempPathFactory) -> ToyRun:
-    """``python -m inference.toy.trainer`` run for a few steps: enough to learn the answer format."""
-    run_dir = tmp_path_factory.mktemp("toy") / "run"
+def toy_run() -> ToyRun:
+    """``python -m inference.toy.trainer`` run for a few steps: enough to learn the answer format.
+
+    Trained once per session, whatever the number of xdist workers; tests copy its checkpoints before
+    changing them."""
+    folder = built_once("toy-run", _train_toy)
+    stdout = (folder / "stdout.txt").read_text()
+    # Only the trainer's own JSON lines: libraries (DeepSpeed's accelerator notice) may print too.
+    saved = tuple(json.loads(line) for line in stdout.splitlines() if line.startswith("{"))
+    return ToyRun(path=folder / "run", saved=saved, stderr=(folder / "stderr.txt").read_text())
+
+
+def _train_toy(folder: Path) -> None:
+    folder.mkdir(parents=True)
     command = [
         sys.executable,
         "-m",
         "inference.toy.trainer",
         "--out",
-        str(run_dir),
+        str(folder / "run"),
         "--steps",
         str(TOY_STEPS),
         "--save-every",
@@ -48,11 +73,10 @@ def toy_run(tmp_path_factory: pytest.TempPathFactory) -> ToyRun:
         "--threads",
         "1",
     ]
-    done = subprocess.run(command, capture_output=True, text=True, env=SUBPROCESS_ENV, timeout=120)
+    done = subprocess.run(command, capture_output=True, text=True, env=SUBPROCESS_ENV, timeout=300)
     assert done.returncode == 0, done.stderr
-    # Only the trainer's own JSON lines: libraries (DeepSpeed's accelerator notice) may print too.
-    saved = tuple(json.loads(line) for line in done.stdout.splitlines() if line.startswith("{"))
-    return ToyRun(path=run_dir, saved=saved, stderr=done.stderr)
+    (folder / "stdout.txt").write_text(done.stdout)
+    (folder / "stderr.txt").write_text(done.stderr)
 
 
 @pytest.fixture

@@ -1,28 +1,18 @@
-"""Run the real writers once per test process and hand each caller its own copy of what they wrote."""
+"""Run the real writers once per test session and hand each caller its own copy of what they wrote."""
 
 from __future__ import annotations
 
-import atexit
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from tests.checkpoints import LayoutCase
+from tests.session_cache import built_once, cache_root
 
 REPO = Path(__file__).resolve().parents[2]
-_written: dict[str, Path] = {}
 TWO_RANKS = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
-
-
-def _cache() -> Path:
-    if "root" not in _written:
-        root = Path(tempfile.mkdtemp(prefix="evald-writers-"))
-        atexit.register(shutil.rmtree, root, ignore_errors=True)
-        _written["root"] = root
-    return _written["root"]
 
 
 def writer_env() -> dict[str, str]:
@@ -45,7 +35,7 @@ def deepspeed_run(stage: int, target: Path) -> Path:
     the trained engine's ``logits.safetensors``.
     """
     key = f"deepspeed-zero{stage}"
-    out = _cache() / key
+    out = cache_root() / key
     command = [
         *TWO_RANKS, str(REPO / "tests" / "writers" / "deepspeed_engine.py"), "--out", str(out),
         "--stage", str(stage), *(["--openrlhf"] if stage == 3 else []),
@@ -73,7 +63,7 @@ def trainer_run(target: Path, zero_stage: int | None = None) -> Path:
     trained model's ``logits.safetensors``.
     """
     key = f"trainer-zero{zero_stage}" if zero_stage is not None else "trainer"
-    script = [str(REPO / "tests" / "writers" / "hf_trainer.py"), "--out", str(_cache() / key)]
+    script = [str(REPO / "tests" / "writers" / "hf_trainer.py"), "--out", str(cache_root() / key)]
     if zero_stage is None:
         command = [sys.executable, *script]
     else:
@@ -82,13 +72,14 @@ def trainer_run(target: Path, zero_stage: int | None = None) -> Path:
 
 
 def _copy_of(key: str, command: list[str], target: Path, writer: str) -> Path:
-    """Run ``command`` (which writes ``_cache() / key``) once per process; copy its output to ``target``."""
-    if key not in _written:
+    """Run ``command`` (it writes ``cache_root() / key``) once per session; copy its output to ``target``."""
+
+    def write(_: Path) -> None:
         done = subprocess.run(command, capture_output=True, text=True, env=writer_env(), timeout=600)
         if done.returncode != 0:
             raise RuntimeError(f"{writer} writer failed ({done.returncode}):\n{done.stderr[-4000:]}")
-        _written[key] = _cache() / key
-    source = _written[key]
+
+    source = built_once(key, write, beside=(f"{key}_reference",))
     shutil.copytree(source, target)
     shutil.copytree(
         source.with_name(source.name + "_reference"), target.with_name(target.name + "_reference")
