@@ -1,9 +1,9 @@
 """Run the reliability scenarios and print their figures; exit 1 if any scenario failed.
 
-    python -m reliability                      # every scenario, full counts (make reliability)
-    python -m reliability --short              # every scenario, CI counts (.ci/run)
-    python -m reliability --scenario kills     # one (repeatable)
-    python -m reliability --write RELIABILITY.md --keep /tmp/rel   # the figures, and every folder kept
+python -m reliability                      # every scenario, full counts (make reliability)
+python -m reliability --short              # every scenario, CI counts (.ci/run)
+python -m reliability --scenario kills     # one (repeatable)
+python -m reliability --write RELIABILITY.md --keep /tmp/rel   # the figures, and every folder kept
 """
 
 from __future__ import annotations
@@ -34,7 +34,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=13, help="random moments of the faults")
     parser.add_argument("--keep", type=Path, metavar="DIR", help="keep every scenario's folder under DIR")
-    parser.add_argument("--write", type=Path, metavar="FILE", help="write the figures as markdown (RELIABILITY.md)")
+    parser.add_argument(
+        "--write", type=Path, metavar="FILE", help="write the figures as markdown (RELIABILITY.md)"
+    )
     parser.add_argument("--json", type=Path, metavar="FILE", help="write the figures as JSON")
     return parser.parse_args(argv)
 

@@ -53,7 +53,7 @@ def render(rows: Sequence[Figures], *, command: str, when: str, machine: str, to
         f"- **{f.scenario}**: {note}" for f in rows for note in [*f.notes, *f.lost_detail, *f.secret_leaks]
     )
     scenarios = "\n\n".join(
-        f"### {name}\n\n{(importlib.import_module(module).__doc__ or '').strip()}"
+        f"### {name}\n\n{(importlib.import_module(module.partition(':')[0]).__doc__ or '').strip()}"
         for name, module in SCENARIOS.items()
     )
     return HEADER.format(

@@ -26,7 +26,7 @@ from typing import TypeVar
 
 from sqlalchemy import func, select
 
-from daemon.alerts.receiver import WebhookReceiver
+from daemon.alerts.receiver import Attempt, WebhookReceiver
 from daemon.alerts.signing import Secret
 from reliability.figures import Expected, Figures, count_alerts, count_results
 from reliability.supervisor import Supervisor
@@ -61,11 +61,13 @@ class RunSpec:
 
 @dataclass
 class Fault:
-    """One injected fault and the log events any of which names it (at or after ``at``)."""
+    """One injected fault and what names it in a log line at or after ``at``: one of ``events``, or a line
+    holding one of ``words`` (an error message quoted in any event)."""
 
     kind: str
     at: datetime
     events: frozenset[str]
+    words: tuple[str, ...] = ()
 
 
 def write_dataset(path: Path, n: int) -> Path:
@@ -94,7 +96,11 @@ class Workspace:
     #: Variables the daemon gets beyond this process's (the webhook secret; a database URL with its password).
     env: dict[str, str]
     secrets: list[str]
+    secret: Secret
     receiver: WebhookReceiver
+    #: What earlier receivers on this port saw (the receiver is closed and started again as a fault).
+    past_attempts: list[Attempt] = field(default_factory=list)
+    receiver_open: bool = True
     faults: list[Fault] = field(default_factory=list)
     supervisor: Supervisor | None = None
     started: float = field(default_factory=time.monotonic)
@@ -126,9 +132,7 @@ class Workspace:
         state_dir: Path | None = None,
         config_url: str | None = None,
     ) -> Path:
-        run_blocks = "".join(
-            f'[[runs]]\nname = "{r.name}"\nroot = "{r.root}"\n{r.extra}\n\n' for r in runs
-        )
+        run_blocks = "".join(f'[[runs]]\nname = "{r.name}"\nroot = "{r.root}"\n{r.extra}\n\n' for r in runs)
         text = (
             f'[database]\nurl = "{config_url or self.url}"\n\n{run_blocks}'
             f'[[tasks]]\nname = "{TASK}"\ndataset = "{dataset}"\nprompt_field = "problem"\nid_field = "id"\n'
@@ -145,6 +149,21 @@ class Workspace:
         self.config_path.write_text(text, encoding="utf-8")
         return self.config_path
 
+    def receiver_down(self) -> None:
+        """Nothing listens on the webhook's port any more (connection refused)."""
+        self.past_attempts.extend(self.receiver.attempts)
+        self.receiver.close()
+        self.receiver_open = False
+
+    def receiver_up(self) -> None:
+        port = int(self.receiver.url.rsplit(":", 1)[1].split("/")[0])
+        self.receiver = WebhookReceiver(self.secret, port=port).start()
+        self.receiver_open = True
+
+    @property
+    def attempts(self) -> list[Attempt]:
+        return [*self.past_attempts, *self.receiver.attempts]
+
     def database(self) -> Database:
         return Database(self.env.get("EVALD_DATABASE_URL", self.url))
 
@@ -160,8 +179,8 @@ class Workspace:
         self.supervisor.wait_ready()
         return self.supervisor
 
-    def fault(self, kind: str, *events: str) -> Fault:
-        fault = Fault(kind, datetime.now(UTC), frozenset(events))
+    def fault(self, kind: str, *events: str, words: tuple[str, ...] = ()) -> Fault:
+        fault = Fault(kind, datetime.now(UTC), frozenset(events), words)
         self.faults.append(fault)
         return fault
 
@@ -194,7 +213,7 @@ class Workspace:
         database = self.database()
         try:
             count_results(figures, database, expected, self.state_dir)
-            count_alerts(figures, database, self.receiver.attempts)
+            count_alerts(figures, database, self.attempts)
         finally:
             database.dispose()
         figures.faults_unlogged = len(unlogged(self.faults, self.log_lines()))
@@ -208,17 +227,20 @@ class Workspace:
         """Not outputs: checkpoints and the database itself."""
         return [p for p in self.folder.iterdir() if p.name.startswith(("runs", "evald.db"))]
 
-    def log_lines(self) -> list[dict[str, object]]:
-        lines: list[dict[str, object]] = []
+    def log_lines(self) -> list[tuple[datetime, str, str]]:
+        """(time, event, the raw line) of every JSON log line of the daemons and the supervisor."""
+        lines = []
         for path in sorted(self.logs.glob("*.log")):
             for raw in path.read_text(encoding="utf-8", errors="replace").splitlines():
                 try:
                     parsed = json.loads(raw)
                 except ValueError:
                     continue
-                if isinstance(parsed, dict):
-                    lines.append(parsed)
-        return lines
+                stamp = parsed.get("timestamp") if isinstance(parsed, dict) else None
+                if isinstance(stamp, str):
+                    when = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+                    lines.append((when, str(parsed.get("event")), raw))
+        return sorted(lines)
 
     def save_cli_outputs(self) -> None:
         """What an operator reads (``evald status``, ``alerts``, ``history``), kept to grep for secrets."""
@@ -241,20 +263,15 @@ class Workspace:
             (out / name).write_text(done.stdout + done.stderr, encoding="utf-8")
 
 
-def unlogged(faults: Sequence[Fault], lines: Sequence[Mapping[str, object]]) -> list[Fault]:
-    """Faults with no log line naming them: each fault takes the first unused line, at or after it, whose
-    event is one of its names."""
-    stamped = []
-    for line in lines:
-        stamp = line.get("timestamp")
-        if isinstance(stamp, str):
-            stamped.append((datetime.fromisoformat(stamp.replace("Z", "+00:00")), str(line.get("event"))))
-    stamped.sort()
+def unlogged(faults: Sequence[Fault], lines: Sequence[tuple[datetime, str, str]]) -> list[Fault]:
+    """Faults with no log line naming them: each fault takes the first unused line at or after it that
+    names it."""
     used: set[int] = set()
     missing = []
     for fault in sorted(faults, key=lambda f: f.at):
-        for index, (when, event) in enumerate(stamped):
-            if index not in used and when >= fault.at and event in fault.events:
+        for index, (when, event, raw) in enumerate(lines):
+            names = event in fault.events or any(word in raw for word in fault.words)
+            if index not in used and when >= fault.at and names:
                 used.add(index)
                 break
         else:
@@ -299,25 +316,27 @@ def secret_forms(secret: Secret) -> list[str]:
 
 
 @contextmanager
-def workspace(name: str, root: Path | None, url: str | None = None, extra_env: Mapping[str, str] = {}) -> Iterator[Workspace]:
+def workspace(
+    name: str, root: Path | None, url: str | None = None, extra_env: Mapping[str, str] | None = None
+) -> Iterator[Workspace]:
     """A fresh folder (under ``root``, kept; else a temporary one, removed) and a started receiver."""
     folder = Path(tempfile.mkdtemp(prefix=f"evald-reliability-{name}-", dir=root))
     secret = Secret.generate()
+    space = Workspace(
+        name=name,
+        folder=folder,
+        url=url or f"sqlite:///{folder / 'evald.db'}",
+        env={SECRET_ENV: secret.reveal_text(), **(extra_env or {})},
+        secrets=secret_forms(secret),
+        secret=secret,
+        receiver=WebhookReceiver(secret).start(),
+    )
     try:
-        with WebhookReceiver(secret) as receiver:
-            space = Workspace(
-                name=name,
-                folder=folder,
-                url=url or f"sqlite:///{folder / 'evald.db'}",
-                env={SECRET_ENV: secret.reveal_text(), **extra_env},
-                secrets=secret_forms(secret),
-                receiver=receiver,
-            )
-            try:
-                yield space
-            finally:
-                if space.supervisor is not None:
-                    space.supervisor.stop()
+        yield space
     finally:
+        if space.supervisor is not None:
+            space.supervisor.stop()
+        if space.receiver_open:
+            space.receiver.close()
         if root is None:
             shutil.rmtree(folder, ignore_errors=True)

@@ -15,7 +15,8 @@ SCENARIOS = {
     "postgres": "reliability.scenarios.postgres",
     "webhooks": "reliability.scenarios.webhooks",
     "slow-writers": "reliability.scenarios.slow_writers",
-    "disk-full": "reliability.scenarios.disk_full",
+    "disk-full-db": "reliability.scenarios.disk_full:run_database",
+    "disk-full-scratch": "reliability.scenarios.disk_full:run_scratch",
     "deleted-checkpoint": "reliability.scenarios.deleted_checkpoint",
 }
 
@@ -23,5 +24,6 @@ SCENARIOS = {
 def scenario(name: str) -> Callable[[Options], Figures]:
     if name not in SCENARIOS:
         raise KeyError(f"no scenario {name!r}; there are: {', '.join(SCENARIOS)}")
-    run: Callable[[Options], Figures] = importlib.import_module(SCENARIOS[name]).run
+    module, _, function = SCENARIOS[name].partition(":")
+    run: Callable[[Options], Figures] = getattr(importlib.import_module(module), function or "run")
     return run

@@ -1,4 +1,4 @@
-"""What every scenario gets: the run's size (short for CI, full for ``make reliability``), a seed, a folder."""
+"""What every scenario gets: its size (short for CI, full for ``make reliability``), a seed, a folder."""
 
 from __future__ import annotations
 

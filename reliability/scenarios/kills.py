@@ -109,7 +109,9 @@ def run(options: Options) -> Figures:
                 trainer.kill()
         written = saved_steps(trainer_log)
         figures.written = len(written)
-        figures.notes.append(f"trainer saved steps {written[0] if written else '-'}..{written[-1] if written else '-'}")
-        expected = Expected(due=frozenset(f"step_{s}" for s in due if s in written), tasks=(TASK,))
+        figures.notes.append(
+            f"trainer saved steps {written[0] if written else '-'}..{written[-1] if written else '-'}"
+        )
+        expected = Expected(due=frozenset(f"toy/step_{s}" for s in due if s in written), tasks=(TASK,))
         figures.secret_leaks = sorted(set(figures.secret_leaks))
         return ws.finish(figures, expected)
