@@ -63,6 +63,7 @@ def build_spec(config: Config, job: queries.ClaimedJob, job_dir: Path) -> JobSpe
         checkpoint_path=Path(job.checkpoint_path),
         layout=job.layout,
         hf_config=run.hf_config if run is not None else None,
+        run_root=run.root if run is not None else None,
         task=task.spec(stage_subset=subset),
         inference=config.inference.spec(),
         result_path=job_dir / "result.json",

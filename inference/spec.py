@@ -118,6 +118,8 @@ class JobSpec(_Plain):
     layout: str = "hf"
     #: HF config (and tokenizer) folder for layouts whose checkpoints hold only tensors.
     hf_config: Path | None = None
+    #: The run's root: without ``hf_config``, a config.json is looked for up to it from the checkpoint.
+    run_root: Path | None = None
     task: TaskSpec
     inference: InferenceSpec = InferenceSpec()
     result_path: Path

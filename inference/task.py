@@ -222,7 +222,7 @@ def _evaluate(
         spec.checkpoint_path,
         spec.inference,
         layout=spec.layout,
-        settings=LayoutSettings(hf_config=spec.hf_config),
+        settings=LayoutSettings(hf_config=spec.hf_config, run_root=spec.run_root),
         scratch=scratch,
         device=device,
         tp_group=group.tp_group,

@@ -114,9 +114,11 @@ class LayoutSettings:
 
     #: A file the trainer writes last; when set, the daemon waits for it instead of a quiet period.
     marker: str | None = None
-    #: A folder with the HF ``config.json`` (and tokenizer files) for checkpoints that carry none
-    #: (DeepSpeed engine and DCP checkpoints hold only tensors).
+    #: A folder with the HF ``config.json`` (and tokenizer files) for checkpoints that hold only tensors
+    #: (DeepSpeed engine, DCP); unset, it is looked for beside the checkpoint (``model_config``).
     hf_config: Path | None = None
+    #: The run's ``root``: how far up from a checkpoint its ``config.json`` is looked for.
+    run_root: Path | None = None
 
 
 class Layout(ABC):

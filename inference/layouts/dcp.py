@@ -22,7 +22,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from inference.errors import CheckpointInvalid
-from inference.layouts import hf
+from inference.layouts import hf, model_config
 from inference.layouts.base import Layout, LayoutSettings, Readiness, Snapshot, Verdict, take_snapshot
 
 if TYPE_CHECKING:
@@ -32,10 +32,6 @@ if TYPE_CHECKING:
 NAME = "dcp"
 METADATA_FILE = ".metadata"
 DATA_FILE = re.compile(r"__\d+_\d+\.distcp$")
-HF_CONFIG_HINT = (
-    "a DCP checkpoint holds only tensors: set runs[].hf_config to a folder with the model's config.json"
-    " and tokenizer files"
-)
 
 #: (module, name) pairs a DCP ``.metadata`` pickle may name, besides torch dtypes (checked by type).
 _ALLOWED_GLOBALS = frozenset(
@@ -229,8 +225,12 @@ class DcpLayout(Layout):
         return inspect(directory, snapshot)
 
     def materialise(self, directory: Path, settings: LayoutSettings, scratch: Path) -> Path:
-        if settings.hf_config is None:
-            raise CheckpointInvalid(f"{directory}: {HF_CONFIG_HINT}")
-        if not (settings.hf_config / hf.CONFIG_FILE).is_file():
-            raise CheckpointInvalid(f"{settings.hf_config}: no {hf.CONFIG_FILE} (runs[].hf_config)")
-        return convert(directory, settings.hf_config, scratch / "dcp")
+        # torch's FileSystemWriter saves into one folder per checkpoint: its parent is the save folder.
+        config = model_config.config_folder(
+            directory,
+            settings.hf_config,
+            settings.run_root,
+            save_root=directory.parent,
+            holds_only="a DCP checkpoint holds only tensors",
+        )
+        return convert(directory, config, scratch / "dcp")

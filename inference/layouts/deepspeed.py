@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from inference.errors import CheckpointInvalid
-from inference.layouts import hf, torch_zip
+from inference.layouts import hf, model_config, torch_zip
 from inference.layouts.base import (
     Layout,
     LayoutSettings,
@@ -254,15 +254,16 @@ def _gathered(directory: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def require_hf_config(directory: Path, settings: LayoutSettings) -> Path:
-    if settings.hf_config is None:
-        raise CheckpointInvalid(
-            f"{directory}: a DeepSpeed checkpoint holds only tensors; set runs[].hf_config to a folder "
-            "with the model's config.json and tokenizer files"
-        )
-    if not (settings.hf_config / "config.json").is_file():
-        raise CheckpointInvalid(f"{settings.hf_config / 'config.json'}: not found (runs[].hf_config)")
-    return settings.hf_config
+def config_folder(directory: Path, settings: LayoutSettings) -> Path:
+    """The model config folder of engine checkpoint ``directory``: ``hf_config``, or beside it up to the
+    run root; the engine's ``save_dir`` (where ``latest`` lives) is the top when the root is unknown."""
+    return model_config.config_folder(
+        directory,
+        settings.hf_config,
+        settings.run_root,
+        save_root=directory.parent,
+        holds_only="a DeepSpeed checkpoint holds only tensors",
+    )
 
 
 def consolidate(directory: Path, hf_config: Path, scratch: Path) -> Path:
@@ -288,4 +289,4 @@ class DeepSpeedLayout(Layout):
         return inspect(directory, snapshot)
 
     def materialise(self, directory: Path, settings: LayoutSettings, scratch: Path) -> Path:
-        return consolidate(directory, require_hf_config(directory, settings), scratch)
+        return consolidate(directory, config_folder(directory, settings), scratch)

@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 
 from inference.errors import CheckpointInvalid
-from inference.layouts import deepspeed, hf
+from inference.layouts import deepspeed, hf, model_config
 from inference.layouts.base import Layout, LayoutSettings, Readiness, Snapshot, Verdict, take_snapshot
 
 NAME = "hf_trainer"
@@ -132,4 +132,12 @@ class HfTrainerLayout(Layout):
             raise CheckpointInvalid(
                 f"{directory}: no weights and no {deepspeed.LATEST} naming a DeepSpeed tag"
             )
-        return deepspeed.consolidate(tag, settings.hf_config or directory, scratch)
+        # Readiness asked for config.json in checkpoint-N/ itself, so without hf_config that is the one used.
+        config = model_config.config_folder(
+            directory,
+            settings.hf_config,
+            settings.run_root,
+            save_root=directory,
+            holds_only="the Trainer left the weights to DeepSpeed",
+        )
+        return deepspeed.consolidate(tag, config, scratch)

@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 
 from inference.errors import CheckpointInvalid
-from inference.layouts import deepspeed, hf
+from inference.layouts import deepspeed, hf, model_config
 from inference.layouts.base import Layout, LayoutSettings, Readiness, Snapshot, Verdict
 
 NAME = "openrlhf"
@@ -75,15 +75,16 @@ def is_not_policy(directory: Path) -> bool:
 
 
 def actor_hf_config(directory: Path, settings: LayoutSettings) -> Path:
-    """``runs[].hf_config`` if set, else the config OpenRLHF saved with the same tag's ``_hf`` folder."""
-    if settings.hf_config is not None:
-        return deepspeed.require_hf_config(directory, settings)
-    sibling = directory.parent.parent / f"{directory.name}_hf"
-    if (sibling / hf.CONFIG_FILE).is_file():
-        return sibling
-    raise CheckpointInvalid(
-        f"{directory}: an OpenRLHF actor checkpoint holds only tensors and {sibling.name}/ has no "
-        f"{hf.CONFIG_FILE}; set runs[].hf_config to a folder with the model's config.json and tokenizer files"
+    """``runs[].hf_config`` if set; else a ``config.json`` beside the actor up to the run root (``CKPT``,
+    above ``_actor/``, when the root is unknown); else the one saved in the same tag's ``_hf`` folder."""
+    ckpt = directory.parent.parent
+    return model_config.config_folder(
+        directory,
+        settings.hf_config,
+        settings.run_root,
+        save_root=ckpt,
+        holds_only="an OpenRLHF actor checkpoint holds only tensors",
+        also=(ckpt / f"{directory.name}_hf",),
     )
 
 
