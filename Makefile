@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench reliability clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "evald needs Python 3.11 or newer (set PYTHON=...)")'
@@ -27,7 +27,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy daemon inference storage tests bench
+	$(BIN)/mypy daemon inference storage tests bench reliability
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.detection_latency
@@ -36,6 +36,11 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.grading_share
 	$(BIN)/python -m bench.detector_quality
 	$(BIN)/python -m bench.alert_latency
+
+# The real daemon under injected faults (kill -9, PostgreSQL restarts, webhook outages, disk full, ...),
+# full counts; writes the figures to RELIABILITY.md. Needs root (tmpfs mounts) and PostgreSQL binaries.
+reliability: $(STAMP)
+	$(BIN)/python -m reliability --write RELIABILITY.md
 
 clean:
 	rm -rf $(VENV) *.egg-info .mypy_cache .ruff_cache .pytest_cache
