@@ -354,6 +354,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from daemon.web.server import serve
+
+    config = _load(args)
+    logs.configure(sys.stdout, fmt=config.daemon.log_format, level=config.daemon.log_level)
+    serve(config, host=args.host or config.web.host, port=args.port or config.web.port)
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from daemon.demo import run_demo
 
@@ -370,6 +379,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("run", help="run the daemon in the foreground (what systemd starts)").set_defaults(
         func=cmd_run
     )
+
+    serve = commands.add_parser("serve", help="the read-only HTTP API, dashboard and /metrics")
+    serve.add_argument("--host", help="address to bind (default: [web] host, 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default: [web] port, 8321)")
+    serve.set_defaults(func=cmd_serve)
 
     demo = commands.add_parser("demo", help="train a tiny model and watch evald evaluate every checkpoint")
     demo.add_argument(

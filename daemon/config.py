@@ -33,7 +33,7 @@ from inference.spec import Engine, InferenceSpec, SubsetSpec, TaskKind, TaskSpec
 
 ENV_PREFIX = "EVALD_"
 DEFAULT_CONFIG = Path("evald.toml")
-_ENV_SECTIONS = ("database", "inference", "scheduling", "daemon", "alerts")
+_ENV_SECTIONS = ("database", "inference", "scheduling", "daemon", "alerts", "web")
 
 
 class _Section(BaseModel):
@@ -575,6 +575,29 @@ class WebhookConfig(_Section):
         return None if value is None else _resolve(value, info)
 
 
+class WebConfig(_Section):
+    """``evald serve``: the read-only HTTP API, dashboard and ``/metrics``."""
+
+    #: Loopback by default: put a reverse proxy (TLS) in front to reach it from elsewhere.
+    host: str = Field(default="127.0.0.1", min_length=1)
+    port: int = Field(default=8321, ge=1, le=65535)
+    #: When set, every request must carry ``Authorization: Bearer <token>``, the token read from this
+    #: environment variable at start (never from the file, never logged).
+    token_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+    def token(self, environ: Mapping[str, str]) -> str | None:
+        """The bearer token, or None when none is required; a named but unset variable is an error."""
+        if self.token_env is None:
+            return None
+        value = environ.get(self.token_env, "").strip()
+        if not value:
+            raise ConfigError(
+                "web.token_env",
+                [f"environment variable {self.token_env} is not set or empty (set it, or remove token_env)"],
+            )
+        return value
+
+
 class Config(_Section):
     database: DatabaseConfig = DatabaseConfig()
     runs: tuple[RunConfig, ...]
@@ -584,6 +607,7 @@ class Config(_Section):
     daemon: DaemonConfig = DaemonConfig()
     alerts: AlertsConfig = AlertsConfig()
     webhooks: tuple[WebhookConfig, ...] = ()
+    web: WebConfig = WebConfig()
 
     @model_validator(mode="before")
     @classmethod

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
+from urllib.parse import quote
 
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
@@ -20,13 +21,17 @@ from storage.errors import DatabaseUnreachable, InstanceLocked
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 
 
-def _configure_sqlite(engine: Engine) -> None:
+def _configure_sqlite(engine: Engine, *, read_only: bool = False) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         # Take over transaction control from the sqlite3 module so that BEGIN IMMEDIATE below is used.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
+        if read_only:
+            # A reader leaves the journal mode to the daemon, and refuses writes even before the file does.
+            cursor.execute("PRAGMA query_only=ON")
+        else:
+            cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute("PRAGMA synchronous=NORMAL")
@@ -35,8 +40,8 @@ def _configure_sqlite(engine: Engine) -> None:
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Any) -> None:
         # A deferred transaction that later writes can fail with SQLITE_BUSY without waiting; taking the
-        # write lock up front makes every writer queue on busy_timeout instead.
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
+        # write lock up front makes every writer queue on busy_timeout instead. A reader takes no lock.
+        connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
 def normalise_url(url: str) -> str:
@@ -55,13 +60,17 @@ def describe_url(url: str) -> str:
 class Database:
     """An engine plus a session factory; ``session()`` is one transaction."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, read_only: bool = False) -> None:
+        """``read_only`` opens the database so that no statement can write (``evald serve``): SQLite's
+        file is opened with ``mode=ro``, and PostgreSQL sessions default to read-only transactions."""
         try:
             self.url = normalise_url(url)
             parsed = make_url(self.url)
         except ArgumentError as exc:
             raise DatabaseUnreachable(f"database.url: not a database URL: {url!r}") from exc
         self.is_sqlite = parsed.get_backend_name() == "sqlite"
+        self.read_only = read_only
+        engine_url: Any = self.url
         kwargs: dict[str, Any] = {"future": True}
         if self.is_sqlite:
             if parsed.database and parsed.database != ":memory:":
@@ -70,12 +79,18 @@ class Database:
                     raise DatabaseUnreachable(
                         f"cannot open database {describe_url(url)}: folder {parent} does not exist"
                     )
+                if read_only:
+                    # SQLite's URI form, quoted so a path with '?' or '#' stays a path.
+                    location = "file:" + quote(str(Path(parsed.database).expanduser().resolve()))
+                    engine_url = parsed.set(database=location, query={"mode": "ro", "uri": "true"})
         else:
             kwargs["pool_pre_ping"] = True
             kwargs["connect_args"] = {"connect_timeout": 10}
-        self.engine = create_engine(self.url, **kwargs)
+            if read_only:
+                kwargs["connect_args"]["options"] = "-c default_transaction_read_only=on"
+        self.engine = create_engine(engine_url, **kwargs)
         if self.is_sqlite:
-            _configure_sqlite(self.engine)
+            _configure_sqlite(self.engine, read_only=read_only)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._lock_file: IO[str] | None = None
 

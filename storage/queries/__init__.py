@@ -30,7 +30,7 @@ from storage.queries.jobs import (
     register_discovered,
     requeue_job,
 )
-from storage.queries.results import MetricRow, ResultRow, result_rows
+from storage.queries.results import MetricRow, ResultRow, latest_results, result_rows
 from storage.queries.samples import (
     ERROR_CHARS,
     LISTED,
@@ -42,7 +42,15 @@ from storage.queries.samples import (
     SamplesUnavailable,
     job_samples,
 )
-from storage.queries.status import CheckpointRow, JobRow, checkpoint_rows, job_rows
+from storage.queries.status import (
+    CheckpointRow,
+    JobRow,
+    RunRow,
+    change_marks,
+    checkpoint_rows,
+    job_rows,
+    run_rows,
+)
 
 __all__ = [
     "CLAIMABLE",
@@ -59,8 +67,10 @@ __all__ = [
     "NewCheckpoint",
     "ProblemRow",
     "ResultRow",
+    "RunRow",
     "SampleRow",
     "SamplesUnavailable",
+    "change_marks",
     "checkpoint_rows",
     "checkpoint_states",
     "claim_next_job",
@@ -73,6 +83,7 @@ __all__ = [
     "job_rows",
     "job_samples",
     "job_state",
+    "latest_results",
     "mark_checkpoint",
     "record_attempt",
     "record_checkpoint",
@@ -80,4 +91,5 @@ __all__ = [
     "register_discovered",
     "requeue_job",
     "result_rows",
+    "run_rows",
 ]

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from storage.models import Checkpoint, EvalJob, Run
+from storage.models import Alert, Checkpoint, EvalJob, JobState, Result, Run
 
 
 @dataclass(frozen=True)
@@ -41,16 +42,69 @@ class JobRow:
     problems: int | None = None
 
 
-def checkpoint_rows(session: Session, run: str | None = None) -> list[CheckpointRow]:
+@dataclass(frozen=True)
+class RunRow:
+    name: str
+    root: str
+    created_at: datetime
+    #: Checkpoints recorded, in any state.
+    checkpoints: int
+    #: The newest step among them (None: none has a step yet).
+    latest_step: int | None
+    #: The newest step a job succeeded on (None: nothing evaluated yet).
+    evaluated_step: int | None
+
+
+def run_rows(session: Session, name: str | None = None) -> list[RunRow]:
+    """Every run (or the one named) with its checkpoint count and newest recorded and evaluated steps."""
+    counts = (
+        select(
+            Checkpoint.run_id.label("run_id"),
+            func.count().label("checkpoints"),
+            func.max(Checkpoint.step).label("latest_step"),
+        )
+        .group_by(Checkpoint.run_id)
+        .subquery()
+    )
+    evaluated = (
+        select(Checkpoint.run_id.label("run_id"), func.max(Checkpoint.step).label("step"))
+        .join(EvalJob, EvalJob.checkpoint_id == Checkpoint.id)
+        .where(EvalJob.state == JobState.SUCCEEDED)
+        .group_by(Checkpoint.run_id)
+        .subquery()
+    )
+    query = (
+        select(
+            Run.name, Run.root, Run.created_at, counts.c.checkpoints, counts.c.latest_step, evaluated.c.step
+        )
+        .outerjoin(counts, counts.c.run_id == Run.id)
+        .outerjoin(evaluated, evaluated.c.run_id == Run.id)
+        .order_by(Run.name)
+    )
+    if name is not None:
+        query = query.where(Run.name == name)
+    return [
+        RunRow(name=n, root=r, created_at=c, checkpoints=k or 0, latest_step=ls, evaluated_step=es)
+        for n, r, c, k, ls, es in session.execute(query)
+    ]
+
+
+def checkpoint_rows(
+    session: Session, run: str | None = None, *, limit: int | None = None, offset: int = 0
+) -> list[CheckpointRow]:
     query = (
         select(
             Run.name, Checkpoint.name, Checkpoint.path, Checkpoint.step, Checkpoint.state, Checkpoint.reason
         )
         .join(Run, Checkpoint.run_id == Run.id)
-        .order_by(Run.name, Checkpoint.step, Checkpoint.name)
+        .order_by(Run.name, Checkpoint.step, Checkpoint.name, Checkpoint.id)
     )
     if run is not None:
         query = query.where(Run.name == run)
+    if offset:
+        query = query.offset(offset)
+    if limit is not None:
+        query = query.limit(limit)
     return [
         CheckpointRow(run=r, name=n, path=p, step=s, state=str(st.value), reason=reason)
         for r, n, p, s, st, reason in session.execute(query)
@@ -100,3 +154,20 @@ def job_rows(session: Session, run: str | None = None) -> list[JobRow]:
         )
         for i, r, c, s, t, sg, st, a, e, p, w, k, d, n in session.execute(query)
     ]
+
+
+def change_marks(session: Session) -> tuple[int, int, int, int]:
+    """Numbers that change whenever a result, alert or job changes: a page polls these (cheap: index
+    lookups) and reloads its data only when they moved."""
+    row = session.execute(
+        select(
+            select(func.max(Result.id)).scalar_subquery(),
+            select(func.max(Alert.id)).scalar_subquery(),
+            select(func.count()).select_from(Alert).where(Alert.resolved_at.is_not(None)).scalar_subquery(),
+            select(func.count())
+            .select_from(EvalJob)
+            .where(EvalJob.state == JobState.SUCCEEDED)
+            .scalar_subquery(),
+        )
+    ).one()
+    return (int(row[0] or 0), int(row[1] or 0), int(row[2] or 0), int(row[3] or 0))

@@ -1,0 +1,111 @@
+"""Query-string parsing for the API: every bad parameter is a 400 that names it.
+
+Parameters a route does not know are refused too, so a typo (``?metrc=``) is an error rather than a
+silently unfiltered answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from starlette.datastructures import QueryParams
+
+#: Rows one page may hold; a larger ``limit`` is refused (400), not silently cut.
+MAX_LIMIT = 10_000
+DEFAULT_LIMIT = 1_000
+#: The longest text a filter may be (run names are at most 200 characters in the database).
+MAX_TEXT = 500
+#: The largest step or offset accepted (PostgreSQL's integer; larger would be a database error).
+MAX_INT = 2**31 - 1
+
+
+class ApiError(Exception):
+    """An answer other than 200: its status and a message naming what was wrong and what exists."""
+
+    def __init__(self, status: int, message: str, *, parameter: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.parameter = parameter
+
+
+def bad(parameter: str, message: str) -> ApiError:
+    return ApiError(400, f"parameter {parameter!r}: {message}", parameter=parameter)
+
+
+@dataclass(frozen=True)
+class Params:
+    """A request's query parameters, checked against what its route accepts."""
+
+    values: dict[str, str]
+
+    @classmethod
+    def parse(cls, query: QueryParams, accepted: Collection[str]) -> Params:
+        values: dict[str, str] = {}
+        for name, value in query.multi_items():
+            if name not in accepted:
+                shown = ", ".join(sorted(accepted)) or "none"
+                raise ApiError(
+                    400, f"unknown parameter {name[:60]!r} (accepted: {shown})", parameter=name[:60]
+                )
+            if name in values:
+                raise bad(name, "given more than once")
+            values[name] = value
+        return cls(values)
+
+    def text(self, name: str) -> str | None:
+        value = self.values.get(name)
+        if value is None:
+            return None
+        if not value:
+            raise bad(name, "empty (leave it out to mean any)")
+        if len(value) > MAX_TEXT:
+            raise bad(name, f"longer than {MAX_TEXT} characters")
+        # Undecodable bytes arrive as U+FFFD; NUL and other control characters no name contains.
+        if "\ufffd" in value or any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise bad(name, "not valid UTF-8 text, or holds control characters")
+        return value
+
+    def choice(self, name: str, choices: Sequence[str]) -> str | None:
+        value = self.text(name)
+        if value is not None and value not in choices:
+            raise bad(name, f"{value[:60]!r} is not one of {', '.join(choices)}")
+        return value
+
+    def integer(self, name: str, *, minimum: int = 0, maximum: int = MAX_INT) -> int | None:
+        value = self.values.get(name)
+        if value is None:
+            return None
+        stripped = value.strip()
+        if not stripped.lstrip("-").isdigit() or not stripped.isascii() or len(stripped) > 12:
+            raise bad(name, f"{value[:60]!r} is not an integer")
+        number = int(stripped)
+        if not minimum <= number <= maximum:
+            raise bad(name, f"{number} is outside {minimum}..{maximum}")
+        return number
+
+    def boolean(self, name: str) -> bool:
+        value = self.values.get(name)
+        if value is None:
+            return False
+        lowered = value.lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise bad(name, f"{value[:60]!r} is not a boolean (true or false)")
+
+    def page(self) -> Page:
+        limit = self.integer("limit", minimum=1, maximum=MAX_LIMIT)
+        offset = self.integer("offset") or 0
+        return Page(limit=DEFAULT_LIMIT if limit is None else limit, offset=offset)
+
+
+PAGE = ("limit", "offset")
+
+
+@dataclass(frozen=True)
+class Page:
+    limit: int
+    offset: int

@@ -1,0 +1,1 @@
+"""The service's routes, one module per resource; each exposes ``routes() -> list[BaseRoute]``."""

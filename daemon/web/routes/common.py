@@ -1,0 +1,34 @@
+"""Lookups several routes share: a run that must exist, and the steps a run has."""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from daemon.web.params import ApiError
+from storage import queries
+
+#: How many names or steps a 404 lists.
+LISTED = 20
+
+
+def listing(names: list[str]) -> str:
+    if not names:
+        return "none"
+    shown = ", ".join(names[:LISTED])
+    return shown if len(names) <= LISTED else f"{shown} and {len(names) - LISTED} more"
+
+
+def require_run(session: Session, run: str) -> queries.RunRow:
+    """The run's row, or a 404 naming the runs that exist."""
+    found = queries.run_rows(session, run)
+    if not found:
+        known = [r.name for r in queries.run_rows(session)]
+        raise ApiError(404, f"no run {run[:200]!r} (runs: {listing(known)})")
+    return found[0]
+
+
+def step_hint(steps: list[int], step: int) -> str:
+    if not steps:
+        return "it has no checkpoint with a step yet"
+    nearest = sorted(sorted(set(steps), key=lambda s: (abs(s - step), s))[:5])
+    return f"nearest steps: {', '.join(map(str, nearest))} (of {len(set(steps))})"

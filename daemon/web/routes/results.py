@@ -1,0 +1,56 @@
+"""``/api/v1/results``: result rows as ``evald results --format json`` prints them, filtered and paged;
+``/api/v1/results/latest``: each series' newest row."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.routing import BaseRoute, Route
+
+from daemon import report
+from daemon.web.context import context
+from daemon.web.params import PAGE, Params, bad
+from daemon.web.responses import page
+from daemon.web.routes.common import require_run
+from storage import queries
+
+FILTERS = ("run", "task", "stage", "metric", "step_min", "step_max")
+
+
+def results(request: Request) -> object:
+    params = Params.parse(request.query_params, (*FILTERS, *PAGE))
+    window = params.page()
+    run = params.text("run")
+    step_min, step_max = params.integer("step_min"), params.integer("step_max")
+    if step_min is not None and step_max is not None and step_min > step_max:
+        raise bad("step_min", f"{step_min} is above step_max {step_max}")
+    with context(request).session() as session:
+        if run is not None:
+            require_run(session, run)
+        rows = queries.result_rows(
+            session,
+            run=run,
+            task=params.text("task"),
+            stage=params.text("stage"),
+            metric=params.text("metric"),
+            step_min=step_min,
+            step_max=step_max,
+            limit=window.limit + 1,
+            offset=window.offset,
+        )
+    return page(request, report.result_dicts(rows[: window.limit]), window, more=len(rows) > window.limit)
+
+
+def latest(request: Request) -> object:
+    params = Params.parse(request.query_params, ("run", *PAGE))
+    window = params.page()
+    run = params.text("run")
+    with context(request).session() as session:
+        if run is not None:
+            require_run(session, run)
+        rows = queries.latest_results(session, run=run)
+    chosen = rows[window.offset : window.offset + window.limit]
+    return page(request, report.result_dicts(chosen), window, more=len(rows) > window.offset + window.limit)
+
+
+def routes() -> list[BaseRoute]:
+    return [Route("/api/v1/results", results), Route("/api/v1/results/latest", latest)]

@@ -1,0 +1,186 @@
+"""``/api/v1/runs``: runs, a run's checkpoints, its metric series (smoothed on request), one step's
+metrics, and one job's samples and problems."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from typing import Any
+
+from starlette.requests import Request
+from starlette.routing import BaseRoute, Route
+
+from daemon import curves, report
+from daemon.errors import SmoothingError
+from daemon.smoothing import parse_smoothing
+from daemon.web.context import context
+from daemon.web.params import PAGE, ApiError, Params, bad
+from daemon.web.responses import JSON, envelope, page
+from daemon.web.routes.common import require_run, step_hint
+from storage import alerting, queries
+
+
+def _run_json(row: queries.RunRow, firing: int) -> dict[str, Any]:
+    return {**asdict(row), "firing_alerts": firing}
+
+
+def list_runs(request: Request) -> JSON:
+    window = Params.parse(request.query_params, PAGE).page()
+    web = context(request)
+    with web.session() as session:
+        rows = queries.run_rows(session)
+        firing = alerting.firing_counts(session)
+    chosen = rows[window.offset : window.offset + window.limit]
+    items = [_run_json(r, firing.get(r.name, 0)) for r in chosen]
+    return page(request, items, window, more=len(rows) > window.offset + window.limit)
+
+
+def one_run(request: Request) -> JSON:
+    Params.parse(request.query_params, ())
+    run = request.path_params["run"]
+    with context(request).session() as session:
+        row = require_run(session, run)
+        firing = alerting.firing_counts(session).get(run, 0)
+    return JSON(_run_json(row, firing))
+
+
+def checkpoints(request: Request) -> JSON:
+    window = Params.parse(request.query_params, PAGE).page()
+    run = request.path_params["run"]
+    with context(request).session() as session:
+        require_run(session, run)
+        rows = queries.checkpoint_rows(session, run, limit=window.limit + 1, offset=window.offset)
+    return page(request, [asdict(r) for r in rows[: window.limit]], window, more=len(rows) > window.limit)
+
+
+def _best(curve: curves.Curve, better: bool | None) -> dict[str, Any] | None:
+    finite = [p for p in curve.points if math.isfinite(p.value)]
+    if better is None or not finite:
+        return None
+    top = max(finite, key=lambda p: p.value if better else -p.value)
+    return {"step": top.step, "value": top.value, "checkpoint": top.checkpoint}
+
+
+def series(request: Request) -> JSON:
+    """Every (task, stage, metric) curve of a run, columnar (one array per field), with its best point
+    (raw values) and, with ``smooth``, the smoothed values and standard errors of ``daemon.smoothing``."""
+    params = Params.parse(request.query_params, ("task", "stage", "metric", "smooth", "step_min", "step_max"))
+    try:
+        smoothing = parse_smoothing(params.text("smooth") or "none")
+    except SmoothingError as exc:
+        raise bad("smooth", str(exc)) from exc
+    run = request.path_params["run"]
+    web = context(request)
+    with web.session() as session:
+        require_run(session, run)
+        rows = queries.result_rows(
+            session,
+            run=run,
+            task=params.text("task"),
+            stage=params.text("stage"),
+            metric=params.text("metric"),
+            step_min=params.integer("step_min"),
+            step_max=params.integer("step_max"),
+        )
+    out = []
+    for curve in curves.curves(rows):
+        smoothed = curve.smoothed(smoothing)
+        out.append(
+            {
+                "task": curve.task,
+                "stage": curve.stage,
+                "metric": curve.metric,
+                "higher_is_better": web.direction(curve.metric),
+                "best": _best(curve, web.direction(curve.metric)),
+                "step": curve.steps,
+                "value": curve.values,
+                "stderr": curve.stderrs,
+                "n": [p.n for p in curve.points],
+                "checkpoint": [p.checkpoint for p in curve.points],
+                "smoothed": (
+                    None if smoothed is curve else {"value": smoothed.values, "stderr": smoothed.stderrs}
+                ),
+            }
+        )
+    return JSON({"run": run, "smooth": smoothing.spec, "series": out})
+
+
+def _step(request: Request) -> int:
+    raw = str(request.path_params["step"])
+    if not raw.isdigit() or len(raw) > 10 or int(raw) > 2**31 - 1:
+        raise ApiError(404, f"no step {raw[:40]!r}: a step is a non-negative integer")
+    return int(raw)
+
+
+def step_metrics(request: Request) -> JSON:
+    """One checkpoint's metrics (every task and stage) and the alerts raised at its step."""
+    Params.parse(request.query_params, ())
+    run, step = request.path_params["run"], _step(request)
+    with context(request).session() as session:
+        require_run(session, run)
+        rows = queries.result_rows(session, run=run, step_min=step, step_max=step)
+        if not rows:
+            steps = [c.step for c in queries.checkpoint_rows(session, run) if c.step is not None]
+            raise ApiError(404, f"run {run!r} has no result at step {step} ({step_hint(steps, step)})")
+        alerts = [a for a in alerting.alert_rows(session, run=run) if a.step == step]
+    return JSON(
+        {
+            "run": run,
+            "step": step,
+            "checkpoint": rows[0].checkpoint,
+            "results": report.result_dicts(rows),
+            "alerts": [report.alert_json(a) for a in alerts],
+        }
+    )
+
+
+def samples(request: Request) -> JSON:
+    """The samples and problems of one job (``evald samples``), ``wrong_only`` keeping those graded wrong."""
+    params = Params.parse(request.query_params, ("task", "stage", "wrong_only", *PAGE))
+    window = params.page()
+    wrong_only = params.boolean("wrong_only")
+    stage = params.text("stage")
+    run, step = request.path_params["run"], _step(request)
+    with context(request).session() as session:
+        require_run(session, run)
+        task = params.text("task")
+        if task is None:
+            at_step = queries.result_rows(session, run=run, step_min=step, step_max=step)
+            tasks = sorted({r.task for r in at_step})
+            if len(tasks) != 1:
+                listed = ", ".join(tasks) or "none"
+                raise bad("task", f"required: step {step} has {len(tasks)} evaluated tasks ({listed})")
+            task = tasks[0]
+        try:
+            found = queries.job_samples(
+                session, run=run, step=step, task=task, stage=stage, wrong_only=wrong_only
+            )
+        except queries.SamplesUnavailable as exc:
+            raise ApiError(404, str(exc)) from exc
+    chosen = found.samples[window.offset : window.offset + window.limit]
+    more = len(found.samples) > window.offset + window.limit
+    body = envelope(request, [asdict(s) for s in chosen], window, more=more)
+    extra = {
+        "run": found.run,
+        "step": found.step,
+        "task": found.task,
+        "stage": found.stage,
+        "job_id": found.job_id,
+        "checkpoint": found.checkpoint,
+        "stored_samples": found.stored,
+        "matching_samples": len(found.samples),
+        "wrong_only": wrong_only,
+        "problems": [asdict(p) for p in found.problems],
+    }
+    return JSON({**extra, **body})
+
+
+def routes() -> list[BaseRoute]:
+    return [
+        Route("/api/v1/runs", list_runs),
+        Route("/api/v1/runs/{run}", one_run),
+        Route("/api/v1/runs/{run}/checkpoints", checkpoints),
+        Route("/api/v1/runs/{run}/series", series),
+        Route("/api/v1/runs/{run}/steps/{step}", step_metrics),
+        Route("/api/v1/runs/{run}/steps/{step}/samples", samples),
+    ]
