@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -214,3 +215,11 @@ def worker_processes(marker: Path) -> list[psutil.Process]:
         if any(str(marker) in part for part in cmdline):
             found.append(process)
     return found
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now. DeepSpeed's launcher otherwise rendezvouses on 29500, which
+    two groups started at once (tests on several xdist workers) would both take."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

@@ -27,6 +27,7 @@ from storage.models import CheckpointState
 from tests.conftest import ToyRun
 from tests.harness import (
     DaemonProcess,
+    free_port,
     jobs,
     upgraded,
     wait_for,
@@ -229,7 +230,8 @@ def test_a_daemon_killed_by_sigkill_takes_its_worker_group_with_it(
         hostfile = tmp_path / "hostfile"
         hostfile.write_text("localhost slots=2\n")
         extra += (
-            f'\nhostfile = "{hostfile}"\nlauncher_args = ["--no_ssh_check", "--master_addr", "127.0.0.1"]'
+            f'\nhostfile = "{hostfile}"\nlauncher_args = ["--no_ssh_check", "--master_addr", "127.0.0.1", '
+            f'"--master_port", "{free_port()}"]'
         )
     config = write_config(
         tmp_path,

@@ -21,6 +21,7 @@ from inference.launcher import worker_command
 from inference.spec import PARENT_PID_ENV, InferenceSpec, JobResult, JobSpec, TaskSpec
 from inference.toy.problems import PROMPT_TEMPLATE
 from tests.conftest import SUBPROCESS_ENV, ToyRun
+from tests.harness import free_port
 
 TIMEOUT_S = 300
 
@@ -144,7 +145,7 @@ def test_deepspeeds_launcher_from_a_hostfile_runs_the_same_group(
 ) -> None:
     """The several-node path, on this one node: DeepSpeed's launcher starts one rank per hostfile slot.
     Across real nodes it needs passwordless ssh; here launcher_args skip its ssh check and its ssh
-    lookup of the master address."""
+    lookup of the master address, and give it a free port (its default, 29500, is shared by every group)."""
     dataset, reference = single
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("localhost slots=2\n")
@@ -154,7 +155,7 @@ def test_deepspeeds_launcher_from_a_hostfile_runs_the_same_group(
         spec,
         {"DS_ACCELERATOR": "cpu"},
         hostfile=hostfile,
-        launcher_args=["--no_ssh_check", "--master_addr", "127.0.0.1"],
+        launcher_args=["--no_ssh_check", "--master_addr", "127.0.0.1", "--master_port", str(free_port())],
     )
 
     result = evaluated(outcome, tmp_path / "job")
