@@ -12,12 +12,14 @@ import argparse
 import json
 import platform
 import shlex
+import signal
 import sys
 import time
 import traceback
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from types import FrameType
 
 import structlog
 
@@ -41,7 +43,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _exit_cleanly(signum: int, _frame: FrameType | None) -> None:
+    # Unwinds through every scenario's ``finally``: daemons stopped, tmpfs unmounted, the private
+    # PostgreSQL server removed. (A background job started by a shell ignores SIGINT: take it back too.)
+    raise SystemExit(128 + signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _exit_cleanly)
+    signal.signal(signal.SIGINT, _exit_cleanly)
     args = parse_args(argv)
     command = "python -m reliability " + shlex.join(list(argv if argv is not None else sys.argv[1:]))
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))

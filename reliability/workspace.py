@@ -321,6 +321,7 @@ def workspace(
 ) -> Iterator[Workspace]:
     """A fresh folder (under ``root``, kept; else a temporary one, removed) and a started receiver."""
     folder = Path(tempfile.mkdtemp(prefix=f"evald-reliability-{name}-", dir=root))
+    (folder / "logs").mkdir()
     secret = Secret.generate()
     space = Workspace(
         name=name,
