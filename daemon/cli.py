@@ -30,8 +30,8 @@ from inference.launcher import worker_command
 from inference.spec import InferenceSpec, JobResult, JobSpec, Problem
 from inference.task import stratify_fields
 from storage import alerting, migrations, queries, scheduling
-from storage.database import Database, describe_url
-from storage.errors import DatabaseUnreachable, StorageError
+from storage.database import Database, describe_url, is_outage
+from storage.errors import DatabaseUnreachable, StatementFailed, StorageError
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -88,9 +88,18 @@ def cmd_run(args: argparse.Namespace) -> int:
             "dataset.problems", count=len(problems), first=[f"{p.where}: {p.message}" for p in problems[:5]]
         )
     database = open_database(config)
-    service = Service(config, database)
+    path = config_path(args.config)
+
+    def reload_config() -> Config:
+        # The same checks as a start: the file, every field, and a dataset with no usable row.
+        fresh = load_config(path)
+        dataset_problems(fresh)
+        return fresh
+
+    service = Service(config, database, reload_config=reload_config)
     signal.signal(signal.SIGTERM, service.request_stop)
     signal.signal(signal.SIGINT, service.request_stop)
+    signal.signal(signal.SIGHUP, service.request_reload)
     try:
         service.run()
     finally:
@@ -474,9 +483,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"evald: error: {report.one_line(str(exc))}", file=sys.stderr)
         return EXIT_FAILURE
     except DBAPIError as exc:
-        # A database that goes away mid-command: say so in one line instead of a driver traceback.
+        # One line instead of a driver traceback, named for what it is: the database went away, or it
+        # refused a statement (a bug to report, not something to wait out).
+        kind = DatabaseUnreachable if is_outage(exc) else StatementFailed
         reason = report.one_line(str(exc.orig) if exc.orig else str(exc))
-        print(f"evald: error: {DatabaseUnreachable.__name__}: {reason}", file=sys.stderr)
+        print(f"evald: error: {kind.__name__}: {type(exc.orig or exc).__name__}: {reason}", file=sys.stderr)
         return EXIT_FAILURE
     except KeyboardInterrupt:
         return 130

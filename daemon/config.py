@@ -53,6 +53,11 @@ def _resolve(value: Path, info: ValidationInfo) -> Path:
 
 class DatabaseConfig(_Section):
     url: str = Field(default="sqlite:///evald.db", validate_default=True)
+    #: How long the daemon keeps trying to reach the database at start before it exits non-zero (and
+    #: its supervisor starts it again). Once running, it waits out any outage, however long.
+    start_timeout_secs: float = Field(default=60.0, ge=0)
+    #: The longest wait between two tries while the database is away (the waits double up to it).
+    retry_max_secs: float = Field(default=5.0, gt=0)
 
     @field_validator("url")
     @classmethod
@@ -425,6 +430,9 @@ class SchedulingConfig(_Section):
     #: A running job whose heartbeat is older than this is taken to be orphaned (PostgreSQL).
     lease_secs: float = Field(default=120.0, gt=0)
     heartbeat_secs: float = Field(default=10.0, gt=0)
+    #: How often a daemon on PostgreSQL looks for orphaned jobs: another daemon's job is taken over at
+    #: most this long after its lease ran out.
+    recover_secs: float = Field(default=5.0, gt=0)
     #: On SIGTERM, how long a running job may finish before it is requeued.
     shutdown_grace_secs: float = Field(default=20.0, ge=0)
     #: Default frequency for every run (a run's own fields win). A checkpoint is due when ANY set trigger
@@ -713,15 +721,23 @@ def format_errors(exc: ValidationError) -> list[str]:
     return problems
 
 
-def apply_env(data: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
-    """Overlay ``EVALD_<SECTION>_<FIELD>`` variables on the parsed file."""
-    merged = dict(data)
+def env_overrides() -> dict[str, tuple[str, str]]:
+    """Every ``EVALD_<SECTION>_<FIELD>`` variable name, with the (section, field) it sets."""
+    names: dict[str, tuple[str, str]] = {}
     for section in _ENV_SECTIONS:
         model: type[BaseModel] = Config.model_fields[section].annotation  # type: ignore[assignment]
         for field in model.model_fields:
-            value = environ.get(f"{ENV_PREFIX}{section}_{field}".upper())
-            if value is not None:
-                merged[section] = {**merged.get(section, {}), field: value}
+            names[f"{ENV_PREFIX}{section}_{field}".upper()] = (section, field)
+    return names
+
+
+def apply_env(data: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    """Overlay ``EVALD_<SECTION>_<FIELD>`` variables on the parsed file."""
+    merged = dict(data)
+    for name, (section, field) in env_overrides().items():
+        value = environ.get(name)
+        if value is not None:
+            merged[section] = {**merged.get(section, {}), field: value}
     return merged
 
 

@@ -154,7 +154,7 @@ class Discovery:
             yield
         finally:
             if self._discovered:
-                batch, self._discovered = self._discovered, []
+                batch = self._discovered
                 rows = []
                 for state, path, layout, reason in batch:
                     if str(path) in state.settled:
@@ -165,14 +165,16 @@ class Discovery:
                             state.run.run_id, str(path), _name(state, path), step, epoch, layout, reason
                         )
                     )
+                # Kept until written: with the database away the batch waits for the next pass.
                 with self._db.session() as session:
                     queries.register_discovered(session, rows)
+                self._discovered = []
             # Planned once per pass, in a transaction of its own: a crash in between leaves ready, unplanned
             # checkpoints, which the planner takes up at the next start. An invalid or vanished checkpoint
             # counts too: it may release newer ones held behind it.
             if self._settled_any and self._after_ready is not None:
-                self._settled_any = False
                 self.enqueued += self._after_ready()
+                self._settled_any = False
 
     def scan(self) -> None:
         """Look at every directory under every root (the safety net under events)."""
@@ -297,12 +299,14 @@ class Discovery:
     def _settle(
         self, state: _RunState, path: Path, layout: str | None, new: CheckpointState, reason: str, event: str
     ) -> None:
+        step, epoch = self._step(path, layout)
+        # Written before it is forgotten: if the database is away, the candidate is still there to be
+        # settled by a later pass.
+        with self._db.session() as session:
+            self._record_in(session, state, path, layout or "unknown", new, reason, step, epoch)
         state.candidates.pop(str(path), None)
         state.recorded.discard(str(path))
         state.settled.add(str(path))
-        step, epoch = self._step(path, layout)
-        with self._db.session() as session:
-            self._record_in(session, state, path, layout or "unknown", new, reason, step, epoch)
         log_method = log.info if new is CheckpointState.READY else log.warning
         log_method(f"checkpoint.{event}", run=state.run.config.name, path=str(path), step=step, reason=reason)
         self._settled_any = True

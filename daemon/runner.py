@@ -11,6 +11,7 @@ spent; a rejected input fails the job at once. Every worker run is kept in the j
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -24,7 +25,7 @@ from sqlalchemy.orm import Session
 
 from daemon import report, stages
 from daemon.alerts.lifecycle import Alerter
-from daemon.config import Config
+from daemon.config import Config, env_overrides
 from daemon.errors import JobSetupError
 from daemon.planner import Planner
 from daemon.resources import ResourceProbe
@@ -34,6 +35,7 @@ from inference.spec import PARENT_PID_ENV, Consistency, JobResult, JobSpec
 from storage import queries
 from storage import scheduling as store
 from storage.database import Database
+from storage.errors import DatabaseUnreachable
 from storage.models import CheckpointState, JobState, utcnow
 
 log = structlog.get_logger("evald.runner")
@@ -89,9 +91,22 @@ LAUNCHER_VARIABLES = frozenset(
 )
 
 
+def secret_variables(config: Config) -> frozenset[str]:
+    """Variables that hold the daemon's secrets (webhook secrets, the database URL with its password,
+    the web token): a worker needs none of them, and any process can read another's
+    ``/proc/PID/environ`` when it runs as the same user."""
+    names = {hook.secret_env for hook in config.webhooks if hook.secret_env}
+    # EVALD_<SECTION>_<FIELD> overrides (EVALD_DATABASE_URL with its password) are the daemon's config:
+    # the worker gets all it needs in its spec file.
+    names.update(env_overrides())
+    return frozenset(names)
+
+
 def worker_environment(config: Config) -> dict[str, str]:
-    """The daemon's environment, plus the tie to this process and the GPUs evaluations may use."""
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
+    """The daemon's environment less its secrets, plus the tie to this process and the GPUs evaluations
+    may use."""
+    hidden = LAUNCHER_VARIABLES | secret_variables(config)
+    env = {k: v for k, v in os.environ.items() if k not in hidden}
     env[PARENT_PID_ENV] = str(os.getpid())
     if not config.inference.device.startswith("cuda"):
         # DeepSpeed's launcher picks its accelerator at import, as the workers do (they set this too).
@@ -114,11 +129,23 @@ class RunningJob:
     job: queries.ClaimedJob
     spec: JobSpec
     worker: WorkerProcess
+    #: The config the job was claimed under: a reload mid-job changes nothing for it.
+    config: Config
     #: When the job's first worker of this claim started: the timeout covers its out-of-memory reruns too.
     started: float = field(default_factory=time.monotonic)
     #: When this worker started (its history row).
     started_at: datetime = field(default_factory=utcnow)
     last_heartbeat: float = field(default_factory=time.monotonic)
+    #: When the worker was seen to end: what the job's duration and history count, however late the
+    #: database lets them be stored.
+    ended: float | None = None
+    ended_at: datetime | None = None
+    #: Its history row is stored: a retry after an outage must not write it twice.
+    recorded: bool = False
+
+    def finish(self) -> None:
+        self.ended = time.monotonic()
+        self.ended_at = utcnow()
 
     def kill(self) -> None:
         self.worker.kill()
@@ -146,8 +173,44 @@ class JobRunner:
         self._probe = probe
         self._python = str(config.inference.python or sys.executable)
         self.running: dict[int, RunningJob] = {}
+        #: Workers that ended but whose outcome is not stored yet (the database was away): stored, in
+        #: order, as soon as it answers. Their results are on disk and nothing else may store them.
+        self._finished: list[tuple[RunningJob, Outcome]] = []
         self._deferred_reason: str | None = None
         self._stopping = False
+
+    def reconfigure(
+        self,
+        config: Config,
+        *,
+        planner: Planner | None,
+        probe: ResourceProbe | None,
+        alerter: Alerter | None,
+    ) -> None:
+        """Take a reloaded config for the jobs claimed from now on; running ones keep theirs."""
+        self._config = config
+        self._planner = planner
+        self._probe = probe
+        self._alerter = alerter
+        self._python = str(config.inference.python or sys.executable)
+        self._deferred_reason = None
+
+    @property
+    def _run_ids(self) -> frozenset[int] | None:
+        # The planner knows the configured runs' ids; without one (tests, `evald eval`) any run's jobs.
+        if self._planner is None:
+            return None
+        return frozenset(p.run_id for p in self._planner.policies.values())
+
+    @property
+    def own_jobs(self) -> frozenset[int]:
+        """Jobs this runner holds: running, or ended and waiting to be stored."""
+        return frozenset(self.running) | frozenset(r.job.id for r, _ in self._finished)
+
+    @property
+    def unrecorded(self) -> int:
+        """Jobs whose worker ended while the database was away, waiting to be stored."""
+        return len(self._finished)
 
     def has_capacity(self) -> bool:
         return len(self.running) < self._config.scheduling.max_concurrent
@@ -228,7 +291,13 @@ class JobRunner:
             return False
         oldest_first = self._planner.oldest_first if self._planner is not None else frozenset()
         with self._db.session() as session:
-            job = queries.claim_next_job(session, self._owner, oldest_first=oldest_first)
+            job = queries.claim_next_job(
+                session,
+                self._owner,
+                oldest_first=oldest_first,
+                runs=self._run_ids,
+                tasks=frozenset(t.name for t in self._config.tasks),
+            )
         if job is None:
             return False
         job_dir = self._config.daemon.state_dir / "jobs" / f"{job.id}-{job.attempts}"
@@ -241,8 +310,15 @@ class JobRunner:
         self._launch(job, spec)
         return True
 
-    def _launch(self, job: queries.ClaimedJob, spec: JobSpec, since: float | None = None) -> None:
+    def _launch(
+        self,
+        job: queries.ClaimedJob,
+        spec: JobSpec,
+        since: float | None = None,
+        running_config: Config | None = None,
+    ) -> None:
         job_dir = spec.result_path.parent
+        config = self._config if running_config is None else running_config
         try:
             job_dir.mkdir(parents=True, exist_ok=True)
             # A job given back at shutdown reuses its folder: nothing an earlier worker left may be read
@@ -255,14 +331,14 @@ class JobRunner:
                 spec.inference,
                 spec_path,
                 python=self._python,
-                hostfile=self._config.inference.hostfile,
-                launcher_args=self._config.inference.launcher_args,
+                hostfile=config.inference.hostfile,
+                launcher_args=config.inference.launcher_args,
             )
-            worker = WorkerProcess.start(command, job_dir / "worker.log", worker_environment(self._config))
+            worker = WorkerProcess.start(command, job_dir / "worker.log", worker_environment(config))
         except OSError as exc:
             self._fail(job, "setup", f"could not start worker: {exc}", None)
             return
-        self.running[job.id] = RunningJob(job, spec, worker, started=since or time.monotonic())
+        self.running[job.id] = RunningJob(job, spec, worker, config, started=since or time.monotonic())
         log.info(
             "job.started",
             job_id=job.id,
@@ -277,35 +353,50 @@ class JobRunner:
         )
 
     def poll(self) -> int:
-        """Collect finished workers, kill timed-out ones, and keep the leases of the rest fresh.
+        """Collect finished workers, kill timed-out ones, store what they returned, and keep the leases of
+        the rest fresh.
 
-        Returns how many jobs ended, each of which frees a slot.
+        Returns how many jobs ended, each of which frees a slot. Workers are collected before anything
+        touches the database, so while it is away (:class:`DatabaseUnreachable`, raised once the outcome
+        is kept for the next call) timeouts still hold and nothing a worker wrote is lost.
         """
+        before = len(self.running) + len(self._finished)
         now = time.monotonic()
-        ended = len(self.running)
         for job_id, running in list(self.running.items()):
             code = running.worker.poll()
             if code is None:
-                if now - running.started > self._config.inference.job_timeout_secs:
+                timeout = running.config.inference.job_timeout_secs
+                if now - running.started > timeout:
                     running.kill()
                     del self.running[job_id]
-                    timeout = self._config.inference.job_timeout_secs
-                    self._end(
-                        running, Outcome(error_kind="timeout", error=f"worker killed after {timeout:g} s")
-                    )
-                elif now - running.last_heartbeat >= self._config.scheduling.heartbeat_secs:
-                    with self._db.session() as session:
-                        queries.heartbeat(session, job_id, self._owner)
-                    running.last_heartbeat = now
+                    outcome = Outcome(error_kind="timeout", error=f"worker killed after {timeout:g} s")
+                    running.finish()
+                    self._finished.append((running, outcome))
                 continue
             del self.running[job_id]
-            self._end(running, read_outcome(running.spec, code, running.worker.log_path))
-        return ended - len(self.running)
+            running.finish()
+            self._finished.append((running, read_outcome(running.spec, code, running.worker.log_path)))
+        while self._finished:
+            running, outcome = self._finished[0]
+            self._end(running, outcome)
+            self._finished.pop(0)
+        self._heartbeats(now)
+        return before - len(self.running) - len(self._finished)
+
+    def _heartbeats(self, now: float) -> None:
+        for job_id, running in self.running.items():
+            if now - running.last_heartbeat < running.config.scheduling.heartbeat_secs:
+                continue
+            # Tried again only after another interval: while the database is away, a beat per tick
+            # would only wait on connection timeouts.
+            running.last_heartbeat = now
+            with self._db.session() as session:
+                queries.heartbeat(session, job_id, self._owner)
 
     def _end(self, running: RunningJob, outcome: Outcome) -> None:
         """Store, retry or fail the job whose worker ended with ``outcome``; the run goes into its history."""
         job, spec = running.job, running.spec
-        duration = time.monotonic() - running.started
+        duration = (running.ended or time.monotonic()) - running.started
         batch = spec.task.batch_size
         if outcome.result is not None:
             self._record(running, "succeeded", outcome)
@@ -329,15 +420,17 @@ class JobRunner:
                 batch_size=batch,
                 retry_batch_size=batch // 2,
             )
-            self._launch(job, halved(spec, job_dir), since=running.started)
+            self._launch(job, halved(spec, job_dir), since=running.started, running_config=running.config)
             return
-        retry = kind in RETRYABLE and job.attempts < self._config.inference.max_attempts
+        retry = kind in RETRYABLE and job.attempts < running.config.inference.max_attempts
         self._record(running, "retried" if retry else "failed", outcome)
         self._fail(job, kind, outcome.error, duration, retry=retry)
 
     def _record(self, running: RunningJob, outcome: str, ended: Outcome) -> None:
+        if running.recorded:
+            return
         spec = running.spec
-        now = utcnow()
+        now = running.ended_at or utcnow()
         with self._db.session() as session:
             queries.record_attempt(
                 session,
@@ -356,6 +449,7 @@ class JobRunner:
                     duration_s=(now - running.started_at).total_seconds(),
                 ),
             )
+        running.recorded = True
 
     def _store(self, job: queries.ClaimedJob, result: JobResult, duration: float) -> None:
         metrics = [queries.MetricRow(m.name, m.value, m.n, m.stderr) for m in result.metrics]
@@ -483,16 +577,35 @@ class JobRunner:
         )
 
     def shutdown(self, grace_secs: float) -> None:
-        """Let running jobs finish within ``grace_secs``, then kill and requeue the rest."""
+        """Let running jobs finish within ``grace_secs``, then kill and requeue the rest.
+
+        With the database away, what cannot be stored is logged and left: the jobs stay ``running`` under
+        this daemon until their lease hands them to the next one.
+        """
         self._stopping = True
         deadline = time.monotonic() + grace_secs
-        while self.running and time.monotonic() < deadline:
-            self.poll()
+        while (self.running or self._finished) and time.monotonic() < deadline:
+            with contextlib.suppress(DatabaseUnreachable):
+                self.poll()
             time.sleep(0.1)
         for job_id, running in list(self.running.items()):
             running.kill()
-            self._record(running, "requeued", Outcome(error_kind="shutdown", error="daemon stopped"))
-            with self._db.session() as session:
-                queries.requeue_job(session, job_id=job_id, owner=self._owner)
+            running.finish()
+            try:
+                self._record(running, "requeued", Outcome(error_kind="shutdown", error="daemon stopped"))
+                with self._db.session() as session:
+                    queries.requeue_job(session, job_id=job_id, owner=self._owner)
+            except DatabaseUnreachable as exc:
+                log.error("job.not_requeued", job_id=job_id, run=running.job.run, error=str(exc))
+                continue
             log.info("job.requeued", job_id=job_id, run=running.job.run, step=running.job.step)
         self.running.clear()
+        for running, _ in self._finished:
+            log.error(
+                "job.unrecorded",
+                job_id=running.job.id,
+                run=running.job.run,
+                result=str(running.spec.result_path),
+                reason="the database did not answer before the daemon stopped",
+            )
+        self._finished.clear()

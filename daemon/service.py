@@ -1,4 +1,11 @@
-"""The daemon: watch, decide, run, store — until told to stop."""
+"""The daemon: watch, decide, run, store — until told to stop.
+
+The database may go away at any moment (a PostgreSQL restart, a dropped connection, a full disk). Every
+pass of the main loop is one retryable unit: a :class:`DatabaseUnreachable` anywhere in it ends the pass,
+the loop waits (backing off) and tries again, and the first pass that gets through rescans and looks at
+the queue, so what happened meanwhile is caught up. Workers keep running through an outage and what they
+return is stored when the database is back (see :class:`JobRunner`).
+"""
 
 from __future__ import annotations
 
@@ -8,38 +15,76 @@ import queue
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from types import FrameType
 
 import structlog
+from sqlalchemy.exc import DBAPIError
 
 from daemon import filesystem, resources
+from daemon.alerts.errors import AlertError
 from daemon.alerts.lifecycle import Alerter
 from daemon.alerts.relay import Relay, endpoints
 from daemon.config import Config, RunConfig
 from daemon.discovery import Discovery, WatchedRun
+from daemon.errors import ConfigError, EvaldError
 from daemon.notify import SystemdNotifier
+from daemon.outage import Outage
 from daemon.planner import Planner
 from daemon.runner import JobRunner
 from daemon.timers import Timers
 from daemon.watcher import Watcher
 from storage import migrations, queries
-from storage.database import Database, describe_url
+from storage.database import Database, describe_url, is_outage, reason
+from storage.errors import DatabaseUnreachable, StorageError
 
 log = structlog.get_logger("evald.service")
 
+#: Fields a reload cannot change under a running daemon: they name what it is connected to and where its
+#: workers write.
+RESTART_ONLY = (("database", "url"), ("daemon", "state_dir"))
 
-def open_database(config: Config) -> Database:
-    """Connect, insist on the current schema, and take the single-daemon lock where one is needed."""
+
+def open_database(
+    config: Config,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Database:
+    """Connect, insist on the current schema, and take the single-daemon lock where one is needed.
+
+    A database that does not answer is tried again for ``database.start_timeout_secs``; after that the
+    error says how long it waited, and the caller exits non-zero so that the supervisor starts it again.
+    """
     database = Database(config.database.url)
+    timeout = config.database.start_timeout_secs
+    deadline = clock() + timeout
+    outage = Outage(cap_secs=config.database.retry_max_secs)
     try:
-        migrations.require_current(database)
-        database.lock_instance()
+        while True:
+            try:
+                migrations.require_current(database)
+                database.lock_instance()
+            except (DatabaseUnreachable, DBAPIError) as exc:
+                if not is_outage(exc):
+                    raise
+                wait = outage.failed(exc, where="start")
+                if clock() + wait > deadline:
+                    where = describe_url(database.url)
+                    raise DatabaseUnreachable(
+                        f"cannot reach database {where} (gave up after {timeout:g} s, "
+                        f"database.start_timeout_secs): {reason(exc)}"
+                    ) from exc
+                sleep(wait)
+                continue
+            outage.succeeded()
+            return database
     except BaseException:
         database.dispose()
         raise
-    return database
 
 
 def register_runs(config: Config, database: Database) -> list[WatchedRun]:
@@ -74,13 +119,43 @@ def resource_probe(config: Config) -> resources.ResourceProbe | None:
     )
 
 
+def restart_only_changes(old: Config, new: Config) -> list[str]:
+    """The fields that differ between ``old`` and ``new`` and need a restart to change."""
+    changed = []
+    for section, field in RESTART_ONLY:
+        if getattr(getattr(old, section), field) != getattr(getattr(new, section), field):
+            changed.append(f"{section}.{field}")
+    return changed
+
+
+@dataclass
+class Parts:
+    """What one config builds; a reload builds a new set and swaps it in (the runner stays)."""
+
+    config: Config
+    planner: Planner
+    discovery: Discovery
+    relay: Relay | None
+    alerter: Alerter
+    watcher: Watcher
+
+
 class Service:
-    def __init__(self, config: Config, database: Database) -> None:
+    def __init__(
+        self, config: Config, database: Database, reload_config: Callable[[], Config] | None = None
+    ) -> None:
         self.config = config
         self.database = database
+        #: Reads and validates the config file again (SIGHUP); None: reloading is not offered.
+        self._reload_config = reload_config
         self.owner = f"{socket.gethostname()}:{os.getpid()}"
         self.stop_requested = threading.Event()
         self.wake = threading.Event()
+        self.outage = Outage(cap_secs=config.database.retry_max_secs)
+        database.on_commit = self.outage.succeeded
+        #: The last pass ended in an outage: the first one after it catches up (see _caught_up).
+        self._was_down = False
+        self._reload_due = threading.Event()
         self._rescan_due = threading.Event()
         self._recover_due = threading.Event()
         self._recheck_due = threading.Event()
@@ -91,10 +166,16 @@ class Service:
         self._queue_due = threading.Event()
         self._queue_due.set()
         self.timers = Timers()
+        self.parts: Parts | None = None
+        self.runner: JobRunner | None = None
 
     def request_stop(self, signum: int, _frame: FrameType | None = None) -> None:
         log.info("daemon.stopping", signal=signal.Signals(signum).name)
         self.stop_requested.set()
+        self.wake.set()
+
+    def request_reload(self, _signum: int, _frame: FrameType | None = None) -> None:
+        self._reload_due.set()
         self.wake.set()
 
     def _flag(self, event: threading.Event) -> Callable[[], None]:
@@ -124,15 +205,21 @@ class Service:
     def _recover(self) -> None:
         lease = timedelta(seconds=self.config.scheduling.lease_secs)
         with self.database.session() as session:
-            ids = queries.recover_orphans(session, lease=lease, every_running=self.database.is_sqlite)
+            ids = queries.recover_orphans(
+                session,
+                lease=lease,
+                every_running=self.database.is_sqlite,
+                keep=self.runner.own_jobs if self.runner is not None else (),
+            )
         if ids:
             log.warning("job.recovered", job_ids=ids, reason="its daemon stopped while it ran")
 
     def _arm_timers(self, planner: Planner) -> None:
         scheduling = self.config.scheduling
+        self.timers.clear()
         self.timers.every("rescan", scheduling.rescan_secs, self._flag(self._rescan_due))
         if not self.database.is_sqlite:
-            self.timers.every("recover", scheduling.lease_secs / 2, self._flag(self._recover_due))
+            self.timers.every("recover", scheduling.recover_secs, self._flag(self._recover_due))
         if scheduling.resources.thresholds().any_set:
             self.timers.every("recheck", scheduling.recheck_secs, self._flag(self._recheck_due))
         self.timers.every("housekeeping", scheduling.housekeeping_secs, self._flag(self._housekeeping_due))
@@ -140,97 +227,224 @@ class Service:
             self.arm_time_trigger(run, anchor_at)
 
     def _guarded(self, name: str, action: Callable[[], object]) -> object:
-        """One pass of timed work; a failure is logged with the pass's name and the loop goes on."""
+        """One pass of timed work; a failure is logged with the pass's name and the loop goes on. The
+        database being away is not this pass's failure: it ends the whole pass (see :meth:`run`)."""
         try:
             return action()
+        except DatabaseUnreachable:
+            raise
         except Exception as exc:
             log.exception("scheduler.pass_failed", job=name, error=repr(exc))
             return None
 
-    def run(self) -> None:
-        """The main loop; returns after a stop request, once running jobs finished or were requeued."""
-        notifier = SystemdNotifier()
-        self._recover()
-        watched = register_runs(self.config, self.database)
-        planner = Planner(self.config.scheduling, self.database, watched, on_reset=self.arm_time_trigger)
+    def _assemble(self, config: Config) -> Parts:
+        """Everything one config needs, registered in the database but not started (no threads yet)."""
+        watched = register_runs(config, self.database)
+        planner = Planner(config.scheduling, self.database, watched, on_reset=self.arm_time_trigger)
         planner.register_base_models()
-        discovery = Discovery(self.database, watched, self.config.scheduling, after_ready=planner.plan)
-        # Secrets are loaded before anything starts: a missing one stops the start with its name.
-        relay = Relay(self.database, endpoints(self.config, os.environ)) if self.config.webhooks else None
-        alerter = Alerter(self.config, wake=relay.wake if relay is not None else lambda: None)
-        runner = JobRunner(
-            self.config,
-            self.database,
-            self.owner,
-            planner=planner,
-            probe=resource_probe(self.config),
-            alerter=alerter,
+        discovery = Discovery(self.database, watched, config.scheduling, after_ready=planner.plan)
+        # Secrets are loaded before anything starts: a missing one stops the start (or the reload).
+        relay = (
+            Relay(self.database, endpoints(config, os.environ), outage=self.outage)
+            if config.webhooks
+            else None
         )
-        if relay is not None:
-            relay.start()
+        alerter = Alerter(config, wake=relay.wake if relay is not None else lambda: None)
+        watcher = Watcher({r.name: r.root for r in config.runs if uses_inotify(r)}, self.wake)
+        return Parts(config, planner, discovery, relay, alerter, watcher)
+
+    def _start(self, parts: Parts) -> None:
+        """Start one config's parts: first pass over what is already there, then the threads."""
+        self.parts = parts
+        self.config = parts.config
+        if self.runner is None:
+            self.runner = JobRunner(
+                parts.config,
+                self.database,
+                self.owner,
+                planner=parts.planner,
+                probe=resource_probe(parts.config),
+                alerter=parts.alerter,
+            )
+        else:
+            self.runner.reconfigure(
+                parts.config, planner=parts.planner, probe=resource_probe(parts.config), alerter=parts.alerter
+            )
         # Jobs deferred under thresholds since removed from the config would otherwise wait forever.
-        runner.recheck_deferred()
-        watcher = Watcher({r.name: r.root for r in self.config.runs if uses_inotify(r)}, self.wake)
+        self.runner.recheck_deferred()
         # Register what is already there before paying for the recursive watches (a restart over
         # thousands of checkpoints), then look again for whatever changed in between. Ready checkpoints
         # a crash left unplanned are planned here too.
-        discovery.scan()
-        planner.plan()
-        watcher.start()
-        discovery.scan()
-        self._arm_timers(planner)
-        self.timers.start()
+        parts.discovery.scan()
+        parts.planner.plan()
+        if parts.relay is not None:
+            parts.relay.start()
+        parts.watcher.start()
+        self._rescan_due.set()
+        self._queue_due.set()
+        self._arm_timers(parts.planner)
+
+    def _stop_parts(self, parts: Parts) -> None:
+        if parts.relay is not None:
+            # Undelivered messages stay in the outbox: the next start (or the new relay) sends them.
+            parts.relay.stop()
+        parts.watcher.stop()
+
+    def _reload(self) -> None:
+        """SIGHUP: build the new config's parts completely before swapping them in; a config that does
+        not load or build is refused with its reason, and the old one stays in force."""
+        old = self.parts
+        if self._reload_config is None or old is None:
+            log.warning("config.reload_refused", reason="this daemon was started without a config file")
+            return
+        try:
+            config = self._reload_config()
+            fixed = restart_only_changes(self.config, config)
+            if fixed:
+                raise ConfigError(
+                    "reload", [f"{name}: changed; restart the daemon to apply" for name in fixed]
+                )
+            parts = self._assemble(config)
+        except DatabaseUnreachable:
+            self._reload_due.set()  # tried again once the database answers
+            raise
+        except (EvaldError, AlertError, StorageError, OSError, ValueError) as exc:
+            problems = exc.problems if isinstance(exc, ConfigError) else [str(exc)]
+            log.error("config.reload_refused", problems=problems, kept="the running config")
+            return
+        self._stop_parts(old)
+        self._start(parts)
+        log.info(
+            "config.reloaded",
+            runs=[r.name for r in config.runs],
+            tasks=[t.name for t in config.tasks],
+            running_jobs=sorted(self.runner.running) if self.runner else [],
+        )
+
+    def _pass(self) -> None:
+        """One turn of the loop: whatever is due, then the workers and the queue."""
+        parts, runner = self.parts, self.runner
+        assert parts is not None and runner is not None  # set by _start before the loop
+        if self._reload_due.is_set():
+            self._reload_due.clear()
+            self._reload()
+            parts = self.parts
+            assert parts is not None
+        planner, discovery, watcher = parts.planner, parts.discovery, parts.watcher
+        # Workers first: collecting them needs no database, so timeouts hold through an outage.
+        freed = runner.poll()
+        if self._rescan_due.is_set() or watcher.overflowed.is_set():
+            self._rescan_due.clear()
+            watcher.overflowed.clear()
+            watcher.refresh()
+            self._retried(self._rescan_due, lambda: self._guarded("rescan", discovery.scan))
+            self._queue_due.set()
+        if self._recover_due.is_set():
+            self._recover_due.clear()
+            self._retried(self._recover_due, lambda: self._guarded("recover", self._recover))
+            self._queue_due.set()
+        while not self._time_due.empty():
+            run = self._time_due.get()
+            try:
+                if self._guarded(f"time:{run}", functools.partial(planner.time_tick, run)):
+                    self._queue_due.set()
+            except DatabaseUnreachable:
+                self._time_due.put(run)
+                raise
+        if self._recheck_due.is_set():
+            self._recheck_due.clear()
+            if self._retried(self._recheck_due, lambda: self._guarded("recheck", runner.recheck_deferred)):
+                self._queue_due.set()
+        if self._housekeeping_due.is_set():
+            self._housekeeping_due.clear()
+            self._retried(self._housekeeping_due, lambda: self._housekeeping(runner, planner))
+        for run_name, path in watcher.drain():
+            discovery.hint(run_name, path)
+        discovery.tick()
+        # Idle, the loop touches no database: the queue is read only when something may have changed.
+        if freed or discovery.enqueued or self._queue_due.is_set():
+            discovery.enqueued = 0
+            self._queue_due.clear()
+            self._retried(self._queue_due, lambda: self._claim_all(runner))
+
+    def _housekeeping(self, runner: JobRunner, planner: Planner) -> None:
+        self._guarded("housekeeping", runner.report_stuck)
+        if self._guarded("housekeeping", planner.finalize_quiet_runs):
+            self._queue_due.set()
+
+    @staticmethod
+    def _claim_all(runner: JobRunner) -> None:
+        while runner.has_capacity() and runner.claim_and_start():
+            pass
+
+    @staticmethod
+    def _retried(flag: threading.Event, action: Callable[[], object]) -> object:
+        """Run a flagged action; if the database is away, raise the flag again so the action is redone
+        when it answers."""
+        try:
+            return action()
+        except DatabaseUnreachable:
+            flag.set()
+            raise
+
+    def _caught_up(self) -> None:
+        """After an outage: anything may have happened meanwhile (checkpoints written, jobs requeued by
+        other daemons, hints lost), so look at everything again."""
+        self._rescan_due.set()
+        self._queue_due.set()
+        if not self.database.is_sqlite:
+            self._recover_due.set()
+        if self.config.scheduling.resources.thresholds().any_set:
+            self._recheck_due.set()
+
+    def _until_started(self, notifier: SystemdNotifier) -> bool:
+        """Recover, build and start the first config's parts, waiting out an outage; False if told to
+        stop first."""
+        while not self.stop_requested.is_set():
+            try:
+                self._recover()
+                self._start(self._assemble(self.config))
+            except DatabaseUnreachable as exc:
+                notifier.watchdog()
+                self.stop_requested.wait(self.outage.failed(exc, where="start"))
+                continue
+            self.outage.succeeded()
+            return True
+        return False
+
+    def run(self) -> None:
+        """The main loop; returns after a stop request, once running jobs finished or were requeued."""
+        notifier = SystemdNotifier()
+        if not self._until_started(notifier):
+            return
         notifier.ready()
         log.info(
             "daemon.ready",
             database=describe_url(self.database.url),
+            owner=self.owner,
             runs=[r.name for r in self.config.runs],
             timers=self.timers.names(),
         )
+        self.timers.start()
         try:
             while not self.stop_requested.is_set():
-                if self._rescan_due.is_set() or watcher.overflowed.is_set():
-                    self._rescan_due.clear()
-                    watcher.overflowed.clear()
-                    watcher.refresh()
-                    self._guarded("rescan", discovery.scan)
-                    self._queue_due.set()
-                if self._recover_due.is_set():
-                    self._recover_due.clear()
-                    self._guarded("recover", self._recover)
-                    self._queue_due.set()
-                while not self._time_due.empty():
-                    run = self._time_due.get()
-                    if self._guarded(f"time:{run}", functools.partial(planner.time_tick, run)):
-                        self._queue_due.set()
-                if self._recheck_due.is_set():
-                    self._recheck_due.clear()
-                    if self._guarded("recheck", runner.recheck_deferred):
-                        self._queue_due.set()
-                if self._housekeeping_due.is_set():
-                    self._housekeeping_due.clear()
-                    self._guarded("housekeeping", runner.report_stuck)
-                    if self._guarded("housekeeping", planner.finalize_quiet_runs):
-                        self._queue_due.set()
-                for run_name, path in watcher.drain():
-                    discovery.hint(run_name, path)
-                discovery.tick()
-                freed = runner.poll()
-                # Idle, the loop touches no database: the queue is read only when something may have changed.
-                if freed or discovery.enqueued or self._queue_due.is_set():
-                    discovery.enqueued = 0
-                    self._queue_due.clear()
-                    while runner.has_capacity() and runner.claim_and_start():
-                        pass
+                try:
+                    self._pass()
+                except DatabaseUnreachable as exc:
+                    notifier.watchdog()
+                    self.stop_requested.wait(self.outage.failed(exc, where="loop"))
+                    continue
+                if self._was_down and not self.outage.active:
+                    self._caught_up()
+                self._was_down = self.outage.active
                 notifier.watchdog()
                 self.wake.wait(self.config.scheduling.tick_secs)
                 self.wake.clear()
         finally:
             notifier.stopping()
-            runner.shutdown(self.config.scheduling.shutdown_grace_secs)
-            if relay is not None:
-                # Undelivered messages stay in the outbox: the next start sends them.
-                relay.stop()
+            if self.runner is not None:
+                self.runner.shutdown(self.config.scheduling.shutdown_grace_secs)
+            if self.parts is not None:
+                self._stop_parts(self.parts)
             self.timers.shutdown()
-            watcher.stop()
             log.info("daemon.stopped")

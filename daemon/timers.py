@@ -53,6 +53,10 @@ class Timers:
             replace_existing=True,
         )
 
+    def clear(self) -> None:
+        """Drop every job (a reload arms them again from the new config)."""
+        self._scheduler.remove_all_jobs()
+
     def names(self) -> list[str]:
         return sorted(job.id for job in self._scheduler.get_jobs())
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -12,7 +12,8 @@ from urllib.parse import quote
 
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, OperationalError
+from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
 
 from storage.errors import DatabaseUnreachable, InstanceLocked
@@ -42,6 +43,44 @@ def _configure_sqlite(engine: Engine, *, read_only: bool = False) -> None:
         # A deferred transaction that later writes can fail with SQLITE_BUSY without waiting; taking the
         # write lock up front makes every writer queue on busy_timeout instead. A reader takes no lock.
         connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+
+
+#: PostgreSQL SQLSTATEs that mean "the server is not there right now", not "your statement is wrong":
+#: class 08 (connection exception), shutting down or starting up (57P01-57P03), too many connections,
+#: disk full and out of memory on the server.
+_TRANSIENT_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "53300", "53100", "53200"})
+#: SQLite's codes for a file that is busy, cannot be opened or cannot be written (sqlite3 names them).
+_TRANSIENT_SQLITE = ("SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_FULL", "SQLITE_IOERR", "SQLITE_CANTOPEN")
+
+
+def is_outage(exc: BaseException) -> bool:
+    """Whether a database error is the database being away (retry later) rather than a bad statement.
+
+    Classified once, here: callers retry only what this says yes to.
+    """
+    if isinstance(exc, DatabaseUnreachable | PoolTimeout):
+        return True
+    if not isinstance(exc, DBAPIError):
+        return False
+    if exc.connection_invalidated:
+        return True
+    orig = exc.orig
+    sqlite_name = getattr(orig, "sqlite_errorname", None)
+    if isinstance(sqlite_name, str):
+        return sqlite_name.startswith(_TRANSIENT_SQLITE)
+    sqlstate = getattr(orig, "sqlstate", None)
+    if sqlstate is None:
+        # psycopg raises OperationalError/InterfaceError without a SQLSTATE for what happens on the
+        # client's side: refused, reset, closed connections, timeouts.
+        return type(orig).__name__ in ("OperationalError", "InterfaceError")
+    return sqlstate.startswith("08") or sqlstate in _TRANSIENT_SQLSTATES
+
+
+def reason(exc: BaseException) -> str:
+    """The driver's first line about ``exc`` (without SQLAlchemy's statement dump)."""
+    orig = getattr(exc, "orig", None)
+    text_ = str(orig if orig is not None else exc).strip()
+    return text_.splitlines()[0] if text_ else type(exc).__name__
 
 
 def normalise_url(url: str) -> str:
@@ -84,8 +123,18 @@ class Database:
                     location = "file:" + quote(str(Path(parsed.database).expanduser().resolve()))
                     engine_url = parsed.set(database=location, query={"mode": "ro", "uri": "true"})
         else:
+            # A restarted server leaves dead connections in the pool: pre-ping replaces them at checkout.
+            # Keepalives and a user timeout end a connection whose peer vanished without a reset (a
+            # network partition) in about 30 s, instead of blocking the daemon's loop for hours.
             kwargs["pool_pre_ping"] = True
-            kwargs["connect_args"] = {"connect_timeout": 10}
+            kwargs["connect_args"] = {
+                "connect_timeout": 10,
+                "keepalives": 1,
+                "keepalives_idle": 10,
+                "keepalives_interval": 5,
+                "keepalives_count": 3,
+                "tcp_user_timeout": 30_000,
+            }
             if read_only:
                 kwargs["connect_args"]["options"] = "-c default_transaction_read_only=on"
         self.engine = create_engine(engine_url, **kwargs)
@@ -93,6 +142,9 @@ class Database:
             _configure_sqlite(self.engine, read_only=read_only)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._lock_file: IO[str] | None = None
+        #: Called after every committed transaction: proof that the database answers again (the
+        #: daemon ends an outage with it, whichever thread got through first).
+        self.on_commit: Callable[[], object] | None = None
 
     @property
     def dialect(self) -> str:
@@ -103,14 +155,27 @@ class Database:
             with self.engine.connect() as conn:
                 conn.execute(text("SELECT 1"))
         except OperationalError as exc:
-            reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-            raise DatabaseUnreachable(f"cannot reach database {describe_url(self.url)}: {reason}") from exc
+            raise DatabaseUnreachable(
+                f"cannot reach database {describe_url(self.url)}: {reason(exc)}"
+            ) from exc
 
     @contextmanager
     def session(self) -> Iterator[Session]:
-        """One transaction: committed when the block ends, rolled back if it raises."""
-        with self._sessions.begin() as session:
-            yield session
+        """One transaction: committed when the block ends, rolled back if it raises.
+
+        The database going away (a lost connection, a server restarting, a full disk) is raised as
+        :class:`DatabaseUnreachable`, whatever the statement; other errors pass through as they are.
+        """
+        try:
+            with self._sessions.begin() as session:
+                yield session
+            if self.on_commit is not None:
+                self.on_commit()
+        except (DBAPIError, PoolTimeout) as exc:
+            if is_outage(exc):
+                where = describe_url(self.url)
+                raise DatabaseUnreachable(f"database {where} unavailable: {reason(exc)}") from exc
+            raise
 
     def lock_instance(self) -> None:
         """Hold an exclusive lock so only one daemon schedules from a SQLite file.

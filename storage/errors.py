@@ -3,7 +3,10 @@
 Hierarchy::
 
     StorageError
-    ├── DatabaseUnreachable   the server cannot be reached or the file cannot be opened
+    ├── DatabaseUnreachable   the server cannot be reached, the connection was lost, or the file cannot
+    │                         be opened or written (busy, disk full): worth retrying later
+    ├── StatementFailed       the database refused a statement (a constraint, a bad query): a bug, not
+    │                         an outage, so never retried
     ├── SchemaOutdated        the database is not at the newest migration: run ``evald db upgrade``
     └── InstanceLocked        another daemon already owns this SQLite database
 """
@@ -14,6 +17,10 @@ class StorageError(Exception):
 
 
 class DatabaseUnreachable(StorageError):
+    pass
+
+
+class StatementFailed(StorageError):
     pass
 
 

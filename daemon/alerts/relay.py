@@ -30,8 +30,10 @@ import structlog
 from daemon.alerts.payload import AlertMessage, render
 from daemon.alerts.signing import ID_HEADER, TIMESTAMP_HEADER, Secret, load_secret, sign
 from daemon.config import Config, WebhookConfig
+from daemon.outage import Outage
 from storage import alerting
 from storage.database import Database
+from storage.errors import DatabaseUnreachable
 from storage.models import utcnow
 
 log = structlog.get_logger("daemon.alerts.relay")
@@ -180,9 +182,16 @@ class Outcome:
 
 class Relay:
     def __init__(
-        self, database: Database, targets: Sequence[Endpoint], *, rng: random.Random | None = None
+        self,
+        database: Database,
+        targets: Sequence[Endpoint],
+        *,
+        rng: random.Random | None = None,
+        outage: Outage | None = None,
     ) -> None:
         self._db = database
+        #: Shared with the main loop: an outage is logged once, not once per pass of each thread.
+        self._outage = outage
         self._targets = list(targets)
         self._rng = rng or random.Random()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -244,6 +253,15 @@ class Relay:
                         continue
                     with self._db.session() as session:
                         later = alerting.next_due_at(session, endpoint=target.name)
+                    if self._outage is not None:
+                        self._outage.succeeded()
+                except DatabaseUnreachable as exc:
+                    # The outbox waits for the database; the outage is logged once, by whoever sees it.
+                    if self._outage is None:
+                        log.warning("relay.db_unavailable", endpoint=target.name, error=str(exc))
+                    else:
+                        self._outage.failed(exc, where=f"relay:{target.name}")
+                    later = utcnow() + timedelta(seconds=POLL_SECS)
                 except Exception as exc:
                     # The database away for a moment must not end the relay: the outbox waits for it.
                     log.exception("relay.failed", endpoint=target.name, error=repr(exc))

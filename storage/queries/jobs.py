@@ -47,12 +47,19 @@ class ClaimedJob:
 
 
 def ensure_run(session: Session, name: str, root: str) -> int:
-    run = session.scalar(select(Run).where(Run.name == name))
-    if run is None:
-        run = Run(name=name, root=root)
-        session.add(run)
-        session.flush()
-    elif run.root != root:
+    """The run's id, recording it first if it is new.
+
+    Daemons starting together on one database each call this for the same runs: the insert does nothing
+    when another got there first (a select-then-insert would fail one of them on the unique name).
+    """
+    insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+    session.execute(
+        insert(Run)
+        .values(name=name, root=root, created_at=utcnow())
+        .on_conflict_do_nothing(index_elements=["name"])
+    )
+    run = session.scalars(select(Run).where(Run.name == name)).one()
+    if run.root != root:
         run.root = root
     return run.id
 
@@ -180,7 +187,18 @@ def _pairs(rows: Iterable[Any]) -> dict[Any, Any]:
     return {key: value for key, value in rows}
 
 
-def _fair_run_order(session: Session) -> list[int]:
+def _claimable(runs: Collection[int] | None, tasks: Collection[str] | None) -> ColumnElement[bool]:
+    condition: ColumnElement[bool] = EvalJob.state.in_(CLAIMABLE)
+    if runs is not None:
+        condition = and_(condition, Checkpoint.run_id.in_(list(runs)))
+    if tasks is not None:
+        condition = and_(condition, EvalJob.task.in_(list(tasks)))
+    return condition
+
+
+def _fair_run_order(
+    session: Session, runs: Collection[int] | None = None, tasks: Collection[str] | None = None
+) -> list[int]:
     """Runs with pending jobs, the one most in need first: the most urgent priority, then the fewest
     running jobs, then the longest since one of its jobs started. One busy run cannot starve the rest."""
     pending: dict[int, int] = _pairs(
@@ -188,7 +206,7 @@ def _fair_run_order(session: Session) -> list[int]:
             select(Checkpoint.run_id, func.max(EvalJob.priority))
             .select_from(EvalJob)
             .join(Checkpoint, EvalJob.checkpoint_id == Checkpoint.id)
-            .where(EvalJob.state.in_(CLAIMABLE))
+            .where(_claimable(runs, tasks))
             .group_by(Checkpoint.run_id)
         )
     )
@@ -222,21 +240,27 @@ def _fair_run_order(session: Session) -> list[int]:
 
 
 def claim_next_job(
-    session: Session, owner: str, *, oldest_first: Collection[int] = frozenset()
+    session: Session,
+    owner: str,
+    *,
+    oldest_first: Collection[int] = frozenset(),
+    runs: Collection[int] | None = None,
+    tasks: Collection[str] | None = None,
 ) -> ClaimedJob | None:
     """Move the most urgent pending (or deferred) job to ``running`` for ``owner``.
 
     Runs take turns (:func:`_fair_run_order`); within a run, higher priority (quick before full) comes
     first, then the newest step, or the oldest for runs in ``oldest_first``. ``FOR UPDATE SKIP LOCKED``
     lets daemons on PostgreSQL share the queue without two taking one job; on SQLite the transaction
-    already holds the database's write lock.
+    already holds the database's write lock. ``runs`` and ``tasks`` (None: any) keep a daemon to the
+    jobs its config knows: a run or task removed by a reload waits for a daemon that has it.
     """
-    for run_id in _fair_run_order(session):
+    for run_id in _fair_run_order(session, runs, tasks):
         by_step = EvalJob.step.asc() if run_id in oldest_first else EvalJob.step.desc()
         job = session.scalar(
             select(EvalJob)
             .join(Checkpoint, EvalJob.checkpoint_id == Checkpoint.id)
-            .where(EvalJob.state.in_(CLAIMABLE), Checkpoint.run_id == run_id)
+            .where(_claimable(runs, tasks), Checkpoint.run_id == run_id)
             .order_by(EvalJob.priority.desc(), by_step.nulls_last(), EvalJob.id)
             .limit(1)
             .with_for_update(skip_locked=True, of=EvalJob)
@@ -428,13 +452,19 @@ def requeue_job(session: Session, *, job_id: int, owner: str) -> bool:
     return bool(getattr(result, "rowcount", 0))
 
 
-def recover_orphans(session: Session, *, lease: timedelta, every_running: bool) -> list[int]:
+def recover_orphans(
+    session: Session, *, lease: timedelta, every_running: bool, keep: Collection[int] = ()
+) -> list[int]:
     """Requeue running jobs whose daemon died; returns their ids.
 
     ``every_running`` is right for SQLite, where the instance lock proves no other daemon is alive. On a
-    shared PostgreSQL queue only jobs whose heartbeat is older than ``lease`` are orphans.
+    shared PostgreSQL queue only jobs whose heartbeat is older than ``lease`` are orphans. ``keep`` are
+    the caller's own live jobs: after a database outage longer than the lease their heartbeats are old,
+    but their daemon is alive and about to store them.
     """
     condition = EvalJob.state == JobState.RUNNING
+    if keep:
+        condition = and_(condition, EvalJob.id.not_in(list(keep)))
     if not every_running:
         condition = and_(
             condition, or_(EvalJob.heartbeat_at.is_(None), EvalJob.heartbeat_at < utcnow() - lease)
