@@ -7,6 +7,8 @@ and is not scored (with a BOS token, the first word is scored given BOS).
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -15,7 +17,7 @@ from inference.metrics import DocumentRecord
 
 if TYPE_CHECKING:
     import torch
-    from transformers import PreTrainedModel
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from inference.generation import Batch
 
@@ -62,3 +64,35 @@ def score_batches(
             for row, index in enumerate(batch.indices):
                 scores[index] = DocumentRecord(nll=float(nll[row].sum()), tokens=int(counted[row]))
     return scores, latencies
+
+
+def scored_text(tokenizer: PreTrainedTokenizerBase, text: str, max_length: int) -> str:
+    """The part of ``text`` whose tokens were scored: all of it, or what fits in ``max_length`` tokens."""
+    if len(tokenizer(text)["input_ids"]) <= max_length:
+        return text
+    try:
+        kept = tokenizer(text, truncation=True, max_length=max_length, return_offsets_mapping=True)
+        return text[: max(end for _, end in kept["offset_mapping"])]
+    except NotImplementedError:
+        # A slow tokenizer has no offsets: the kept tokens decoded.
+        ids = tokenizer(text, truncation=True, max_length=max_length)["input_ids"]
+        return str(tokenizer.decode(ids, skip_special_tokens=True))
+
+
+def with_text_units(
+    documents: Sequence[DocumentRecord],
+    texts: Sequence[str],
+    tokenizer: PreTrainedTokenizerBase,
+    max_length: int,
+) -> tuple[DocumentRecord, ...]:
+    """Each document with the words and UTF-8 bytes of its scored text, counted as lm-eval counts them
+    (``len(re.split(r"\\s+", text))``, ``len(text.encode())``), for word and byte perplexity."""
+    counted = []
+    for document, text in zip(documents, texts, strict=True):
+        scored = scored_text(tokenizer, text, max_length)
+        counted.append(
+            dataclasses.replace(
+                document, words=len(re.split(r"\s+", scored)), bytes=len(scored.encode("utf-8"))
+            )
+        )
+    return tuple(counted)

@@ -34,7 +34,7 @@ from inference.generation import (
 from inference.grading import warm_up
 from inference.group import WorkerGroup, head_results
 from inference.layouts import LayoutSettings
-from inference.likelihood import score_batches
+from inference.likelihood import score_batches, with_text_units
 from inference.metrics import (
     REWARD_METRICS,
     DocumentRecord,
@@ -286,7 +286,12 @@ def _evaluate(
     graded: Graded | None = None
     documents: tuple[DocumentRecord, ...] = ()
     if task.kind == "likelihood":
-        documents = tuple(restore_order([out.documents for out in outputs], len(items)))
+        documents = with_text_units(
+            restore_order([out.documents for out in outputs], len(items)),
+            [item.prompt for item in items],
+            loaded.tokenizer,
+            task.max_length,
+        )
     else:
         per_item = restore_order([out.generations for out in outputs], len(items))
         generations = [g for item in per_item for g in item]

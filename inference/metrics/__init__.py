@@ -13,6 +13,7 @@ import re
 from collections.abc import Iterable, Mapping
 
 from inference.errors import TaskInvalid
+from inference.harness.names import direction as harness_direction
 from inference.metrics.accuracy import Accuracy, ExactMatch
 from inference.metrics.base import DocumentRecord, EvalRecord, Metric, SampleRecord
 from inference.metrics.bleu import Bleu
@@ -23,7 +24,7 @@ from inference.metrics.length import (
     ResponseLengthIncorrect,
     TruncationRate,
 )
-from inference.metrics.likelihood import Nll, Perplexity
+from inference.metrics.likelihood import BitsPerByte, BytePerplexity, Nll, Perplexity, WordPerplexity
 from inference.metrics.passk import MajorityAtK, PassAtK
 from inference.metrics.reward import GroupRewardStd, GroupZeroSpread, Reward, RewardPercentile, RewardStd
 from inference.metrics.throughput import BatchLatency, LoadTime, PeakMemory, TokensPerSecond, WallTime
@@ -49,6 +50,9 @@ METRICS: Mapping[str, Metric] = {
         Bleu(),
         Perplexity(),
         Nll(),
+        WordPerplexity(),
+        BytePerplexity(),
+        BitsPerByte(),
         TokensPerSecond(),
         BatchLatency(50),
         BatchLatency(95),
@@ -70,6 +74,8 @@ REWARD_METRICS = frozenset(
 DEFAULT_METRICS: Mapping[TaskKind, tuple[str, ...]] = {
     "generate": ("accuracy", "response_length", "truncation_rate", "tokens_per_s", "wall_s"),
     "likelihood": ("perplexity", "nll", "tokens_per_s", "wall_s"),
+    # Every metric lm-eval reports is stored: nothing to choose.
+    "lm_eval": (),
 }
 
 
@@ -89,11 +95,12 @@ def metric(name: str) -> Metric:
 
 
 def higher_is_better(name: str) -> bool | None:
-    """Which way ``name`` improves (``None``: no good direction, or not a metric of the registry)."""
+    """Which way ``name`` improves (``None``: no good direction, or a metric known neither to the registry
+    nor to the lm-eval name table)."""
     try:
         return metric(name).higher_is_better
     except TaskInvalid:
-        return None
+        return harness_direction(name)
 
 
 def resolve_metrics(

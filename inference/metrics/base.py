@@ -51,6 +51,9 @@ class DocumentRecord:
     nll: float
     #: Tokens scored (every token after the first).
     tokens: int
+    #: Words (whitespace-separated, as lm-eval counts them) and UTF-8 bytes of the text scored.
+    words: int = 0
+    bytes: int = 0
 
 
 @dataclass(frozen=True)
