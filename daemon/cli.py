@@ -46,6 +46,9 @@ def dataset_problems(config: Config) -> list[Problem]:
     job) as :class:`DatasetInvalid`; the bad rows of a usable one are returned (each job reports them too)."""
     problems: list[Problem] = []
     for task in config.tasks:
+        if task.dataset is None:
+            # An lm_eval task: lm-eval reads its data, and reports a bad file as the job's error.
+            continue
         likelihood = task.kind == "likelihood"
         two_stage = config.scheduling.two_stage.get(task.name)
         spec = task.spec(None if two_stage is None else two_stage.subset())

@@ -29,7 +29,7 @@ from daemon.errors import ConfigError
 from inference import layouts
 from inference.errors import TaskInvalid
 from inference.metrics import DEFAULT_METRICS, resolve_metrics
-from inference.spec import Engine, InferenceSpec, SubsetSpec, TaskKind, TaskSpec
+from inference.spec import Engine, HarnessSpec, InferenceSpec, SubsetSpec, TaskKind, TaskSpec
 
 ENV_PREFIX = "EVALD_"
 DEFAULT_CONFIG = Path("evald.toml")
@@ -167,11 +167,39 @@ class RunConfig(_Section):
         return layouts.LayoutSettings(marker=self.marker, hf_config=self.hf_config)
 
 
+#: Task settings that only an lm_eval task takes, and those it does not (its YAML defines them).
+_HARNESS_FIELDS = frozenset({"lm_eval_task", "lm_eval_include_path", "num_fewshot", "add_bos_token"})
+_NOT_HARNESS_FIELDS = frozenset(
+    {
+        "dataset",
+        "prompt_field",
+        "answer_field",
+        "id_field",
+        "text_field",
+        "max_length",
+        "prompt_template",
+        "chat_template",
+        "system_prompt",
+        "max_new_tokens",
+        "n_samples",
+        "temperature",
+        "top_p",
+        "stop",
+        "subset",
+        "reward",
+        "reward_timeout_s",
+        "metrics",
+    }
+)
+
+
 class TaskConfig(_Section):
     name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]*$")
-    #: ``generate``: answers to prompts, graded against references; ``likelihood``: perplexity of texts.
+    #: ``generate``: answers to prompts, graded against references; ``likelihood``: perplexity of texts;
+    #: ``lm_eval``: an lm-evaluation-harness task, run by lm-eval on the loaded model.
     kind: TaskKind = "generate"
-    dataset: Path
+    #: The JSONL file (generate and likelihood tasks; an lm_eval task's YAML names its own data).
+    dataset: Path | None = None
     prompt_field: str | None = None
     answer_field: str = "answer"
     id_field: str | None = None
@@ -201,6 +229,13 @@ class TaskConfig(_Section):
     reward_timeout_s: float = Field(default=10.0, gt=0)
     #: Defaults by kind: see ``inference.metrics.DEFAULT_METRICS``.
     metrics: tuple[str, ...] = ()
+    #: ``kind = "lm_eval"``: the task, group or tag name lm-eval knows; a folder of the user's task YAMLs
+    #: (relative data_files resolve against it); few-shot examples (unset: the task's own); HFLM's
+    #: add_bos_token (unset: lm-eval's default). ``batch_size`` and ``limit`` apply too.
+    lm_eval_task: str | None = Field(default=None, min_length=1)
+    lm_eval_include_path: Path | None = None
+    num_fewshot: int | None = Field(default=None, ge=0)
+    add_bos_token: bool | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -218,6 +253,14 @@ class TaskConfig(_Section):
             )
         if self.system_prompt is not None and not self.chat_template:
             raise ValueError("system_prompt: only used with chat_template = true")
+        if self.kind == "lm_eval":
+            self._check_lm_eval()
+            return self
+        harness_only = sorted(_HARNESS_FIELDS & self.model_fields_set)
+        if harness_only:
+            raise ValueError(f'{", ".join(harness_only)}: only for kind = "lm_eval" tasks')
+        if self.dataset is None:
+            raise ValueError(f'dataset: a {self.kind} task needs a JSONL file (dataset = "FILE.jsonl")')
         if self.kind == "likelihood":
             generate_only = [
                 name
@@ -236,9 +279,39 @@ class TaskConfig(_Section):
             raise ValueError(f"metrics: {exc.message}") from exc
         return self
 
+    def _check_lm_eval(self) -> None:
+        from inference.harness.catalog import check_task
+
+        foreign = sorted(f for f in self.model_fields_set & _NOT_HARNESS_FIELDS if f != "metrics")
+        if self.metrics:
+            foreign.append("metrics")
+        if foreign:
+            raise ValueError(
+                f'{", ".join(foreign)}: not for kind = "lm_eval" tasks (the lm-eval task\'s YAML defines its '
+                "data, prompts and metrics; every metric lm-eval reports is stored)"
+            )
+        if self.lm_eval_task is None:
+            raise ValueError('lm_eval_task: kind = "lm_eval" needs the lm-eval task to run (e.g. "gsm8k")')
+        try:
+            check_task(self.lm_eval_task, self.lm_eval_include_path)
+        except TaskInvalid as exc:
+            raise ValueError(f"lm_eval_task: {exc.message}") from exc
+
+    @field_validator("lm_eval_include_path")
+    @classmethod
+    def _include_path(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if value is None:
+            return None
+        path = _resolve(value, info)
+        if not path.is_dir():
+            raise ValueError(f"folder not found: {path}")
+        return path
+
     @field_validator("dataset")
     @classmethod
-    def _dataset(cls, value: Path, info: ValidationInfo) -> Path:
+    def _dataset(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if value is None:
+            return None
         path = _resolve(value, info)
         if not path.is_file():
             raise ValueError(f"file not found: {path}")
@@ -280,6 +353,14 @@ class TaskConfig(_Section):
             metrics=self.metrics,
             subset=self.subset,
             stage_subset=stage_subset,
+            lm_eval=None
+            if self.lm_eval_task is None
+            else HarnessSpec(
+                task=self.lm_eval_task,
+                include_path=self.lm_eval_include_path,
+                num_fewshot=self.num_fewshot,
+                add_bos_token=self.add_bos_token,
+            ),
         )
 
 
@@ -662,6 +743,13 @@ class Config(_Section):
         for i, run in enumerate(self.runs):
             if run.adaptive is not None:
                 problems.extend(self._adaptive_problems(f"runs[{i}].adaptive", run))
+        ranks = self.inference.tp * self.inference.dp
+        for i, configured in enumerate(self.tasks):
+            if configured.kind == "lm_eval" and ranks > 1:
+                problems.append(
+                    f"tasks[{i}].kind: lm_eval tasks run on one rank (lm-eval's HFLM drives one model), but "
+                    f"[inference] tp × dp = {ranks}: set tp = dp = 1, or run it from a daemon of its own"
+                )
         if problems:
             raise ValueError("; ".join(problems))
         return self

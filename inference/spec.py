@@ -45,11 +45,26 @@ class SubsetSpec(_Plain):
     stratify_field: str | None = None
 
 
-#: What a task does: generate answers to prompts (graded against references), or score held-out text.
-TaskKind = Literal["generate", "likelihood"]
+#: What a task does: generate answers to prompts (graded against references), score held-out text, or
+#: run an lm-evaluation-harness task.
+TaskKind = Literal["generate", "likelihood", "lm_eval"]
 
 #: The rule-based math reward built in: 1.0 for an answer math-verify grades correct, else 0.0.
 BUILTIN_REWARD = "inference.rewards:math_reward"
+
+
+class HarnessSpec(_Plain):
+    """An lm-evaluation-harness task, run by lm-eval itself on the model the worker loaded."""
+
+    #: A task, group or tag name lm-eval knows (its own, or one defined under ``include_path``).
+    task: str
+    #: Folder of the user's task YAML files; lm-eval runs with it as its working directory, so relative
+    #: ``data_files`` resolve against it.
+    include_path: Path | None = None
+    #: Few-shot examples per prompt; ``None`` keeps the task's own setting.
+    num_fewshot: int | None = Field(default=None, ge=0)
+    #: HFLM's ``add_bos_token``; ``None`` keeps lm-eval's default (the tokenizer's own special tokens).
+    add_bos_token: bool | None = None
 
 
 class TaskSpec(_Plain):
@@ -57,7 +72,10 @@ class TaskSpec(_Plain):
 
     name: str
     kind: TaskKind = "generate"
-    dataset: Path
+    #: The JSONL file of a generate or likelihood task; lm_eval tasks read their own data.
+    dataset: Path | None = None
+    #: ``kind = "lm_eval"``: the lm-eval task to run (``batch_size`` and ``limit`` apply to it too).
+    lm_eval: HarnessSpec | None = None
     #: Field holding the prompt; ``None`` takes the first of ``prompt``, ``question``, ``problem``.
     prompt_field: str | None = None
     answer_field: str = "answer"

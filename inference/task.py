@@ -156,12 +156,18 @@ def peak_memory_mb(device: str | None) -> float:
 def run_task(spec: JobSpec, group: WorkerGroup, faults: Faults | None = None) -> JobResult | None:
     """Evaluate ``spec.checkpoint_path`` on ``spec.task`` as one rank of ``group``; a rejected input
     raises InferenceError. Rank 0 returns the result, the other ranks None."""
+    if spec.task.kind == "lm_eval":
+        from inference.harness.evaluation import run_harness
+
+        return run_harness(spec, group)
     started = time.perf_counter()
     faults = faults or Faults()
     task = spec.task
     topology = group.topology
     metrics = resolve_metrics(task.metrics, kind=task.kind, n_samples=task.n_samples)
     likelihood = task.kind == "likelihood"
+    if task.dataset is None:
+        raise TaskInvalid(f"task {task.name!r}: a {task.kind} task needs a dataset")
     dataset = read_dataset(
         task.dataset,
         prompt_field=task.text_field if likelihood else task.prompt_field,

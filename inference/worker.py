@@ -58,6 +58,9 @@ def quiet_libraries() -> None:
     """No network, no progress bars, no library chatter on stderr: the daemon keeps only its tail."""
     # Set before transformers is imported: huggingface_hub reads these once.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # lm_eval tasks: datasets reads its cache and local files only (an operator may set it to 0).
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("TQDM_DISABLE", "1")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -1,0 +1,200 @@
+"""Run an lm-evaluation-harness task on the model the worker loaded (``kind = "lm_eval"``).
+
+The checkpoint is loaded once, by evald's loader, on evald's device and engine; lm-eval's ``HFLM`` wraps
+that model and tokenizer (with DeepSpeed at tp = 1 the model is already the engine's inner module), and
+``simple_evaluate`` does the rest exactly as the ``lm_eval`` command would. One rank runs it: HFLM drives
+one model replica, so a job with tp × dp > 1 is refused (the config refuses it first).
+
+Everything lm-eval raises is converted here, at the boundary: a dataset it cannot reach while offline, a
+data file that is missing, a YAML or a task's own code that fails. Each becomes the job's error in one
+line, and the daemon goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from inference.errors import DatasetInvalid, InferenceError, TaskInvalid
+from inference.harness.catalog import task_manager
+from inference.harness.report import metric_values, sample_outputs
+from inference.layouts import LayoutSettings
+from inference.spec import HarnessSpec, JobResult, JobSpec, TaskSpec, Timing
+
+if TYPE_CHECKING:
+    from inference.group import WorkerGroup
+    from inference.loader import LoadedModel
+
+log = structlog.get_logger("inference.harness")
+
+#: What to do about a dataset lm-eval could not fetch while offline (one line, in the job's error).
+OFFLINE_HINT = (
+    "the worker runs offline (HF_DATASETS_OFFLINE=1, HF_HUB_OFFLINE=1): download the dataset into the "
+    "Hugging Face cache beforehand, or point the task's YAML at local files "
+    "(dataset_path: json, dataset_kwargs: {data_files: FILE.jsonl}) in lm_eval_include_path"
+)
+
+
+def _harness(task: TaskSpec) -> HarnessSpec:
+    if task.lm_eval is None:
+        raise TaskInvalid(f"task {task.name!r}: kind = 'lm_eval' needs lm_eval_task")
+    return task.lm_eval
+
+
+@contextlib.contextmanager
+def _working_directory(path: Path | None) -> Iterator[None]:
+    """lm-eval resolves a YAML's relative ``data_files`` against the working directory: make it the
+    include path, as for a user who runs ``lm_eval`` there."""
+    if path is None:
+        yield
+        return
+    before = Path.cwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
+
+
+def _offline(exc: BaseException) -> bool:
+    """A dataset or file lm-eval tried to fetch from the Hub while offline (datasets raises the builtin
+    ConnectionError; huggingface_hub its OfflineModeIsEnabled, a ConnectionError too)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ConnectionError) or type(seen).__name__ == "OfflineModeIsEnabled":
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+@contextlib.contextmanager
+def _lm_eval_errors(task: TaskSpec, harness: HarnessSpec) -> Iterator[None]:
+    import torch
+
+    where = f"task {task.name!r}: lm-eval task {harness.task!r}"
+    try:
+        yield
+    except (InferenceError, MemoryError, torch.OutOfMemoryError):
+        raise
+    except Exception as exc:
+        if _offline(exc):
+            raise DatasetInvalid(
+                f"{where} needs the Hugging Face Hub ({_one_line(exc)}); {OFFLINE_HINT}"
+            ) from exc
+        if isinstance(exc, FileNotFoundError):
+            base = (
+                ""
+                if harness.include_path is None
+                else f" (relative paths are read from {harness.include_path})"
+            )
+            raise DatasetInvalid(f"{where}: {_one_line(exc)}{base}") from exc
+        # The task's YAML, its utils.py or lm-eval itself: the job fails with the reason, the worker logs
+        # the traceback.
+        log.exception("harness.failed", task=task.name, lm_eval_task=harness.task)
+        raise TaskInvalid(f"{where} failed: {_one_line(exc)}") from exc
+
+
+def _language_model(loaded: LoadedModel, task: TaskSpec, harness: HarnessSpec) -> Any:
+    from lm_eval.models.huggingface import HFLM
+
+    return HFLM(
+        pretrained=loaded.model,
+        tokenizer=loaded.tokenizer,
+        batch_size=task.batch_size,
+        add_bos_token=harness.add_bos_token,
+    )
+
+
+def _quiet_lm_eval() -> None:
+    # lm-eval logs every task's set-up at INFO and warns on passing a model instance: evald's choice.
+    for name in ("lm-eval", "lm_eval"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def run_harness(spec: JobSpec, group: WorkerGroup) -> JobResult | None:
+    """Evaluate ``spec.checkpoint_path`` on ``spec.task``'s lm-eval task; rejected input raises
+    InferenceError. The result holds every metric lm-eval reported and its logged samples."""
+    started = time.perf_counter()
+    task = spec.task
+    harness = _harness(task)
+    topology = group.topology
+    if topology.world_size > 1:
+        raise TaskInvalid(
+            f"task {task.name!r}: lm_eval tasks run on one rank (lm-eval's HFLM drives one model), "
+            f"the job has tp × dp = {topology.world_size}: set [inference] tp = dp = 1"
+        )
+    _quiet_lm_eval()
+    try:
+        manager = task_manager(harness.task, harness.include_path)
+    except TaskInvalid as exc:
+        raise TaskInvalid(f"task {task.name!r}: {exc.message}") from exc
+    # Imported only now: a bad task name is rejected without paying for torch and the model.
+    import torch
+    from lm_eval import simple_evaluate
+
+    from inference.loader import load_model
+
+    torch.manual_seed(spec.seed)
+    if spec.inference.threads is not None:
+        torch.set_num_threads(spec.inference.threads)
+    scratch = spec.result_path.parent / "scratch" / "rank-0"
+    scratch.mkdir(parents=True, exist_ok=True)
+    loaded = load_model(
+        spec.checkpoint_path,
+        spec.inference,
+        layout=spec.layout,
+        settings=LayoutSettings(hf_config=spec.hf_config, run_root=spec.run_root),
+        scratch=scratch,
+        device=group.device if spec.inference.device.startswith("cuda") else None,
+        tp_group=group.tp_group,
+    )
+    log.info("harness.loaded", load_s=round(loaded.load_s, 3), lm_eval_task=harness.task)
+    evaluation_started = time.perf_counter()
+    with _lm_eval_errors(task, harness), _working_directory(harness.include_path):
+        model = _language_model(loaded, task, harness)
+        results: dict[str, Any] | None = simple_evaluate(
+            model=model,
+            tasks=[harness.task],
+            task_manager=manager,
+            num_fewshot=harness.num_fewshot,
+            limit=task.limit,
+            log_samples=True,
+        )
+    if results is None:
+        raise TaskInvalid(f"task {task.name!r}: lm-eval returned no results for {harness.task!r}")
+    metrics = metric_values(results)
+    if not metrics:
+        raise TaskInvalid(f"task {task.name!r}: lm-eval reported no metric for {harness.task!r}")
+    tokenizer = loaded.tokenizer
+    samples = sample_outputs(
+        results.get("samples", {}),
+        prefixed=len(results.get("results", {})) > 1,
+        max_samples=spec.max_samples,
+        max_text_chars=spec.max_text_chars,
+        count_tokens=lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"]),
+    )
+    finished = time.perf_counter()
+    log.info(
+        "harness.evaluated",
+        lm_eval_task=harness.task,
+        metrics=len(metrics),
+        samples=len(samples),
+        eval_s=round(finished - evaluation_started, 3),
+    )
+    return JobResult(
+        job_id=spec.job_id,
+        metrics=metrics,
+        samples=samples,
+        timing=Timing(load_s=loaded.load_s, eval_s=finished - evaluation_started, total_s=finished - started),
+    )
