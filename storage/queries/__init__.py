@@ -44,11 +44,14 @@ from storage.queries.samples import (
 )
 from storage.queries.status import (
     CheckpointRow,
+    DurationBuckets,
     JobRow,
     RunRow,
     change_marks,
     checkpoint_rows,
+    job_durations,
     job_rows,
+    job_state_counts,
     run_rows,
 )
 
@@ -61,6 +64,7 @@ __all__ = [
     "AttemptRow",
     "CheckpointRow",
     "ClaimedJob",
+    "DurationBuckets",
     "JobRow",
     "JobSamples",
     "MetricRow",
@@ -79,10 +83,12 @@ __all__ = [
     "ensure_run",
     "fail_job",
     "heartbeat",
+    "job_durations",
     "job_history",
     "job_rows",
     "job_samples",
     "job_state",
+    "job_state_counts",
     "latest_results",
     "mark_checkpoint",
     "record_attempt",

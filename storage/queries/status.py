@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import func, select
+from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from storage.models import Alert, Checkpoint, EvalJob, JobState, Result, Run
@@ -171,3 +172,48 @@ def change_marks(session: Session) -> tuple[int, int, int, int]:
         )
     ).one()
     return (int(row[0] or 0), int(row[1] or 0), int(row[2] or 0), int(row[3] or 0))
+
+
+def job_state_counts(session: Session) -> dict[str, int]:
+    """Jobs by state, every state listed (0 when none): the queue depth ``evald_jobs`` exports."""
+    counts: dict[JobState, int] = {
+        state: count
+        for state, count in session.execute(select(EvalJob.state, func.count()).group_by(EvalJob.state))
+    }
+    return {state.value: int(counts.get(state, 0)) for state in JobState}
+
+
+@dataclass(frozen=True)
+class DurationBuckets:
+    """Finished jobs of one (task, state) counted into cumulative duration buckets."""
+
+    task: str
+    state: str
+    #: Jobs that took at most each bound, in the bounds' order (cumulative, as Prometheus wants).
+    cumulative: tuple[int, ...]
+    count: int
+    total_s: float
+
+
+def job_durations(session: Session, bounds: Sequence[float]) -> list[DurationBuckets]:
+    """Durations of succeeded and failed jobs, counted into ``bounds`` by the database (one row per
+    (task, state), however many jobs): the ``evald_job_duration_seconds`` histogram."""
+    under = [func.sum(case((EvalJob.duration_s <= bound, 1), else_=0)) for bound in bounds]
+    query = (
+        select(
+            EvalJob.task,
+            EvalJob.state,
+            func.count(),
+            func.coalesce(func.sum(EvalJob.duration_s), 0.0),
+            *under,
+        )
+        .where(EvalJob.state.in_((JobState.SUCCEEDED, JobState.FAILED)), EvalJob.duration_s.is_not(None))
+        .group_by(EvalJob.task, EvalJob.state)
+        .order_by(EvalJob.task, EvalJob.state)
+    )
+    return [
+        DurationBuckets(
+            task, JobState(state).value, tuple(int(c or 0) for c in counts), int(count), float(total)
+        )
+        for task, state, count, total, *counts in session.execute(query)
+    ]

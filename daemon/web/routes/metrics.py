@@ -1,0 +1,40 @@
+"""``GET /metrics``: the Prometheus scrape endpoint (collector in :mod:`daemon.web.metrics`).
+
+Behind the same bearer token as the API when one is set (Prometheus sends it with
+``authorization: {credentials: ...}`` in its scrape config).
+"""
+
+from __future__ import annotations
+
+import structlog
+from prometheus_client.exposition import choose_encoder
+from sqlalchemy.exc import SQLAlchemyError
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from daemon.web.context import context
+from daemon.web.metrics import registry
+from storage.errors import StorageError
+
+log = structlog.get_logger("daemon.web")
+
+
+async def metrics(request: Request) -> Response:
+    # The text format 0.0.4, or OpenMetrics when the scraper asks for it (Prometheus does).
+    encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+    # A registry per scrape costs nothing (it holds no state); the collector reads the database.
+    found = registry(context(request).database)
+    try:
+        # The queries block: off the event loop, so a slow scrape does not stall the API.
+        body = await run_in_threadpool(encoder, found)
+    except (SQLAlchemyError, StorageError) as exc:
+        reason = " ".join(str(getattr(exc, "orig", None) or exc).split())[:300]
+        log.warning("metrics.scrape_failed", error=reason)
+        return PlainTextResponse(f"evald: cannot read the database: {reason}\n", status_code=503)
+    return Response(body, media_type=content_type)
+
+
+def routes() -> list[BaseRoute]:
+    return [Route("/metrics", metrics, methods=["GET"])]
