@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import signal
@@ -16,13 +17,15 @@ from typing import Any
 import structlog
 from pydantic import ValidationError
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session
 
+from daemon import curves, report, stages
 from daemon import log as logs
-from daemon import report, stages
 from daemon.config import Config, InferenceConfig, config_path, load_config
 from daemon.errors import ConfigError, EvaldError
 from daemon.planner import schedule_summary
 from daemon.service import resource_probe
+from daemon.smoothing import parse_smoothing
 from inference import layouts
 from inference.dataset import read_dataset
 from inference.errors import DatasetInvalid, InferenceError
@@ -194,6 +197,113 @@ def cmd_alerts(args: argparse.Namespace) -> int:
         print(json.dumps([report.alert_json(row) for row in rows], indent=1, default=str))
     else:
         print(report.alerts_text(rows))
+    return 0
+
+
+def _run_results(
+    session: Session,
+    run: str,
+    *,
+    task: str | None = None,
+    stage: str | None = None,
+    metric: str | None = None,
+) -> list[queries.ResultRow]:
+    """One run's stored results, narrowed; an unknown run, task, stage or metric is an error that names
+    what exists."""
+    rows = queries.result_rows(session, run=run)
+    if not rows:
+        known = ", ".join(r.name for r in queries.run_rows(session) if r.evaluated_step is not None) or "none"
+        raise EvaldError(f"run {run!r} has no stored results (runs with results: {known})")
+    for field, wanted in (("task", task), ("stage", stage), ("metric", metric)):
+        if wanted is None:
+            continue
+        have = sorted({str(getattr(r, field)) for r in rows})
+        if wanted not in have:
+            raise EvaldError(f"run {run!r} has no {field} {wanted!r} here (its {field}s: {', '.join(have)})")
+        rows = [r for r in rows if getattr(r, field) == wanted]
+    return rows
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    if len(args.run) != 2:
+        raise ConfigError("--run", [f"give exactly two runs (--run A --run B), got {len(args.run)}"])
+    if not (args.sigmas > 0 and math.isfinite(args.sigmas)):
+        raise ConfigError("--sigmas", [f"must be a positive number, got {args.sigmas}"])
+    smoothing = parse_smoothing(args.smooth)
+    run_a, run_b = args.run
+    config = _load(args)
+    database = _open_current(config)
+    try:
+        with database.session() as session:
+            a, b = (
+                _run_results(session, run, task=args.task, stage=args.stage, metric=args.metric)
+                for run in (run_a, run_b)
+            )
+    finally:
+        database.dispose()
+    found = curves.compare(
+        curves.curves(a), curves.curves(b), run_a=run_a, run_b=run_b, smoothing=smoothing, sigmas=args.sigmas
+    )
+    print(report.comparison(found, args.format))
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from daemon.alerts.lifecycle import Alerter
+    from daemon.plot import render  # matplotlib is slow to import: only when plotting
+
+    smoothing = parse_smoothing(args.smooth)
+    runs = list(dict.fromkeys(args.run))
+    out = Path(args.out)
+    config = _load(args)
+    database = _open_current(config)
+    try:
+        with database.session() as session:
+            rows = [
+                row
+                for run in runs
+                for row in _run_results(session, run, task=args.task, stage=args.stage, metric=args.metric)
+            ]
+            alerts = [alert for run in runs for alert in alerting.alert_rows(session, run=run)]
+    finally:
+        database.dispose()
+    try:
+        plotted = render(
+            curves.curves(rows),
+            alerts,
+            out=out,
+            direction=Alerter(config).direction,
+            smoothing=smoothing,
+            title=args.title,
+        )
+    except OSError as exc:
+        raise EvaldError(f"{out}: cannot write the plot: {exc.strerror or exc}") from exc
+    best = "; ".join(f"best {label}: step {step} ({value:.4g})" for label, step, value in plotted.best)
+    print(
+        f"{out}: {plotted.curves} curve(s), {plotted.points} point(s), {plotted.alerts} alert marker(s)"
+        + (f"; {best}" if best else "")
+    )
+    return 0
+
+
+def cmd_export_tensorboard(args: argparse.Namespace) -> int:
+    from daemon.export.tensorboard import write_events
+
+    config = _load(args)
+    database = _open_current(config)
+    try:
+        with database.session() as session:
+            rows = _run_results(session, args.run)
+    finally:
+        database.dispose()
+    try:
+        exported = write_events(curves.curves(rows), run=args.run, out=Path(args.out), replace=args.replace)
+    except OSError as exc:
+        raise EvaldError(f"{args.out}: cannot write event files: {exc.strerror or exc}") from exc
+    print(
+        f"{exported.folder}: {exported.tags} scalar tag(s), {exported.points} point(s) in "
+        f"{len(exported.files)} event file(s); view with: tensorboard --logdir {args.out}"
+    )
     return 0
 
 
@@ -427,6 +537,47 @@ def build_parser() -> argparse.ArgumentParser:
     alerts.add_argument("--state", choices=("firing", "resolved"), help="only alerts in this state")
     alerts.add_argument("--format", choices=("table", "json"), default="table")
     alerts.set_defaults(func=cmd_alerts)
+
+    compare = commands.add_parser(
+        "compare", help="two runs at matched steps: the difference and whether it exceeds the noise"
+    )
+    compare.add_argument("--run", action="append", required=True, help="give twice: --run A --run B")
+    compare.add_argument("--metric", help="only this metric (default: every metric both runs have)")
+    compare.add_argument("--task", help="only this task")
+    compare.add_argument("--stage", choices=(stages.FULL, stages.QUICK), help="only this stage")
+    compare.add_argument("--smooth", default="none", help="none (default), ema:W (e.g. ema:0.6) or window:N")
+    compare.add_argument(
+        "--sigmas",
+        type=float,
+        default=curves.SIGMAS,
+        help="a difference exceeds the noise beyond this many combined standard errors (default: 2)",
+    )
+    compare.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    compare.set_defaults(func=cmd_compare)
+
+    plot = commands.add_parser(
+        "plot", help="a metric's curves as a PNG: error bands, alerts, best checkpoint"
+    )
+    plot.add_argument("--run", action="append", required=True, help="a run to draw (repeat to overlay runs)")
+    plot.add_argument("--metric", required=True)
+    plot.add_argument("--task", help="only this task (default: one curve per task with the metric)")
+    plot.add_argument("--stage", choices=(stages.FULL, stages.QUICK), help="only this stage")
+    plot.add_argument("--smooth", default="none", help="none (default), ema:W (e.g. ema:0.6) or window:N")
+    plot.add_argument("--title", help="the chart's title (default: the metric and runs)")
+    plot.add_argument("--out", required=True, help="the PNG file to write")
+    plot.set_defaults(func=cmd_plot)
+
+    export = commands.add_parser("export", help="write stored results in another tool's format")
+    export_commands = export.add_subparsers(dest="export_command", required=True, metavar="FORMAT")
+    tensorboard = export_commands.add_parser(
+        "tensorboard", help="a run's results as TensorBoard event files (one scalar per metric, x = step)"
+    )
+    tensorboard.add_argument("--run", required=True)
+    tensorboard.add_argument("--out", required=True, help="log folder; the files go to OUT/<run>/")
+    tensorboard.add_argument(
+        "--replace", action="store_true", help="remove event files an earlier export left in OUT/<run>/"
+    )
+    tensorboard.set_defaults(func=cmd_export_tensorboard)
 
     webhook = commands.add_parser("webhook", help="webhook tools")
     webhook_commands = webhook.add_subparsers(dest="webhook_command", required=True)

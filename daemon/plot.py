@@ -121,8 +121,8 @@ def render(
                     label=f"best {label}: step {best[0]} ({best[1]:.4g})",
                 )
                 best_marks.append((label, best[0], best[1]))
-        marked += _alerts(axes, curves, alerts)
-        marked += _run_alerts(axes, curves, alerts)
+        marked += _alerts(axes, curves, alerts, named=runs > 1)
+        marked += _run_alerts(axes, curves, alerts, named=runs > 1)
         _legend_for_alerts(axes, alerts, curves)
         metric = ", ".join(sorted({c.metric for c in curves}))
         heading = title or f"{metric}: " + ", ".join(dict.fromkeys(c.run for c in curves))
@@ -143,7 +143,7 @@ def render(
     return Plotted(out, len(curves), points, marked, tuple(best_marks))
 
 
-def _alerts(axes: Axes, curves: Sequence[Curve], alerts: Sequence[AlertRow]) -> int:
+def _alerts(axes: Axes, curves: Sequence[Curve], alerts: Sequence[AlertRow], *, named: bool) -> int:
     """One marker per alert on a drawn metric, on the stored value at its step (the full stage's curve
     first: an alert does not say which stage it watched); a step with no finite value is a line."""
     ordered = sorted(curves, key=lambda c: c.stage != stages.FULL)
@@ -180,11 +180,13 @@ def _alerts(axes: Axes, curves: Sequence[Curve], alerts: Sequence[AlertRow]) -> 
                 linestyle="none",
                 zorder=6,
             )
-        axes.annotate(alert.rule, (alert.step, y), textcoords="offset points", xytext=(6, 6), fontsize=7)
+        axes.annotate(
+            _note(alert, named), (alert.step, y), textcoords="offset points", xytext=(6, 6), fontsize=7
+        )
     return count
 
 
-def _run_alerts(axes: Axes, curves: Sequence[Curve], alerts: Sequence[AlertRow]) -> int:
+def _run_alerts(axes: Axes, curves: Sequence[Curve], alerts: Sequence[AlertRow], *, named: bool) -> int:
     """A dotted line at the step of each alert about a plotted run's evaluation (no metric)."""
     places = {(c.run, c.task) for c in curves}
     runs = {c.run for c in curves}
@@ -197,7 +199,7 @@ def _run_alerts(axes: Axes, curves: Sequence[Curve], alerts: Sequence[AlertRow])
         colour = FIRING_COLOUR if alert.state == "firing" else RESOLVED_COLOUR
         axes.axvline(alert.step, color=colour, linestyle=":", linewidth=1.5)
         axes.annotate(
-            alert.rule,
+            _note(alert, named),
             (alert.step, 1.0),
             xycoords=("data", "axes fraction"),
             textcoords="offset points",
@@ -207,6 +209,11 @@ def _run_alerts(axes: Axes, curves: Sequence[Curve], alerts: Sequence[AlertRow])
         )
         count += 1
     return count
+
+
+def _note(alert: AlertRow, named: bool) -> str:
+    """An alert marker's caption: its rule, and its run where several runs share the chart."""
+    return f"{alert.run}: {alert.rule}" if named else alert.rule
 
 
 def _legend_for_alerts(axes: Axes, alerts: Sequence[AlertRow], curves: Sequence[Curve]) -> None:
