@@ -488,7 +488,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from daemon.demo import run_demo
 
-    return run_demo(Path(args.workdir) if args.workdir else None, as_json=args.json)
+    workdir = Path(args.workdir) if args.workdir else None
+    return run_demo(workdir, as_json=args.json, serve=args.serve, port=args.port)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -512,6 +513,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--workdir", help="where the demo builds its workspace (default: a new temporary folder)"
     )
     demo.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    demo.add_argument(
+        "--serve", action="store_true", help="serve the dashboard while it runs, and after it until Ctrl-C"
+    )
+    demo.add_argument("--port", type=int, default=0, help="the dashboard's port (default: any free one)")
     demo.set_defaults(func=cmd_demo)
 
     evaluate = commands.add_parser("eval", help="evaluate one checkpoint now, without the daemon")

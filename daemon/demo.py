@@ -14,20 +14,25 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from sqlalchemy import select
 
 from daemon import report
 from daemon.alerts.receiver import WebhookReceiver
 from daemon.alerts.signing import Secret
+from daemon.config import load_config
 from daemon.errors import EvaldError
 from inference.toy.problems import DATA_DIR
 from storage import migrations, queries
 from storage.database import Database
 from storage.models import JobState, OutboxMessage
+
+if TYPE_CHECKING:
+    from daemon.web.server import BackgroundServer
 
 #: The demo gives up (and says so) after this long; it normally takes one to two minutes on 2 cores.
 DEMO_TIMEOUT_SECS = 600.0
@@ -148,7 +153,7 @@ def _terminal_jobs(database: Database) -> tuple[int, list[queries.JobRow]]:
     return len(settled), done
 
 
-def run_demo(workdir: Path | None, *, as_json: bool) -> int:
+def run_demo(workdir: Path | None, *, as_json: bool, serve: bool = False, port: int = 0) -> int:
     workdir = (workdir or Path(tempfile.mkdtemp(prefix="evald-demo-"))).resolve()
     progress = sys.stderr if as_json else sys.stdout
     _say(f"evald demo: workspace {workdir}", progress)
@@ -157,13 +162,66 @@ def run_demo(workdir: Path | None, *, as_json: bool) -> int:
         raise EvaldError(f"{workdir} already holds a demo; pass a new --workdir or remove it")
     secret = Secret.generate()
     with WebhookReceiver(secret) as receiver:
-        return _run(workdir, receiver, secret, as_json=as_json, progress=progress)
+        return _run(workdir, receiver, secret, as_json=as_json, progress=progress, serve=serve, port=port)
 
 
-def _run(workdir: Path, receiver: WebhookReceiver, secret: Secret, *, as_json: bool, progress: TextIO) -> int:
+def _run(
+    workdir: Path,
+    receiver: WebhookReceiver,
+    secret: Secret,
+    *,
+    as_json: bool,
+    progress: TextIO,
+    serve: bool = False,
+    port: int = 0,
+) -> int:
     config_path = write_workspace(workdir, receiver.url)
     database = Database(f"sqlite:///{workdir / 'evald.db'}")
     migrations.upgrade(database)
+    # The dashboard from the start, so the curves can be watched growing as checkpoints are evaluated.
+    server = _serve(config_path, port, progress) if serve else None
+    try:
+        code = _evaluate(workdir, config_path, database, receiver, secret, as_json=as_json, progress=progress)
+        if server is not None:
+            _say(f"\ndashboard: {server.url} (serving until Ctrl-C)", progress)
+            _wait_for_interrupt()
+        return code
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def _serve(config_path: Path, port: int, progress: TextIO) -> BackgroundServer:
+    from daemon.web.server import BackgroundServer, build
+
+    server = BackgroundServer(build(load_config(config_path)), port=port)
+    server.start()
+    _say(f"dashboard: {server.url}", progress)
+    return server
+
+
+def _wait_for_interrupt() -> None:
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while not stop.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _evaluate(
+    workdir: Path,
+    config_path: Path,
+    database: Database,
+    receiver: WebhookReceiver,
+    secret: Secret,
+    *,
+    as_json: bool,
+    progress: TextIO,
+) -> int:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", SECRET_ENV: secret.reveal_text()}
     daemon_log = (workdir / "daemon.log").open("wb")
     daemon = subprocess.Popen(

@@ -70,8 +70,10 @@ class BackgroundServer:
             raise EvaldError("the web server did not start in time")
         socket = self._server.servers[0].sockets[0]
         self.port = int(socket.getsockname()[1])
-        return url(self.host, self.port)
+        self.url = url(self.host, self.port)
+        return self.url
 
     def stop(self) -> None:
         self._server.should_exit = True
         self._thread.join(timeout=10)
+        self.app.state.web.database.dispose()
