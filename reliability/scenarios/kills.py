@@ -21,7 +21,15 @@ import psutil
 
 from reliability.figures import Expected, Figures
 from reliability.scenarios.base import Options
-from reliability.workspace import TASK, RunSpec, environ_secrets, wait_for, workspace, write_dataset
+from reliability.workspace import (
+    TASK,
+    RunSpec,
+    Workspace,
+    environ_secrets,
+    wait_for,
+    workspace,
+    write_dataset,
+)
 
 SAVE_EVERY = 10
 FREQ_STEPS = 20
@@ -48,9 +56,30 @@ def saved_steps(log: Path) -> list[int]:
     return steps
 
 
+def kill_worker(ws: Workspace, rng: random.Random, figures: Figures) -> bool:
+    """SIGKILL a random process of the running worker, 0-3 s into its life (a few tries: a worker may end
+    by itself first); False if none was caught."""
+    for _ in range(5):
+        wait_for(lambda: worker_processes(ws.state_dir) or None, 180, "a worker to kill")
+        time.sleep(rng.uniform(0.0, 3.0))
+        workers = worker_processes(ws.state_dir)
+        for worker in workers:
+            figures.secret_leaks.extend(environ_secrets(worker.pid, ws.secrets))
+        if not workers:
+            continue
+        ws.fault("worker SIGKILL", "job.retrying", "job.recovered")
+        try:
+            rng.choice(workers).send_signal(signal.SIGKILL)
+        except psutil.Error:
+            ws.faults.pop()  # it ended by itself a moment ago: no fault injected
+            continue
+        return True
+    return False
+
+
 def run(options: Options) -> Figures:
     kills = options.pick(short=6, full=24)
-    checkpoints = options.pick(short=6, full=16)
+    checkpoints = options.pick(short=6, full=24)
     figures = Figures("kill -9 daemon and workers")
     rng = random.Random(options.seed)
     with workspace("kills", options.workdir) as ws:
@@ -75,21 +104,8 @@ def run(options: Options) -> Figures:
             # Faults start once the trainer is writing; odd kills go to a worker, even ones to the daemon.
             wait_for(lambda: saved_steps(trainer_log) or None, 600, "the trainer's first checkpoint")
             for number in range(kills):
-                if number % 2 == 1:
-                    workers = wait_for(
-                        lambda: worker_processes(ws.state_dir) or None, 120, "a worker to kill"
-                    )
-                    time.sleep(rng.uniform(0.0, 3.0))
-                    workers = worker_processes(ws.state_dir)
-                    for worker in workers:
-                        figures.secret_leaks.extend(environ_secrets(worker.pid, ws.secrets))
-                    if workers:
-                        ws.fault("worker SIGKILL", "job.retrying", "job.recovered")
-                        try:
-                            rng.choice(workers).send_signal(signal.SIGKILL)
-                            continue
-                        except psutil.Error:
-                            ws.faults.pop()  # it ended by itself a moment ago: no fault injected
+                if number % 2 == 1 and kill_worker(ws, rng, figures):
+                    continue
                 time.sleep(rng.uniform(0.3, 3.0))
                 ws.fault("daemon SIGKILL", "supervisor.daemon_exited")
                 if supervisor.kill() is None:
