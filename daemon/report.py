@@ -109,6 +109,20 @@ def status(
             ),
             "schedule": {k: _jsonable_deep(v) for k, v in (schedules or {}).get(run, {}).items()},
             "queue": _queue(run_jobs),
+            "running": [
+                {
+                    "job": j.id,
+                    "step": j.step,
+                    "task": j.task,
+                    "stage": j.stage,
+                    "attempt": j.attempts,
+                    "held_by": j.claimed_by,
+                    "started_at": _jsonable(j.started_at),
+                    "heartbeat_at": _jsonable(j.heartbeat_at),
+                }
+                for j in run_jobs
+                if j.state == "running"
+            ],
             "deferred": [
                 {"job": j.id, "step": j.step, "task": j.task, "stage": j.stage, "reason": j.wait_reason}
                 for j in run_jobs
@@ -222,6 +236,12 @@ def status_text(summary: Mapping[str, Any]) -> str:
             )
             where = f"priority {group['priority']} {group['stage']}"
             lines.append(f"  queue:       {where}: {group['jobs']} job(s), steps {steps}")
+        for job in info.get("running", []):
+            where = f"step {_cell(job['step'])} [{job['task']}/{job['stage']}] (job {job['job']})"
+            lines.append(
+                f"  running:     {where} on {job['held_by']}, attempt {job['attempt']}, "
+                f"last heartbeat {_cell(job['heartbeat_at'])}"
+            )
         for job in info.get("deferred", []):
             lines.append(
                 f"  deferred:    step {_cell(job['step'])} [{job['task']}/{job['stage']}]: {job['reason']}"

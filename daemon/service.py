@@ -43,6 +43,9 @@ from storage.errors import DatabaseUnreachable, StorageError
 
 log = structlog.get_logger("evald.service")
 
+#: The pause after a pass that failed for a reason other than the database, so a bug cannot spin.
+PASS_FAILED_WAIT_SECS = 1.0
+
 #: Fields a reload cannot change under a running daemon: they name what it is connected to and where its
 #: workers write.
 RESTART_ONLY = (("database", "url"), ("daemon", "state_dir"))
@@ -433,6 +436,11 @@ class Service:
                 except DatabaseUnreachable as exc:
                     notifier.watchdog()
                     self.stop_requested.wait(self.outage.failed(exc, where="loop"))
+                    continue
+                except Exception as exc:
+                    # A bug in one pass must not end a week-long run's evaluations: say so and go on.
+                    log.exception("daemon.pass_failed", error=repr(exc))
+                    self.stop_requested.wait(PASS_FAILED_WAIT_SECS)
                     continue
                 if self._was_down and not self.outage.active:
                     self._caught_up()

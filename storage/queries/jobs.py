@@ -82,15 +82,20 @@ def record_checkpoint(
     state: CheckpointState,
     reason: str | None = None,
 ) -> int:
-    """Insert a checkpoint, or move an existing one to ``state``; returns its id."""
-    checkpoint = session.scalar(
-        select(Checkpoint).where(Checkpoint.run_id == run_id, Checkpoint.path == path)
+    """Insert a checkpoint, or move an existing one to ``state``; returns its id.
+
+    Daemons sharing a database may both settle one checkpoint at the same moment: the insert does
+    nothing for the second, which then updates the row the first wrote.
+    """
+    insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+    session.execute(
+        insert(Checkpoint)
+        .values(run_id=run_id, path=path, name=name, step=step, epoch=epoch, layout=layout, state=state)
+        .on_conflict_do_nothing(index_elements=["run_id", "path"])
     )
-    if checkpoint is None:
-        checkpoint = Checkpoint(
-            run_id=run_id, path=path, name=name, step=step, epoch=epoch, layout=layout, state=state
-        )
-        session.add(checkpoint)
+    checkpoint = session.scalars(
+        select(Checkpoint).where(Checkpoint.run_id == run_id, Checkpoint.path == path)
+    ).one()
     checkpoint.state = state
     checkpoint.reason = reason
     checkpoint.layout = layout

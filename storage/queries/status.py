@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
@@ -41,6 +41,10 @@ class JobRow:
     tp_disagreements: int | None = None
     #: Inputs the stored result left out of its metrics (None: not stored, or stored before 0004).
     problems: int | None = None
+    #: The daemon (``host:pid``) that holds a running job, and its last sign of life.
+    claimed_by: str | None = None
+    heartbeat_at: datetime | None = None
+    started_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -129,6 +133,9 @@ def job_rows(session: Session, run: str | None = None) -> list[JobRow]:
             EvalJob.error_kind,
             EvalJob.tp_disagreements,
             EvalJob.problems,
+            EvalJob.claimed_by,
+            EvalJob.heartbeat_at,
+            EvalJob.started_at,
         )
         .join(Checkpoint, EvalJob.checkpoint_id == Checkpoint.id)
         .join(Run, Checkpoint.run_id == Run.id)
@@ -152,9 +159,17 @@ def job_rows(session: Session, run: str | None = None) -> list[JobRow]:
             error_kind=k,
             tp_disagreements=d,
             problems=n,
+            claimed_by=o if st is JobState.RUNNING else None,
+            heartbeat_at=_utc(h) if st is JobState.RUNNING else None,
+            started_at=_utc(sa),
         )
-        for i, r, c, s, t, sg, st, a, e, p, w, k, d, n in session.execute(query)
+        for i, r, c, s, t, sg, st, a, e, p, w, k, d, n, o, h, sa in session.execute(query)
     ]
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    # SQLite hands back naive datetimes; they were stored as UTC.
+    return value.replace(tzinfo=UTC) if value is not None and value.tzinfo is None else value
 
 
 def change_marks(session: Session) -> tuple[int, int, int, int]:
