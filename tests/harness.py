@@ -70,10 +70,11 @@ log_format = "json"
 
 
 def write_dataset(path: Path, n: int) -> Path:
-    subprocess.run(
-        [sys.executable, "-m", "inference.toy.problems", "--out", str(path), "--n", str(n), "--seed", "3"],
-        check=True,
-    )
+    # The CLI's own entry point, in this process: a new interpreter per dataset cost more than the rest
+    # of many a test (test_toy runs the command itself).
+    from inference.toy import problems
+
+    assert problems.main(["--out", str(path), "--n", str(n), "--seed", "3"]) == 0
     return path
 
 
