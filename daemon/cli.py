@@ -307,6 +307,33 @@ def cmd_export_tensorboard(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export_lm_eval(args: argparse.Namespace) -> int:
+    from daemon.export.lm_eval import lm_eval_results, write
+
+    config = _load(args)
+    database = _open_current(config)
+    try:
+        with database.session() as session:
+            rows = _run_results(session, args.run)
+    finally:
+        database.dispose()
+    try:
+        document = lm_eval_results(rows, config, run=args.run, step=args.step)
+    except LookupError as exc:
+        steps = ", ".join(str(s) for s in sorted({r.step for r in rows if r.step is not None}))
+        raise EvaldError(f"{exc.args[0]} (steps with results: {steps or 'none'})") from exc
+    out = Path(args.out) if args.out else None
+    try:
+        text = write(document, out)
+    except OSError as exc:
+        raise EvaldError(f"{args.out}: cannot write: {exc.strerror or exc}") from exc
+    if out is None:
+        print(text)
+    else:
+        print(f"{out}: {len(document['results'])} task(s) of run {args.run!r} at step {args.step}")
+    return 0
+
+
 def cmd_webhook_test(args: argparse.Namespace) -> int:
     from daemon.alerts.relay import endpoints, send_test
 
@@ -583,6 +610,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--replace", action="store_true", help="remove event files an earlier export left in OUT/<run>/"
     )
     tensorboard.set_defaults(func=cmd_export_tensorboard)
+    lm_eval = export_commands.add_parser(
+        "lm-eval", help="one checkpoint's results in lm-evaluation-harness's results JSON shape"
+    )
+    lm_eval.add_argument("--run", required=True)
+    lm_eval.add_argument("--step", type=int, required=True, help="the checkpoint's step")
+    lm_eval.add_argument("--out", help="the JSON file to write (default: standard output)")
+    lm_eval.set_defaults(func=cmd_export_lm_eval)
 
     webhook = commands.add_parser("webhook", help="webhook tools")
     webhook_commands = webhook.add_subparsers(dest="webhook_command", required=True)

@@ -744,8 +744,8 @@ class Config(_Section):
             if run.adaptive is not None:
                 problems.extend(self._adaptive_problems(f"runs[{i}].adaptive", run))
         ranks = self.inference.tp * self.inference.dp
-        for i, configured in enumerate(self.tasks):
-            if configured.kind == "lm_eval" and ranks > 1:
+        for i, task_config in enumerate(self.tasks):
+            if task_config.kind == "lm_eval" and ranks > 1:
                 problems.append(
                     f"tasks[{i}].kind: lm_eval tasks run on one rank (lm-eval's HFLM drives one model), but "
                     f"[inference] tp × dp = {ranks}: set tp = dp = 1, or run it from a daemon of its own"
