@@ -11,6 +11,7 @@ from typing import IO, Any
 from urllib.parse import quote
 
 from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
@@ -81,6 +82,12 @@ def reason(exc: BaseException) -> str:
     orig = getattr(exc, "orig", None)
     text_ = str(orig if orig is not None else exc).strip()
     return text_.splitlines()[0] if text_ else type(exc).__name__
+
+
+def insert_for(session: Session) -> Any:
+    """The dialect's ``insert`` (PostgreSQL's or SQLite's), whose ``on_conflict_do_nothing`` makes a write
+    idempotent when daemons sharing a database make it at the same moment."""
+    return postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
 
 
 def normalise_url(url: str) -> str:

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import and_, func, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from storage.database import insert_for
 from storage.models import (
     Checkpoint,
     CheckpointState,
@@ -77,7 +77,7 @@ def ensure_schedule(session: Session, run_id: int, now: datetime) -> None:
 
     ``ON CONFLICT DO NOTHING``: two daemons sharing PostgreSQL may start at once.
     """
-    insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+    insert = insert_for(session)
     row = {"run_id": run_id, "anchor_step": 0, "anchor_epoch": 0, "anchor_at": now, "evaluated": 0}
     session.execute(
         insert(RunSchedule).values(**row, updated_at=now).on_conflict_do_nothing(index_elements=["run_id"])

@@ -12,9 +12,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import ColumnElement, and_, func, or_, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from storage.database import insert_for
 from storage.models import (
     Checkpoint,
     CheckpointState,
@@ -52,7 +52,7 @@ def ensure_run(session: Session, name: str, root: str) -> int:
     Daemons starting together on one database each call this for the same runs: the insert does nothing
     when another got there first (a select-then-insert would fail one of them on the unique name).
     """
-    insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+    insert = insert_for(session)
     session.execute(
         insert(Run)
         .values(name=name, root=root, created_at=utcnow())
@@ -87,7 +87,7 @@ def record_checkpoint(
     Daemons sharing a database may both settle one checkpoint at the same moment: the insert does
     nothing for the second, which then updates the row the first wrote.
     """
-    insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+    insert = insert_for(session)
     session.execute(
         insert(Checkpoint)
         .values(run_id=run_id, path=path, name=name, step=step, epoch=epoch, layout=layout, state=state)
@@ -139,7 +139,7 @@ def register_discovered(session: Session, checkpoints: Sequence[NewCheckpoint]) 
         }
         for c in checkpoints
     ]
-    insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+    insert = insert_for(session)
     session.execute(insert(Checkpoint).on_conflict_do_nothing(index_elements=["run_id", "path"]), rows)
 
 
@@ -172,7 +172,7 @@ def enqueue_jobs(
     ]
     if not rows:
         return 0
-    insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+    insert = insert_for(session)
     statement = (
         insert(EvalJob)
         .values(rows)
