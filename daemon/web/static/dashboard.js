@@ -287,15 +287,14 @@ function drawChart(card, meta) {
       });
     }
     if (s.best) {
-      const i = s.step.indexOf(s.best.step);
-      const y = shown[i] === null ? s.best.value : shown[i];
-      const best = el("circle", { class: "best", cx: px(s.best.step), cy: py(y), r: 6, fill: "none", stroke: color, "data-run": run, "data-step": s.best.step }, svg);
+      // Ringed at its raw value: the best checkpoint is a stored result, not a smoothed one.
+      const best = el("circle", { class: "best", cx: px(s.best.step), cy: py(s.best.value), r: 6, fill: "none", stroke: color, "data-run": run, "data-step": s.best.step }, svg);
       el("title", {}, best).textContent = `best of ${run}: step ${s.best.step} (${fmt(s.best.value)})`;
     }
     const last = s.value.length - 1;
     legend.push(`${run}: ${fmt(s.value[last])} @ ${s.step[last]}` + (s.best ? ` · best ${fmt(s.best.value)} @ ${s.best.step}` : ""));
   }
-  card.querySelector(".legend").textContent = legend.join("   ");
+  card.querySelector(".legend").textContent = legend.join("  |  ");
 
   const hover = el("g", { class: "hover" }, svg);
   const nearest = (event) => {
