@@ -172,3 +172,21 @@ def test_unreachable_database_is_503_in_one_line(surfaces: Stored) -> None:
     assert response.status_code == 503
     assert response.text.startswith("evald: cannot read the database: ")
     assert response.text.count("\n") == 1 and "127.0.0.1" in response.text
+
+
+def test_the_token_guards_metrics_too(surfaces: Stored) -> None:
+    database = Database(surfaces.url, read_only=True)
+    try:
+        app = create_app(load_config(Path(surfaces.config)), database=database, token="s3cret-token")
+        with TestClient(app) as client:
+            refused = client.get("/metrics")
+            assert refused.status_code == 401 and "evald_" not in refused.text
+            assert client.get("/metrics", headers={"authorization": "Bearer wrong"}).status_code == 401
+            allowed = client.get("/metrics", headers={"authorization": "Bearer s3cret-token"})
+            assert allowed.status_code == 200
+            assert _of(_samples(allowed.text), "evald_checkpoint_step") == {
+                (("run", "a"),): 40.0,
+                (("run", "b"),): 50.0,
+            }
+    finally:
+        database.dispose()
