@@ -1,10 +1,11 @@
 """Database outages as the daemon lives through them: one log line when one starts, one when it ends.
 
-The daemon's threads (the main loop, the alert relay) each report what they saw: a failure while the
-database is away, a success once it answers. Whoever sees the first failure logs ``db.unavailable``;
-whoever sees the first success after it logs ``db.recovered`` with how long it lasted, so an outage is
-two lines however many passes it spans. Retries wait longer each time, up to a cap, with jitter so
-daemons sharing a server do not all knock at once when it comes back.
+The daemon's threads (the main loop, the alert relay) each report the failures they see; whoever sees the
+first logs ``db.unavailable``. Only the main loop reports success, when a whole pass got through (the
+work that failed included): a read that works while writes still fail (a full disk) is no recovery.
+Then ``db.recovered`` says how long it lasted, so an outage is two lines however many passes it spans.
+Retries wait longer each time, up to a cap, with jitter so daemons sharing a server do not all knock at
+once when it comes back.
 """
 
 from __future__ import annotations

@@ -128,7 +128,8 @@ def halved(spec: JobSpec, job_dir: Path) -> JobSpec:
 class RunningJob:
     job: queries.ClaimedJob
     spec: JobSpec
-    worker: WorkerProcess
+    #: None for a job adopted from a dead daemon whose worker had already finished.
+    worker: WorkerProcess | None
     #: The config the job was claimed under: a reload mid-job changes nothing for it.
     config: Config
     #: When the job's first worker of this claim started: the timeout covers its out-of-memory reruns too.
@@ -148,7 +149,8 @@ class RunningJob:
         self.ended_at = utcnow()
 
     def kill(self) -> None:
-        self.worker.kill()
+        if self.worker is not None:
+            self.worker.kill()
 
 
 class JobRunner:
@@ -194,6 +196,24 @@ class JobRunner:
         self._alerter = alerter
         self._python = str(config.inference.python or sys.executable)
         self._deferred_reason = None
+
+    def adopt(self, job: queries.ClaimedJob, spec: JobSpec, outcome: Outcome) -> None:
+        """Take over a job whose daemon died after its worker had written the result: the next
+        :meth:`poll` stores it (results, history, alerts) as if this daemon's worker had run it, instead
+        of evaluating the checkpoint again."""
+        timing = outcome.result.timing if outcome.result is not None else None
+        took = timing.total_s if timing is not None else 0.0
+        running = RunningJob(
+            job,
+            spec,
+            None,
+            self._config,
+            started=time.monotonic() - took,
+            started_at=utcnow() - timedelta(seconds=took),
+        )
+        running.finish()
+        self._finished.append((running, outcome))
+        log.info("job.adopted", job_id=job.id, run=job.run, step=job.step, result=str(spec.result_path))
 
     @property
     def _run_ids(self) -> frozenset[int] | None:
@@ -363,6 +383,8 @@ class JobRunner:
         before = len(self.running) + len(self._finished)
         now = time.monotonic()
         for job_id, running in list(self.running.items()):
+            if running.worker is None:
+                continue
             code = running.worker.poll()
             if code is None:
                 timeout = running.config.inference.job_timeout_secs
@@ -387,11 +409,11 @@ class JobRunner:
         for job_id, running in self.running.items():
             if now - running.last_heartbeat < running.config.scheduling.heartbeat_secs:
                 continue
-            # Tried again only after another interval: while the database is away, a beat per tick
-            # would only wait on connection timeouts.
-            running.last_heartbeat = now
+            # A beat that fails ends the pass and is tried again in the next one: the daemon's loop
+            # spaces those out while the database is away.
             with self._db.session() as session:
                 queries.heartbeat(session, job_id, self._owner)
+            running.last_heartbeat = now
 
     def _end(self, running: RunningJob, outcome: Outcome) -> None:
         """Store, retry or fail the job whose worker ended with ``outcome``; the run goes into its history."""

@@ -16,7 +16,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from types import FrameType
@@ -24,7 +24,7 @@ from types import FrameType
 import structlog
 from sqlalchemy.exc import DBAPIError
 
-from daemon import filesystem, resources
+from daemon import filesystem, resources, workers
 from daemon.alerts.errors import AlertError
 from daemon.alerts.lifecycle import Alerter
 from daemon.alerts.relay import Relay, endpoints
@@ -155,12 +155,11 @@ class Service:
         self.stop_requested = threading.Event()
         self.wake = threading.Event()
         self.outage = Outage(cap_secs=config.database.retry_max_secs)
-        database.on_commit = self.outage.succeeded
-        #: The last pass ended in an outage: the first one after it catches up (see _caught_up).
-        self._was_down = False
         self._reload_due = threading.Event()
         self._rescan_due = threading.Event()
+        #: Raised at start: jobs a dead daemon left running are looked at by the first pass.
         self._recover_due = threading.Event()
+        self._recover_due.set()
         self._recheck_due = threading.Event()
         self._housekeeping_due = threading.Event()
         #: Runs whose time trigger fired.
@@ -206,18 +205,29 @@ class Service:
             self.timers.every(f"time:{run}", secs, self._time_trigger(run), first=first)
 
     def _recover(self) -> None:
+        """Requeue the jobs of daemons that died, or adopt those whose worker had already written its
+        result into this daemon's state folder (a restart after a crash: nothing is evaluated twice)."""
+        assert self.runner is not None  # created by _start before the first pass
         lease = timedelta(seconds=self.config.scheduling.lease_secs)
+        state_dir = self.config.daemon.state_dir
+        adopted = []
         with self.database.session() as session:
-            ids = queries.recover_orphans(
-                session,
-                lease=lease,
-                every_running=self.database.is_sqlite,
-                keep=self.runner.own_jobs if self.runner is not None else (),
+            found = queries.orphans(
+                session, lease=lease, every_running=self.database.is_sqlite, keep=self.runner.own_jobs
             )
-        if ids:
-            log.warning("job.recovered", job_ids=ids, reason="its daemon stopped while it ran")
+            for job_id, attempts in found:
+                finished = workers.finished_result(state_dir, job_id, attempts)
+                if finished is not None:
+                    adopted.append((queries.take_over(session, job_id, self.owner), *finished))
+            taken = {job.id for job, _, _ in adopted}
+            requeued = [job_id for job_id, _ in found if job_id not in taken]
+            queries.requeue_orphans(session, requeued)
+        if requeued:
+            log.warning("job.recovered", job_ids=requeued, reason="its daemon stopped while it ran")
+        for job, spec, outcome in adopted:
+            self.runner.adopt(job, spec, outcome)
 
-    def _arm_timers(self, planner: Planner) -> None:
+    def _arm_timers(self, anchors: Mapping[str, datetime]) -> None:
         scheduling = self.config.scheduling
         self.timers.clear()
         self.timers.every("rescan", scheduling.rescan_secs, self._flag(self._rescan_due))
@@ -226,7 +236,7 @@ class Service:
         if scheduling.resources.thresholds().any_set:
             self.timers.every("recheck", scheduling.recheck_secs, self._flag(self._recheck_due))
         self.timers.every("housekeeping", scheduling.housekeeping_secs, self._flag(self._housekeeping_due))
-        for run, anchor_at in planner.anchors().items():
+        for run, anchor_at in anchors.items():
             self.arm_time_trigger(run, anchor_at)
 
     def _guarded(self, name: str, action: Callable[[], object]) -> object:
@@ -257,35 +267,40 @@ class Service:
         return Parts(config, planner, discovery, relay, alerter, watcher)
 
     def _start(self, parts: Parts) -> None:
-        """Start one config's parts: first pass over what is already there, then the threads."""
+        """Swap one config's parts in: first the database work (a failure leaves everything as it was),
+        then the threads.
+
+        What is already there is registered before paying for the recursive watches (a restart over
+        thousands of checkpoints), and looked at again by the first pass for whatever changed in between.
+        Ready checkpoints a crash left unplanned are planned here too.
+        """
+        parts.discovery.scan()
+        parts.planner.plan()
+        anchors = parts.planner.anchors()
+        if self.parts is not None:
+            self._stop_parts(self.parts)
         self.parts = parts
         self.config = parts.config
+        probe = resource_probe(parts.config)
         if self.runner is None:
             self.runner = JobRunner(
                 parts.config,
                 self.database,
                 self.owner,
                 planner=parts.planner,
-                probe=resource_probe(parts.config),
+                probe=probe,
                 alerter=parts.alerter,
             )
         else:
-            self.runner.reconfigure(
-                parts.config, planner=parts.planner, probe=resource_probe(parts.config), alerter=parts.alerter
-            )
-        # Jobs deferred under thresholds since removed from the config would otherwise wait forever.
-        self.runner.recheck_deferred()
-        # Register what is already there before paying for the recursive watches (a restart over
-        # thousands of checkpoints), then look again for whatever changed in between. Ready checkpoints
-        # a crash left unplanned are planned here too.
-        parts.discovery.scan()
-        parts.planner.plan()
+            self.runner.reconfigure(parts.config, planner=parts.planner, probe=probe, alerter=parts.alerter)
         if parts.relay is not None:
             parts.relay.start()
         parts.watcher.start()
+        self._arm_timers(anchors)
         self._rescan_due.set()
         self._queue_due.set()
-        self._arm_timers(parts.planner)
+        # Jobs deferred under thresholds since removed from the config would otherwise wait forever.
+        self._recheck_due.set()
 
     def _stop_parts(self, parts: Parts) -> None:
         if parts.relay is not None:
@@ -315,7 +330,6 @@ class Service:
             problems = exc.problems if isinstance(exc, ConfigError) else [str(exc)]
             log.error("config.reload_refused", problems=problems, kept="the running config")
             return
-        self._stop_parts(old)
         self._start(parts)
         log.info(
             "config.reloaded",
@@ -405,7 +419,6 @@ class Service:
         stop first."""
         while not self.stop_requested.is_set():
             try:
-                self._recover()
                 self._start(self._assemble(self.config))
             except DatabaseUnreachable as exc:
                 notifier.watchdog()
@@ -442,9 +455,11 @@ class Service:
                     log.exception("daemon.pass_failed", error=repr(exc))
                     self.stop_requested.wait(PASS_FAILED_WAIT_SECS)
                     continue
-                if self._was_down and not self.outage.active:
+                # A whole pass got through, the work that failed included (its flag was raised again):
+                # only that ends an outage. A read that succeeds while writes still fail (a full disk)
+                # does not.
+                if self.outage.succeeded():
                     self._caught_up()
-                self._was_down = self.outage.active
                 notifier.watchdog()
                 self.wake.wait(self.config.scheduling.tick_secs)
                 self.wake.clear()

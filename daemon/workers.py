@@ -159,3 +159,25 @@ def read_outcome(spec: JobSpec, code: int, log_path: Path) -> Outcome:
     return Outcome(
         error_kind="crash", error=f"rank {rank} failed ({describe_exit(rank_code)}); its stderr ends: {tail}"
     )
+
+
+def finished_result(state_dir: Path, job_id: int, attempts: int) -> tuple[JobSpec, Outcome] | None:
+    """The spec and successful outcome of job ``job_id``'s worker run number ``attempts``, if that worker
+    wrote its result before its daemon died; None otherwise. A worker's folder is ``jobs/ID-ATTEMPTS``,
+    or ``jobs/ID-ATTEMPTS-batchN`` for its reruns at a halved batch size (the newest counts)."""
+    name = f"{job_id}-{attempts}"
+    folders = [
+        p for p in (state_dir / "jobs").glob(f"{name}*") if p.name == name or p.name.startswith(f"{name}-")
+    ]
+    for folder in sorted(folders, key=lambda p: p.stat().st_mtime, reverse=True):
+        spec_path = folder / "spec.json"
+        if not (folder / "result.json").is_file() or not spec_path.is_file():
+            continue
+        try:
+            spec = JobSpec.model_validate_json(spec_path.read_bytes())
+        except (OSError, ValueError):
+            continue
+        outcome = read_outcome(spec, 0, folder / "worker.log")
+        if outcome.result is not None and spec.result_path.parent == folder:
+            return spec, outcome
+    return None

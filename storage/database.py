@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -149,9 +149,6 @@ class Database:
             _configure_sqlite(self.engine, read_only=read_only)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._lock_file: IO[str] | None = None
-        #: Called after every committed transaction: proof that the database answers again (the
-        #: daemon ends an outage with it, whichever thread got through first).
-        self.on_commit: Callable[[], object] | None = None
 
     @property
     def dialect(self) -> str:
@@ -176,8 +173,6 @@ class Database:
         try:
             with self._sessions.begin() as session:
                 yield session
-            if self.on_commit is not None:
-                self.on_commit()
         except (DBAPIError, PoolTimeout) as exc:
             if is_outage(exc):
                 where = describe_url(self.url)

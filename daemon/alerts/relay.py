@@ -201,7 +201,8 @@ class Relay:
         self._started = threading.Event()
 
     def start(self) -> Relay:
-        with self._db.session() as session:
+        # Only a reminder: with the database away it is skipped, and the relay starts all the same.
+        with contextlib.suppress(DatabaseUnreachable), self._db.session() as session:
             for target in self._targets:
                 # 410 Gone stands across restarts: `evald webhook test NAME` answered 2xx enables it again.
                 reason = alerting.disabled(session, target.name)
@@ -253,10 +254,9 @@ class Relay:
                         continue
                     with self._db.session() as session:
                         later = alerting.next_due_at(session, endpoint=target.name)
-                    if self._outage is not None:
-                        self._outage.succeeded()
                 except DatabaseUnreachable as exc:
-                    # The outbox waits for the database; the outage is logged once, by whoever sees it.
+                    # The outbox waits for the database. The outage is logged once, by whoever sees it
+                    # first; the daemon's main loop says when it is over.
                     if self._outage is None:
                         log.warning("relay.db_unavailable", endpoint=target.name, error=str(exc))
                     else:

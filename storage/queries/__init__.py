@@ -24,11 +24,14 @@ from storage.queries.jobs import (
     job_history,
     job_state,
     mark_checkpoint,
+    orphans,
     record_attempt,
     record_checkpoint,
     recover_orphans,
     register_discovered,
     requeue_job,
+    requeue_orphans,
+    take_over,
 )
 from storage.queries.results import MetricRow, ResultRow, latest_results, result_rows
 from storage.queries.samples import (
@@ -91,11 +94,14 @@ __all__ = [
     "job_state_counts",
     "latest_results",
     "mark_checkpoint",
+    "orphans",
     "record_attempt",
     "record_checkpoint",
     "recover_orphans",
     "register_discovered",
     "requeue_job",
+    "requeue_orphans",
     "result_rows",
     "run_rows",
+    "take_over",
 ]

@@ -292,6 +292,11 @@ def _claim(session: Session, job: EvalJob, owner: str) -> ClaimedJob:
     job.deferred_at = None
     job.stuck_at = None
     session.flush()
+    return _claimed(job)
+
+
+def _claimed(job: EvalJob) -> ClaimedJob:
+    checkpoint = job.checkpoint
     return ClaimedJob(
         id=job.id,
         task=job.task,
@@ -457,10 +462,10 @@ def requeue_job(session: Session, *, job_id: int, owner: str) -> bool:
     return bool(getattr(result, "rowcount", 0))
 
 
-def recover_orphans(
+def orphans(
     session: Session, *, lease: timedelta, every_running: bool, keep: Collection[int] = ()
-) -> list[int]:
-    """Requeue running jobs whose daemon died; returns their ids.
+) -> list[tuple[int, int]]:
+    """(id, attempts) of running jobs whose daemon died, locked until the transaction ends.
 
     ``every_running`` is right for SQLite, where the instance lock proves no other daemon is alive. On a
     shared PostgreSQL queue only jobs whose heartbeat is older than ``lease`` are orphans. ``keep`` are
@@ -474,13 +479,40 @@ def recover_orphans(
         condition = and_(
             condition, or_(EvalJob.heartbeat_at.is_(None), EvalJob.heartbeat_at < utcnow() - lease)
         )
-    ids = list(session.scalars(select(EvalJob.id).where(condition).with_for_update(skip_locked=True)))
+    found = session.execute(
+        select(EvalJob.id, EvalJob.attempts)
+        .where(condition)
+        .order_by(EvalJob.id)
+        .with_for_update(skip_locked=True)
+    )
+    return [(job_id, attempts) for job_id, attempts in found]
+
+
+def requeue_orphans(session: Session, ids: Collection[int]) -> None:
     if ids:
         session.execute(
             update(EvalJob)
-            .where(EvalJob.id.in_(ids))
+            .where(EvalJob.id.in_(list(ids)), EvalJob.state == JobState.RUNNING)
             .values(state=JobState.PENDING, claimed_by=None, heartbeat_at=None)
         )
+
+
+def take_over(session: Session, job_id: int, owner: str) -> ClaimedJob:
+    """Make an orphan (locked by :func:`orphans`) ``owner``'s, as it stands: its dead daemon's worker
+    finished, and the new owner stores what it wrote instead of running it again."""
+    job = session.get_one(EvalJob, job_id)
+    job.claimed_by = owner
+    job.heartbeat_at = utcnow()
+    session.flush()
+    return _claimed(job)
+
+
+def recover_orphans(
+    session: Session, *, lease: timedelta, every_running: bool, keep: Collection[int] = ()
+) -> list[int]:
+    """Requeue running jobs whose daemon died (see :func:`orphans`); returns their ids."""
+    ids = [job_id for job_id, _ in orphans(session, lease=lease, every_running=every_running, keep=keep)]
+    requeue_orphans(session, ids)
     return ids
 
 
