@@ -12,6 +12,7 @@ spent; a rejected input fails the job at once. Every worker run is kept in the j
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import sys
@@ -39,6 +40,10 @@ from storage.errors import DatabaseUnreachable
 from storage.models import CheckpointState, JobState, utcnow
 
 log = structlog.get_logger("evald.runner")
+
+#: A state folder out of space or quota: the job waits for room instead of failing.
+SCRATCH_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+SCRATCH_PAUSE_MAX_SECS = 60.0
 
 #: Failures another try may cure: a rank that died, a hung worker. A rejected input fails at once.
 RETRYABLE = frozenset({"crash", "timeout"})
@@ -180,6 +185,9 @@ class JobRunner:
         self._finished: list[tuple[RunningJob, Outcome]] = []
         self._deferred_reason: str | None = None
         self._stopping = False
+        #: The state folder was full (ENOSPC): no claim before this moment; how many times in a row.
+        self._paused_until = 0.0
+        self._scratch_failures = 0
 
     def reconfigure(
         self,
@@ -232,7 +240,14 @@ class JobRunner:
         """Jobs whose worker ended while the database was away, waiting to be stored."""
         return len(self._finished)
 
+    @property
+    def paused(self) -> bool:
+        """Claiming waits for room in the state folder (see :meth:`_scratch_full`)."""
+        return self._paused_until > time.monotonic()
+
     def has_capacity(self) -> bool:
+        if self.paused:
+            return False
         return len(self.running) < self._config.scheduling.max_concurrent
 
     def resources_met(self) -> bool:
@@ -324,11 +339,34 @@ class JobRunner:
         try:
             job_dir.mkdir(parents=True, exist_ok=True)
             spec = build_spec(self._config, job, job_dir)
-        except (OSError, JobSetupError) as exc:
+        except OSError as exc:
+            if exc.errno in SCRATCH_FULL:
+                self._scratch_full(job, exc)
+                return False
+            self._fail(job, "setup", f"could not start worker: {exc}", None)
+            return True
+        except JobSetupError as exc:
             self._fail(job, "setup", f"could not start worker: {exc}", None)
             return True
         self._launch(job, spec)
         return True
+
+    def _scratch_full(self, job: queries.ClaimedJob, exc: OSError) -> None:
+        """The state folder cannot take a job's files: the job goes back to the queue without spending an
+        attempt, and claiming pauses (longer each time, up to a minute) until there is room again."""
+        with self._db.session() as session:
+            queries.requeue_job(session, job_id=job.id, owner=self._owner)
+        self._scratch_failures += 1
+        pause = min(SCRATCH_PAUSE_MAX_SECS, 2.0 ** (self._scratch_failures - 1))
+        self._paused_until = time.monotonic() + pause
+        if self._scratch_failures == 1:
+            log.error(
+                "scratch.full",
+                state_dir=str(self._config.daemon.state_dir),
+                job_id=job.id,
+                error=str(exc),
+                action="jobs wait in the queue until there is room",
+            )
 
     def _launch(
         self,
@@ -356,9 +394,15 @@ class JobRunner:
             )
             worker = WorkerProcess.start(command, job_dir / "worker.log", worker_environment(config))
         except OSError as exc:
+            if exc.errno in SCRATCH_FULL:
+                self._scratch_full(job, exc)
+                return
             self._fail(job, "setup", f"could not start worker: {exc}", None)
             return
         self.running[job.id] = RunningJob(job, spec, worker, config, started=since or time.monotonic())
+        if self._scratch_failures:
+            log.info("scratch.writable", state_dir=str(config.daemon.state_dir), after=self._scratch_failures)
+            self._scratch_failures = 0
         log.info(
             "job.started",
             job_id=job.id,

@@ -389,10 +389,12 @@ class Service:
         if self._guarded("housekeeping", planner.finalize_quiet_runs):
             self._queue_due.set()
 
-    @staticmethod
-    def _claim_all(runner: JobRunner) -> None:
+    def _claim_all(self, runner: JobRunner) -> None:
         while runner.has_capacity() and runner.claim_and_start():
             pass
+        if runner.paused:
+            # Looked at again once the pause is over (a paused runner claims nothing, for free).
+            self._queue_due.set()
 
     @staticmethod
     def _retried(flag: threading.Event, action: Callable[[], object]) -> object:
