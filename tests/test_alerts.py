@@ -24,6 +24,7 @@ from daemon.errors import ConfigError
 from storage import alerting, queries
 from storage.database import Database
 from storage.models import CheckpointState, utcnow
+from tests.harness import wait_for
 
 SECRET = Secret.parse("whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
 PLATEAU = [0.30, 0.45, 0.55, 0.60, 0.61, 0.60, 0.62, 0.61, 0.60, 0.61]
@@ -193,7 +194,8 @@ def test_receiver_down_then_up_gets_every_alert_once_in_order(
         fire_cliffs(database, config, Alerter(config, wake=relay.wake), 2)
         queued = [row for row in outbox(database)]
         assert len(queued) >= 4
-        time.sleep(1.5)  # nobody listens: the relay keeps retrying
+        # Nobody listens: the relay keeps retrying (two tries recorded, not a fixed wait).
+        wait_for(lambda: len(history(database)) >= 2 or None, 15, "the relay to retry while nobody listens")
         with WebhookReceiver(SECRET, port=port) as receiver:
             delivered = receiver.wait_for(len(queued), timeout=15)
             assert all(a.error is None for a in receiver.attempts)
