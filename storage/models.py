@@ -150,7 +150,11 @@ class Event(Base):
 
 class Checkpoint(Base):
     __tablename__ = "checkpoints"
-    __table_args__ = (UniqueConstraint("run_id", "path", name="uq_checkpoints_run_path"),)
+    __table_args__ = (
+        UniqueConstraint("run_id", "path", name="uq_checkpoints_run_path"),
+        # A run's checkpoints by step: the API's step ranges, one step's metrics, the newest evaluated step.
+        Index("ix_checkpoints_run_step", "run_id", "step"),
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)

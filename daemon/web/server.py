@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import threading
 from collections.abc import Mapping
 
@@ -41,6 +42,9 @@ def serve(config: Config, *, host: str, port: int) -> None:
     """Serve until SIGINT/SIGTERM (uvicorn's handlers finish the requests in flight, then return)."""
     app = build(config)
     log.info("web.started", url=url(host, port), token=config.web.token_env is not None)
+    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again for the handler it found:
+    # a no-op one lets the process end with status 0 (systemd's clean stop) after "web.stopped".
+    signal.signal(signal.SIGTERM, lambda *_: None)
     try:
         uvicorn.Server(_uvicorn(app, host, port)).run()
     finally:

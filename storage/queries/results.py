@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, and_, func, select
+from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
 from storage.models import Checkpoint, EvalJob, JobState, Result, Run
@@ -95,35 +95,34 @@ def result_rows(
 def latest_results(session: Session, *, run: str | None = None) -> list[ResultRow]:
     """Each (run, task, stage, metric)'s row at the newest step evaluated for it.
 
-    The newest step is found per (run, task, stage) on the jobs (one row per checkpoint, not one per
-    metric), so the result rows read are those of one job per series group.
+    Two steps, each on an index: the newest succeeded step per (run, task, stage) from the jobs (one row
+    per checkpoint, not one per metric), then the result rows of the jobs at those steps. One join of the
+    grouped steps back onto the results lets SQLite scan every result row instead.
     """
     newest = (
-        select(
-            Checkpoint.run_id.label("run_id"),
-            EvalJob.task.label("task"),
-            EvalJob.stage.label("stage"),
-            func.max(Checkpoint.step).label("step"),
-        )
+        select(Checkpoint.run_id, EvalJob.task, EvalJob.stage, func.max(Checkpoint.step))
         .join(Checkpoint, EvalJob.checkpoint_id == Checkpoint.id)
         .where(EvalJob.state == JobState.SUCCEEDED, Checkpoint.step.is_not(None))
         .group_by(Checkpoint.run_id, EvalJob.task, EvalJob.stage)
     )
     if run is not None:
-        newest = newest.join(Run, Checkpoint.run_id == Run.id).where(Run.name == run)
-    last = newest.subquery()
+        newest = newest.where(Checkpoint.run_id.in_(select(Run.id).where(Run.name == run)))
+    wanted = {(r, t, sg, st) for r, t, sg, st in session.execute(newest)}
+    if not wanted:
+        return []
+    jobs = session.execute(
+        select(EvalJob.id, Checkpoint.run_id, EvalJob.task, EvalJob.stage, Checkpoint.step)
+        .join(Checkpoint, EvalJob.checkpoint_id == Checkpoint.id)
+        .where(
+            EvalJob.state == JobState.SUCCEEDED,
+            Checkpoint.run_id.in_({r for r, _, _, _ in wanted}),
+            Checkpoint.step.in_({st for _, _, _, st in wanted}),
+        )
+    )
+    ids = [job_id for job_id, *key in jobs if tuple(key) in wanted]
     query = (
         _result_select()
-        .join(
-            last,
-            and_(
-                last.c.run_id == Checkpoint.run_id,
-                last.c.task == EvalJob.task,
-                last.c.stage == EvalJob.stage,
-                last.c.step == Checkpoint.step,
-            ),
-        )
-        .where(EvalJob.state == JobState.SUCCEEDED)
+        .where(Result.job_id.in_(ids))
         # Two checkpoint folders at one step: the newest job's value wins (kept last below).
         .order_by(Run.name, EvalJob.task, EvalJob.stage, Result.metric, EvalJob.id)
     )

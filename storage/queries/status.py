@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sqlalchemy import case, func, select
+from sqlalchemy import case, func, select, true
 from sqlalchemy.orm import Session
 
 from storage.models import Alert, Checkpoint, EvalJob, JobState, Result, Run
@@ -62,19 +62,22 @@ class RunRow:
 
 def run_rows(session: Session, name: str | None = None) -> list[RunRow]:
     """Every run (or the one named) with its checkpoint count and newest recorded and evaluated steps."""
+    # Named: the aggregates read that run's checkpoints only (an index range), not every run's.
+    of_run = Checkpoint.run_id.in_(select(Run.id).where(Run.name == name)) if name is not None else true()
     counts = (
         select(
             Checkpoint.run_id.label("run_id"),
             func.count().label("checkpoints"),
             func.max(Checkpoint.step).label("latest_step"),
         )
+        .where(of_run)
         .group_by(Checkpoint.run_id)
         .subquery()
     )
     evaluated = (
         select(Checkpoint.run_id.label("run_id"), func.max(Checkpoint.step).label("step"))
         .join(EvalJob, EvalJob.checkpoint_id == Checkpoint.id)
-        .where(EvalJob.state == JobState.SUCCEEDED)
+        .where(EvalJob.state == JobState.SUCCEEDED, of_run)
         .group_by(Checkpoint.run_id)
         .subquery()
     )
