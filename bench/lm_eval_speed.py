@@ -83,7 +83,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.skip_cli:
             command = [
                 sys.executable, "-m", "lm_eval", "--model", "hf",
-                "--model_args", f"pretrained={args.checkpoint.resolve()},device=cpu,dtype=float32",
+                # lm_eval's own --device (default cuda, or cpu without one) also goes to HFLM: not in
+                # model_args as well, which HFLM refuses as a second value.
+                "--model_args", f"pretrained={args.checkpoint.resolve()},dtype=float32", "--device", "cpu",
                 "--tasks", "arith", "--include_path", str(TOY_TASKS), "--limit", str(args.limit),
                 "--batch_size", str(args.batch_size),
             ]  # fmt: skip
