@@ -6,6 +6,7 @@ silently unfiltered answer.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
@@ -18,6 +19,23 @@ DEFAULT_LIMIT = 1_000
 MAX_TEXT = 500
 #: The largest step or offset accepted (PostgreSQL's integer; larger would be a database error).
 MAX_INT = 2**31 - 1
+
+
+#: Plain ASCII digits (``str.isdigit`` also takes "²" and other digits ``int`` refuses).
+INTEGER = re.compile(r"-?[0-9]{1,12}")
+
+
+def check_text(name: str, value: str) -> str:
+    """``value`` if it is text a name could be: not empty, not too long, no control characters."""
+    if not value:
+        raise bad(name, "empty (leave it out to mean any)")
+    if len(value) > MAX_TEXT:
+        raise bad(name, f"longer than {MAX_TEXT} characters")
+    # Undecodable bytes arrive as U+FFFD; NUL and other control characters no name contains (and
+    # PostgreSQL refuses NUL in text outright).
+    if "\ufffd" in value or any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise bad(name, "not valid UTF-8 text, or holds control characters")
+    return value
 
 
 class ApiError(Exception):
@@ -56,16 +74,7 @@ class Params:
 
     def text(self, name: str) -> str | None:
         value = self.values.get(name)
-        if value is None:
-            return None
-        if not value:
-            raise bad(name, "empty (leave it out to mean any)")
-        if len(value) > MAX_TEXT:
-            raise bad(name, f"longer than {MAX_TEXT} characters")
-        # Undecodable bytes arrive as U+FFFD; NUL and other control characters no name contains.
-        if "\ufffd" in value or any(ord(c) < 32 or ord(c) == 127 for c in value):
-            raise bad(name, "not valid UTF-8 text, or holds control characters")
-        return value
+        return None if value is None else check_text(name, value)
 
     def choice(self, name: str, choices: Sequence[str]) -> str | None:
         value = self.text(name)
@@ -77,10 +86,9 @@ class Params:
         value = self.values.get(name)
         if value is None:
             return None
-        stripped = value.strip()
-        if not stripped.lstrip("-").isdigit() or not stripped.isascii() or len(stripped) > 12:
+        if not INTEGER.fullmatch(value):
             raise bad(name, f"{value[:60]!r} is not an integer")
-        number = int(stripped)
+        number = int(value)
         if not minimum <= number <= maximum:
             raise bad(name, f"{number} is outside {minimum}..{maximum}")
         return number

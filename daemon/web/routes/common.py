@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from daemon.web.params import ApiError
+from daemon.web.params import ApiError, check_text
 from storage import queries
 
 #: How many names or steps a 404 lists.
@@ -20,6 +20,7 @@ def listing(names: list[str]) -> str:
 
 def require_run(session: Session, run: str) -> queries.RunRow:
     """The run's row, or a 404 naming the runs that exist."""
+    check_text("run", run)
     found = queries.run_rows(session, run)
     if not found:
         known = [r.name for r in queries.run_rows(session)]

@@ -14,7 +14,7 @@ from daemon import curves, report
 from daemon.errors import SmoothingError
 from daemon.smoothing import parse_smoothing
 from daemon.web.context import context
-from daemon.web.params import PAGE, ApiError, Params, bad
+from daemon.web.params import INTEGER, MAX_INT, PAGE, ApiError, Params, bad
 from daemon.web.responses import JSON, envelope, page
 from daemon.web.routes.common import require_run, step_hint
 from storage import alerting, queries
@@ -107,7 +107,7 @@ def series(request: Request) -> JSON:
 
 def _step(request: Request) -> int:
     raw = str(request.path_params["step"])
-    if not raw.isdigit() or len(raw) > 10 or int(raw) > 2**31 - 1:
+    if not INTEGER.fullmatch(raw) or raw.startswith("-") or int(raw) > MAX_INT:
         raise ApiError(404, f"no step {raw[:40]!r}: a step is a non-negative integer")
     return int(raw)
 
