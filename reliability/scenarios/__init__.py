@@ -18,6 +18,7 @@ SCENARIOS = {
     "disk-full-db": "reliability.scenarios.disk_full:run_database",
     "disk-full-scratch": "reliability.scenarios.disk_full:run_scratch",
     "deleted-checkpoint": "reliability.scenarios.deleted_checkpoint",
+    "concurrent-start": "reliability.scenarios.concurrent_start",
 }
 
 
