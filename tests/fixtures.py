@@ -100,12 +100,14 @@ def sqlite_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     one migrated to head once per test process."""
     path = tmp_path / "evald.db"
     if _wants_migrated(request):
-        shutil.copyfile(request.getfixturevalue("_sqlite_template"), path)
+        shutil.copyfile(request.getfixturevalue("sqlite_template"), path)
     return f"sqlite:///{path}"
 
 
 @pytest.fixture(scope="session")
-def _sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite file migrated to head once per test process: copy it (``shutil.copyfile``) for a fresh,
+    upgraded database in milliseconds instead of running every migration."""
     path = tmp_path_factory.mktemp("sqlite-template") / "evald.db"
     database = Database(f"sqlite:///{path}")
     migrations.upgrade(database)
