@@ -236,7 +236,8 @@ def test_default_training_raises_held_out_accuracy(tmp_path: Path) -> None:
     checkpoints = train(TrainConfig(out=tmp_path))
     problems: list[Problem] = held_out_problems(100, seed=1)
     accuracies = []
-    for path in checkpoints:
+    # The promise is about where the run starts and where it ends: the checkpoints between are not read.
+    for path in (checkpoints[0], checkpoints[-1]):
         loaded = load_model(path, InferenceSpec(threads=1))
         run = generate(
             loaded.model,
