@@ -30,9 +30,13 @@ async def metrics(request: Request) -> Response:
         # The queries block: off the event loop, so a slow scrape does not stall the API.
         body = await run_in_threadpool(encoder, found)
     except (SQLAlchemyError, StorageError) as exc:
+        # The driver's words (host, database, statement) go to the log, not to whoever scrapes.
         reason = " ".join(str(getattr(exc, "orig", None) or exc).split())[:300]
-        log.warning("metrics.scrape_failed", error=reason)
-        return PlainTextResponse(f"evald: cannot read the database: {reason}\n", status_code=503)
+        log.warning("metrics.scrape_failed", error_type=type(exc).__name__, error=reason)
+        return PlainTextResponse(
+            f"evald: cannot read the database ({type(exc).__name__}); the service log has the reason\n",
+            status_code=503,
+        )
     return Response(body, media_type=content_type)
 
 
