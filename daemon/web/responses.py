@@ -30,8 +30,19 @@ class JSON(Response):
     media_type = "application/json"
 
     def render(self, content: Any) -> bytes:
-        # Browsers' JSON.parse rejects NaN: a non-finite value is sent as null (the value is unknown).
-        return json.dumps(_strict(content), separators=(",", ":"), allow_nan=False).encode("utf-8")
+        try:
+            text = json.dumps(content, separators=(",", ":"), allow_nan=False, default=_default)
+        except ValueError:
+            # Browsers' JSON.parse rejects NaN: a non-finite value is sent as null (the value is unknown).
+            # Walking every value costs more than encoding it, so only a body that holds one pays for it.
+            text = json.dumps(_strict(content), separators=(",", ":"), allow_nan=False, default=_default)
+        return text.encode("utf-8")
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not JSON")
 
 
 def error(status: int, message: str, parameter: str | None = None) -> JSON:
