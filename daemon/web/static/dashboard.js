@@ -11,7 +11,7 @@ const POLL_MS = 2000;
 const MARKERS_MAX = 200; // above this many points a line has no clickable dots; a click takes the nearest
 const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"];
 const SVG = "http://www.w3.org/2000/svg";
-const W = 600, H = 220, M = { left: 52, right: 12, top: 10, bottom: 24 };
+const W = 600, H = 220, M = { left: 52, right: 12, top: 10, bottom: 24 }, PAD = 10;
 
 const state = {
   runs: [],          // every run the API lists
@@ -237,7 +237,8 @@ function drawChart(card, meta) {
   const yr = niceTicks(Math.min(...ys), Math.max(...ys), 5);
   const x0 = Math.min(xr.lo, Math.min(...xs)), x1 = Math.max(xr.hi, Math.max(...xs));
   const y0 = Math.min(yr.lo, Math.min(...ys)), y1 = Math.max(yr.hi, Math.max(...ys));
-  const px = (x) => M.left + (x1 === x0 ? 0.5 : (x - x0) / (x1 - x0)) * (W - M.left - M.right);
+  // Points sit a little inside the axes, so a ring on the first step does not cover the tick labels.
+  const px = (x) => M.left + PAD + (x1 === x0 ? 0.5 : (x - x0) / (x1 - x0)) * (W - M.left - M.right - 2 * PAD);
   const py = (y) => H - M.bottom - (y1 === y0 ? 0.5 : (y - y0) / (y1 - y0)) * (H - M.top - M.bottom);
 
   const grid = el("g", { class: "grid axis" }, svg);
