@@ -431,10 +431,12 @@ async function start() {
   $("detail-task").addEventListener("change", () => loadSamples());
   $("close-detail").addEventListener("click", () => { $("detail").hidden = true; state.detail = null; });
   try {
-    await poll();
-    await loadRuns();
+    // Runs named in the URL: their charts load at once, beside the run list instead of after it.
+    const early = state.selected.length ? loadData().then(() => true, () => false) : Promise.resolve(false);
+    await Promise.all([poll(), loadRuns()]);
     writeHash();
-    await loadData();
+    if (!(await early)) await loadData();
+    render(); // again, now that every run has its colour
     document.body.dataset.ready = "true";
   } catch (e) {
     showError(e.message);
