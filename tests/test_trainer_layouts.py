@@ -167,9 +167,17 @@ def worker_runs(
     root = tmp_path_factory.mktemp("workers")
     started = {name: start_worker(case, dataset, root / name) for name, case in cases.items()}
     runs = {}
-    for name, (process, result_path) in started.items():
-        _, stderr = process.communicate(timeout=180)
-        runs[name] = (process.returncode, JobResult.read(result_path), stderr)
+    try:
+        for name, (process, result_path) in started.items():
+            # As long as one worker may take (layout_checks.run_job): four at once on a busy two-core
+            # machine, beside another test process, took longer than three minutes.
+            _, stderr = process.communicate(timeout=300)
+            runs[name] = (process.returncode, JobResult.read(result_path), stderr)
+    finally:
+        for process, _ in started.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
     return runs
 
 
