@@ -162,6 +162,12 @@ function paintSwatches() {
 
 async function loadData() {
   const smooth = encodeURIComponent(state.smooth);
+  let complete = false;
+  if (!Object.keys(state.series).length && state.selected.length) {
+    // First load: one curve of the first run, found from its newest results, is drawn while every curve
+    // of every run is still on its way (a run of 1,000 checkpoints x 20 metrics is 20,000 points).
+    firstCurve(state.selected[0], smooth, () => complete).catch(() => {});
+  }
   const loaded = await Promise.all(state.selected.map(async (run) => {
     const enc = encodeURIComponent(run);
     const [series, alerts] = await Promise.all([
@@ -170,8 +176,22 @@ async function loadData() {
     ]);
     return [run, series.series, alerts];
   }));
+  complete = true;
   state.series = {}; state.alerts = {};
   for (const [run, series, alerts] of loaded) { state.series[run] = series; state.alerts[run] = alerts; }
+  render();
+}
+
+async function firstCurve(run, smooth, done) {
+  const enc = encodeURIComponent(run);
+  const latest = await api(`/api/v1/results/latest?run=${enc}&limit=1`);
+  if (!latest.items.length || done()) return;
+  const { task, stage, metric } = latest.items[0];
+  const query = new URLSearchParams({ task, stage, metric, smooth: decodeURIComponent(smooth) });
+  const body = await api(`/api/v1/runs/${enc}/series?${query}`);
+  if (done()) return;
+  state.series = { [run]: body.series };
+  state.alerts = { [run]: [] };
   render();
 }
 
@@ -207,8 +227,8 @@ function render() {
       html("span", { class: "sub" }, `${meta.task} · ${meta.stage}`, title);
       card.appendChild(el("svg", { viewBox: `0 0 ${W} ${H}`, preserveAspectRatio: "none" }));
       html("div", { class: "legend" }, "", card);
-      box.appendChild(card);
     }
+    box.appendChild(card); // (re)placed in key order: a chart drawn early keeps its place among the rest
     drawChart(card, meta);
   }
 }
