@@ -40,6 +40,8 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.grading_share
 	$(BIN)/python -m bench.detector_quality
 	$(BIN)/python -m bench.alert_latency
+	$(BIN)/python -m bench.api_latency --browser
+	$(BIN)/python -m bench.metrics_scrape
 
 # The real daemon under injected faults (kill -9, PostgreSQL restarts, webhook outages, disk full, ...),
 # full counts; writes the figures to RELIABILITY.md. Needs root (tmpfs mounts) and PostgreSQL binaries.
