@@ -41,7 +41,7 @@ def test_a_result_written_before_the_daemon_died_is_adopted_not_recomputed(
     with running_daemon(config, tmp_path / "daemon-2.log") as second:
         rows = wait_for(
             lambda: [j for j in jobs(database) if j.state == "succeeded"] or None,
-            60,
+            180,
             "the adopted result",
             second.process,
         )
