@@ -14,7 +14,16 @@ from storage import queries
 from storage.models import JobAttempt
 from tests.checkpoints import copy_checkpoint
 from tests.conftest import ToyRun
-from tests.harness import DaemonProcess, jobs, running_daemon, upgraded, wait_for, write_config, write_dataset
+from tests.harness import (
+    DaemonProcess,
+    jobs,
+    running_daemon,
+    upgraded,
+    wait_for,
+    worker_processes,
+    write_config,
+    write_dataset,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -30,6 +39,8 @@ def test_a_result_written_before_the_daemon_died_is_adopted_not_recomputed(
     first = DaemonProcess(config, tmp_path / "daemon-1.log")
     first.wait_ready()
     wait_for(lambda: [j for j in jobs(database) if j.state == "running"] or None, 60, "a running job")
+    # The job is claimed before its worker starts: freeze the daemon only once the worker runs.
+    wait_for(lambda: worker_processes(tmp_path / "state") or None, 60, "the worker process")
     # Frozen, the daemon cannot store what its worker writes; then it dies.
     first.process.send_signal(signal.SIGSTOP)
     result = wait_for(
