@@ -19,11 +19,12 @@ from pydantic import ValidationError
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from daemon import curves, report, stages
+from daemon import curves, report
 from daemon import log as logs
 from daemon.config import Config, InferenceConfig, config_path, load_config
 from daemon.errors import ConfigError, EvaldError
-from daemon.planner import schedule_summary
+from daemon.scheduling import stages
+from daemon.scheduling.planner import schedule_summary
 from daemon.service import resource_probe
 from daemon.smoothing import parse_smoothing
 from inference import layouts
@@ -399,8 +400,8 @@ def evaluate_now(
     inference: InferenceSpec | None = None,
 ) -> list[tuple[str, JobResult]]:
     """Run the worker (group) on one checkpoint for each task, with no daemon and no database."""
-    from daemon.runner import worker_environment
-    from daemon.workers import WorkerProcess, read_outcome
+    from daemon.running.runner import worker_environment
+    from daemon.running.workers import WorkerProcess, read_outcome
 
     try:
         snapshot = layouts.take_snapshot(checkpoint)

@@ -24,8 +24,9 @@ from pydantic import (
     model_validator,
 )
 
-from daemon import frequency, resources, units
+from daemon import units
 from daemon.errors import ConfigError
+from daemon.scheduling import frequency, resources
 from inference import layouts
 from inference.errors import TaskInvalid
 from inference.metrics import DEFAULT_METRICS, resolve_metrics

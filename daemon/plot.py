@@ -26,8 +26,8 @@ matplotlib.use("Agg")  # before pyplot: never look for a display
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 
-from daemon import stages
 from daemon.curves import Curve
+from daemon.scheduling import stages
 from daemon.smoothing import NONE, Smoothing
 from storage.alerting import AlertRow
 

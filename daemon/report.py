@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from daemon.curves import Comparison, Difference
-from daemon.resources import Check
+from daemon.scheduling.resources import Check
 from storage import alerting
 from storage.queries import AttemptRow, CheckpointRow, JobRow, JobSamples, ProblemRow, ResultRow, SampleRow
 from storage.scheduling import PlanRow

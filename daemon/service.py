@@ -24,19 +24,21 @@ from types import FrameType
 import structlog
 from sqlalchemy.exc import DBAPIError
 
-from daemon import filesystem, resources, workers
 from daemon.alerts.errors import AlertError
 from daemon.alerts.lifecycle import Alerter
 from daemon.alerts.relay import Relay, endpoints
 from daemon.config import Config, RunConfig
-from daemon.discovery import Discovery, WatchedRun
 from daemon.errors import ConfigError, EvaldError
 from daemon.notify import SystemdNotifier
 from daemon.outage import Outage
-from daemon.planner import Planner
-from daemon.runner import JobRunner
-from daemon.timers import Timers
-from daemon.watcher import Watcher
+from daemon.running import workers
+from daemon.running.runner import JobRunner
+from daemon.scheduling import resources
+from daemon.scheduling.planner import Planner
+from daemon.scheduling.timers import Timers
+from daemon.watching import filesystem
+from daemon.watching.discovery import Discovery, WatchedRun
+from daemon.watching.watcher import Watcher
 from storage import migrations, queries
 from storage.database import Database, describe_url, is_outage, reason
 from storage.errors import DatabaseUnreachable, StorageError

@@ -9,8 +9,8 @@ import pytest
 from sqlalchemy import select, update
 
 from daemon.config import Config, InferenceConfig, RunConfig, SchedulingConfig, TaskConfig
-from daemon.resources import ResourceProbe, Thresholds
-from daemon.runner import JobRunner
+from daemon.running.runner import JobRunner
+from daemon.scheduling.resources import ResourceProbe, Thresholds
 from storage import queries
 from storage.database import Database
 from storage.models import CheckpointState, EvalJob, JobState

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from daemon.config import RunConfig, SchedulingConfig
-from daemon.discovery import Discovery, WatchedRun
-from daemon.planner import Planner
+from daemon.scheduling.planner import Planner
+from daemon.watching.discovery import Discovery, WatchedRun
 from storage import queries
 from storage.database import Database
 from storage.models import CheckpointState

@@ -6,8 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from daemon import adaptive, frequency, stages
-from daemon.frequency import Anchor, Frequency, Verdict, decide
+from daemon.scheduling import adaptive, frequency, stages
+from daemon.scheduling.frequency import Anchor, Frequency, Verdict, decide
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 

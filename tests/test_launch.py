@@ -9,7 +9,7 @@ import pytest
 from daemon.cli import override_layout
 from daemon.config import InferenceConfig, TaskConfig
 from daemon.errors import ConfigError
-from daemon.workers import describe_exit, failed_rank, read_outcome
+from daemon.running.workers import describe_exit, failed_rank, read_outcome
 from inference.launcher import worker_command
 from inference.spec import InferenceSpec, JobResult, JobSpec, TaskSpec, WorkerError
 

@@ -14,7 +14,7 @@ import pytest
 from daemon.cli import main
 from daemon.config import Config, DaemonConfig, InferenceConfig, RunConfig, TaskConfig, parse_config
 from daemon.errors import ConfigError
-from daemon.runner import JobRunner
+from daemon.running.runner import JobRunner
 from storage import queries
 from storage.models import CheckpointState
 from tests.conftest import ToyRun

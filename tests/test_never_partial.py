@@ -20,8 +20,8 @@ import pytest
 
 import tests.cases
 from daemon.config import RunConfig, SchedulingConfig
-from daemon.discovery import Discovery, WatchedRun, top_level_child
-from daemon.planner import Planner
+from daemon.scheduling.planner import Planner
+from daemon.watching.discovery import Discovery, WatchedRun, top_level_child
 from storage import queries
 from storage.database import Database
 from tests.checkpoints import LayoutCase

@@ -13,8 +13,8 @@ import pytest
 from sqlalchemy import update
 
 from daemon.config import AdaptiveConfig, RunConfig, SchedulingConfig, TwoStageConfig
-from daemon.discovery import WatchedRun
-from daemon.planner import BASE_MODEL_NAME, Planner, schedule_summary
+from daemon.scheduling.planner import BASE_MODEL_NAME, Planner, schedule_summary
+from daemon.watching.discovery import WatchedRun
 from storage import queries
 from storage import scheduling as store
 from storage.database import Database

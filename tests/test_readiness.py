@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.readiness import Decision, decide
+from daemon.watching.readiness import Decision, decide
 from inference.layouts import Readiness, Verdict, detect, inspect, parse_step, take_snapshot
 from inference.layouts.hf import INDEX_FILE
 from tests.checkpoints import replay, save_tiny_llama

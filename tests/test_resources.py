@@ -8,8 +8,8 @@ import psutil
 import pytest
 import structlog
 
-from daemon import resources
-from daemon.resources import (
+from daemon.scheduling import resources
+from daemon.scheduling.resources import (
     Check,
     GpuReading,
     GpusUnavailable,

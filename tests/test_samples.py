@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from daemon.cli import main
 from daemon.config import Config, DaemonConfig, InferenceConfig, RunConfig, TaskConfig
-from daemon.runner import JobRunner
+from daemon.running.runner import JobRunner
 from inference.spec import JobResult, MetricValue, Problem, SampleOutput, Timing
 from storage import migrations, queries
 from storage.database import Database

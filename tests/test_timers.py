@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 from structlog.testing import capture_logs
 
-from daemon.timers import Timers
+from daemon.scheduling.timers import Timers
 from tests.harness import wait_for
 
 

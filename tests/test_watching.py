@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import structlog
 
-from daemon import filesystem
 from daemon.config import RunConfig, SchedulingConfig
-from daemon.discovery import Discovery, WatchedRun, candidate_dirs, is_container
-from daemon.planner import Planner
-from daemon.watcher import Watcher
+from daemon.scheduling.planner import Planner
+from daemon.watching import filesystem
+from daemon.watching.discovery import Discovery, WatchedRun, candidate_dirs, is_container
+from daemon.watching.watcher import Watcher
 from storage import queries
 from storage.database import Database
 from tests.checkpoints import copy_checkpoint, save_tiny_llama

@@ -18,7 +18,7 @@ import pytest
 
 from daemon import report
 from daemon.config import Config, DaemonConfig, InferenceConfig, RunConfig, TaskConfig
-from daemon.runner import JobRunner
+from daemon.running.runner import JobRunner
 from inference.faults import OOM_ABOVE_ENV
 from inference.toy.problems import PROMPT_TEMPLATE, held_out_problems, write_jsonl
 from storage import queries

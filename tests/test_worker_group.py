@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.workers import Outcome, WorkerProcess, read_outcome
+from daemon.running.workers import Outcome, WorkerProcess, read_outcome
 from inference.launcher import worker_command
 from inference.spec import PARENT_PID_ENV, InferenceSpec, JobResult, JobSpec, TaskSpec
 from inference.toy.problems import PROMPT_TEMPLATE

@@ -21,11 +21,11 @@ from typing import Any, Protocol
 import structlog
 from sqlalchemy.orm import Session
 
-from daemon import stages
 from daemon.anomaly import Finding, Point, detect
 from daemon.anomaly.rules import threshold
 from daemon.anomaly.series import difference_noise
 from daemon.config import Config
+from daemon.scheduling import stages
 from inference.metrics import higher_is_better
 from storage import alerting, queries
 from storage.models import Alert, AlertState, utcnow

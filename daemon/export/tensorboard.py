@@ -19,9 +19,9 @@ from pathlib import Path
 
 import structlog
 
-from daemon import stages
 from daemon.curves import Curve
 from daemon.errors import EvaldError
+from daemon.scheduling import stages
 
 log = structlog.get_logger("daemon.export")
 

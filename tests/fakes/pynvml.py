@@ -1,6 +1,6 @@
 """A stand-in for ``pynvml`` (nvidia-ml-py): the NVIDIA driver is the one part that cannot exist here.
 
-Only the calls :mod:`daemon.resources` makes are implemented, with the real module's names, its
+Only the calls :mod:`daemon.scheduling.resources` makes are implemented, with the real module's names, its
 ``NVMLError`` classes and its rule that nothing works before ``nvmlInit``. The GPUs are read afresh on
 every call from the JSON file named by ``EVALD_FAKE_NVML``, so a test can make a GPU busy or free while a
 daemon process is running::

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from daemon.adaptive import Point, noise
+from daemon.scheduling.adaptive import Point, noise
 
 QUICK = "quick"
 FULL = "full"

@@ -20,7 +20,7 @@ import structlog
 from sqlalchemy.orm import Session
 
 from daemon.config import RunConfig, SchedulingConfig
-from daemon.readiness import Decision, Outcome, decide
+from daemon.watching.readiness import Decision, Outcome, decide
 from inference import layouts
 from inference.layouts import Readiness, Snapshot, Verdict
 from storage import queries

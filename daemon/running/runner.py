@@ -24,13 +24,14 @@ from pathlib import Path
 import structlog
 from sqlalchemy.orm import Session
 
-from daemon import report, stages
+from daemon import report
 from daemon.alerts.lifecycle import Alerter
 from daemon.config import Config, env_overrides
 from daemon.errors import JobSetupError
-from daemon.planner import Planner
-from daemon.resources import ResourceProbe
-from daemon.workers import Outcome, WorkerProcess, read_outcome
+from daemon.running.workers import Outcome, WorkerProcess, read_outcome
+from daemon.scheduling import stages
+from daemon.scheduling.planner import Planner
+from daemon.scheduling.resources import ResourceProbe
 from inference.launcher import worker_command
 from inference.spec import PARENT_PID_ENV, Consistency, JobResult, JobSpec
 from storage import queries

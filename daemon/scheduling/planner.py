@@ -21,9 +21,9 @@ import structlog
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from daemon import adaptive, frequency, stages
 from daemon.config import RunConfig, SchedulingConfig, TwoStageConfig
-from daemon.discovery import WatchedRun
+from daemon.scheduling import adaptive, frequency, stages
+from daemon.watching.discovery import WatchedRun
 from inference import layouts
 from inference.metrics import higher_is_better
 from storage import queries

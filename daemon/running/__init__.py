@@ -1,0 +1,1 @@
+"""Running jobs: claiming them, starting and collecting worker processes."""

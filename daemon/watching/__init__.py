@@ -1,0 +1,4 @@
+"""Watching the checkpoint folders.
+
+File events and polling, discovery of new checkpoints and the readiness verdict.
+"""
