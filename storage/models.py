@@ -243,6 +243,19 @@ class JobAttempt(Base):
     job: Mapped[EvalJob] = relationship(back_populates="history")
 
 
+class ResultSeries(Base):
+    """A (run, task, stage) with a succeeded job: written in the transaction that stores the job's results
+    (``complete_job``), so "the newest results of every run" starts from these few rows instead of finding
+    the distinct pairs among every job (a scan of all jobs: 200 ms at 100,000). Never deleted but with
+    its run; a key whose jobs were later requeued only finds no step."""
+
+    __tablename__ = "result_series"
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    task: Mapped[str] = mapped_column(String(200), primary_key=True)
+    stage: Mapped[str] = mapped_column(String(16), primary_key=True)
+
+
 class Result(Base):
     __tablename__ = "results"
     __table_args__ = (UniqueConstraint("job_id", "metric", name="uq_results_job_metric"),)

@@ -55,6 +55,7 @@ from storage.queries.status import (
     job_durations,
     job_rows,
     job_state_counts,
+    run_exists,
     run_rows,
 )
 
@@ -102,6 +103,7 @@ __all__ = [
     "requeue_job",
     "requeue_orphans",
     "result_rows",
+    "run_exists",
     "run_rows",
     "take_over",
 ]

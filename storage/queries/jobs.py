@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, func, or_, select, update
+from sqlalchemy import ColumnElement, and_, func, literal, or_, select, update
 from sqlalchemy.orm import Session
 
 from storage.database import insert_for
@@ -22,6 +22,7 @@ from storage.models import (
     JobAttempt,
     JobState,
     Result,
+    ResultSeries,
     Run,
     RunSchedule,
     Sample,
@@ -376,6 +377,19 @@ def complete_job(
     job.load_s = load_s
     job.tp_disagreements = tp_disagreements
     job.problems = len(problems)
+    # The series this job adds to, for "latest of every run". Daemons sharing a database complete jobs of
+    # one series at the same moment: the second insert waits for the first and then does nothing.
+    insert = insert_for(session)
+    session.execute(
+        insert(ResultSeries)
+        .from_select(
+            ["run_id", "task", "stage"],
+            select(Checkpoint.run_id, literal(job.task), literal(job.stage)).where(
+                Checkpoint.id == job.checkpoint_id
+            ),
+        )
+        .on_conflict_do_nothing()
+    )
     session.flush()
     return True
 
