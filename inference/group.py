@@ -115,6 +115,18 @@ class WorkerGroup:
         votes = stacked.sum(dim=0) * 2
         return torch.where(votes == self.topology.tp, stacked[0] > 0, votes > self.topology.tp)
 
+    def peer_group(self) -> ProcessGroup | None:
+        """The group of this rank and its peers, the ranks at its tp position in the other replicas (for
+        collectives across replicas); None with one replica. Collective: every rank must call it."""
+        if self.topology.dp == 1:
+            return None
+        import torch.distributed as dist
+
+        # new_group is collective: every rank creates every group, in the same order.
+        groups = [dist.new_group(self.topology.peer_ranks(t)) for t in range(self.topology.tp)]
+        mine: ProcessGroup = groups[self.topology.tp_rank]
+        return mine
+
     def gather_to_root(self, value: Any) -> list[Any] | None:
         """Every rank's ``value`` on rank 0 (by rank); None elsewhere."""
         if not self.distributed:

@@ -46,6 +46,10 @@ class Topology:
     def head_of(self, replica: int) -> int:
         return replica * self.tp
 
+    def peer_ranks(self, tp_rank: int) -> list[int]:
+        """The ranks at tp position ``tp_rank`` of every replica, by replica: one rank per replica."""
+        return list(range(tp_rank, self.world_size, self.tp))
+
 
 def deal_by_length(lengths: Sequence[int], replicas: int) -> list[list[int]]:
     """Indices of ``lengths`` dealt to ``replicas``: counts equal to within one, and prompt lengths balanced.

@@ -15,6 +15,8 @@ def test_ranks_are_numbered_replica_by_replica() -> None:
     ]  # fmt: skip
     assert ranks[3].replica_ranks(1) == [2, 3]
     assert ranks[0].head_of(2) == 4
+    # A rank's peers: the same tp position in every replica (lm-eval's replicas gather over them).
+    assert [ranks[0].peer_ranks(t) for t in range(2)] == [[0, 2, 4], [1, 3, 5]]
     with pytest.raises(ValueError, match="no rank 6 in a group of tp=2 × dp=3"):
         Topology(tp=2, dp=3, rank=6)
 
