@@ -744,13 +744,6 @@ class Config(_Section):
         for i, run in enumerate(self.runs):
             if run.adaptive is not None:
                 problems.extend(self._adaptive_problems(f"runs[{i}].adaptive", run))
-        ranks = self.inference.tp * self.inference.dp
-        for i, task_config in enumerate(self.tasks):
-            if task_config.kind == "lm_eval" and ranks > 1:
-                problems.append(
-                    f"tasks[{i}].kind: lm_eval tasks run on one rank (lm-eval's HFLM drives one model), but "
-                    f"[inference] tp × dp = {ranks}: set tp = dp = 1, or run it from a daemon of its own"
-                )
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -59,14 +59,14 @@ def test_a_yaml_that_does_not_parse_is_named(tmp_path: Path) -> None:
     assert "unknown lm-eval task 'bad'" in problems and "bad.yaml does not load" in problems
 
 
-def test_an_lm_eval_task_needs_one_rank(tmp_path: Path) -> None:
+def test_an_lm_eval_task_may_run_on_a_worker_group(tmp_path: Path) -> None:
+    # tp × dp > 1 is accepted: every rank runs lm-eval (tests/test_lm_eval_group.py runs it).
     source = (
-        f'[[runs]]\nname = "r"\nroot = "{tmp_path}"\n\n[inference]\ntp = 2\n\n[[tasks]]\nname = "t"\n'
-        f'kind = "lm_eval"\nlm_eval_task = "arith"\nlm_eval_include_path = "{TOY_TASKS}"\n'
+        f'[[runs]]\nname = "r"\nroot = "{tmp_path}"\n\n[inference]\ntp = 2\ndp = 2\n\n[[tasks]]\n'
+        f'name = "t"\nkind = "lm_eval"\nlm_eval_task = "arith"\nlm_eval_include_path = "{TOY_TASKS}"\n'
     )
-    with pytest.raises(ConfigError) as caught:
-        parse_config(tomllib.loads(source), base_dir=tmp_path, source="evald.toml")
-    assert "lm_eval tasks run on one rank" in "\n".join(caught.value.problems)
+    config = parse_config(tomllib.loads(source), base_dir=tmp_path, source="evald.toml")
+    assert config.inference.tp * config.inference.dp == 4
 
 
 def _drive(runner: JobRunner, timeout: float = 400) -> None:

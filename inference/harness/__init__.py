@@ -4,7 +4,9 @@
 - :mod:`.catalog`: which task names lm-eval knows, checked when the config is loaded.
 - :mod:`.report`: lm-eval's results and per-sample logs as evald metrics and samples (plain data).
 - :mod:`.evaluation`: the worker side: ``simple_evaluate`` on an ``HFLM`` around the model evald loaded.
+- :mod:`.model`: that ``HFLM`` as one rank of a tp × dp worker group (lm-eval's rank = the replica).
 
-Only :mod:`.evaluation` and :mod:`.catalog` import ``lm_eval`` (and only when called): the rest is plain
-Python, so the daemon and the metric registry use it for free.
+Only :mod:`.evaluation`, :mod:`.model` and :mod:`.catalog` import ``lm_eval`` (and only when called; the
+first imports the second when it runs): the rest is plain Python, so the daemon and the metric registry
+use it for free.
 """

@@ -2,8 +2,9 @@
 
 The checkpoint is loaded once, by evald's loader, on evald's device and engine; lm-eval's ``HFLM`` wraps
 that model and tokenizer (with DeepSpeed at tp = 1 the model is already the engine's inner module), and
-``simple_evaluate`` does the rest exactly as the ``lm_eval`` command would. One rank runs it: HFLM drives
-one model replica, so a job with tp × dp > 1 is refused (the config refuses it first).
+``simple_evaluate`` does the rest exactly as the ``lm_eval`` command would. Under tp × dp every rank runs
+it (:mod:`.model`: each tp rank takes the same forward passes on its shard, the dp replicas split the
+documents through lm-eval's own rank and world size), and rank 0 holds the results.
 
 Everything lm-eval raises is converted here, at the boundary: a dataset it cannot reach while offline, a
 data file that is missing, a YAML or a task's own code that fails. Each becomes the job's error in one
@@ -29,6 +30,8 @@ from inference.layouts import LayoutSettings
 from inference.spec import HarnessSpec, JobResult, JobSpec, TaskSpec, Timing
 
 if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
     from inference.group import WorkerGroup
     from inference.loader import LoadedModel
 
@@ -105,10 +108,14 @@ def _lm_eval_errors(task: TaskSpec, harness: HarnessSpec) -> Iterator[None]:
         raise TaskInvalid(f"{where} failed: {_one_line(exc)}") from exc
 
 
-def _language_model(loaded: LoadedModel, task: TaskSpec, harness: HarnessSpec) -> Any:
-    from lm_eval.models.huggingface import HFLM
+def _language_model(
+    loaded: LoadedModel, task: TaskSpec, harness: HarnessSpec, group: WorkerGroup, peers: ProcessGroup | None
+) -> Any:
+    from inference.harness.model import ReplicaLM
 
-    return HFLM(
+    return ReplicaLM(
+        group=group,
+        peers=peers,
         pretrained=loaded.model,
         tokenizer=loaded.tokenizer,
         batch_size=task.batch_size,
@@ -129,11 +136,6 @@ def run_harness(spec: JobSpec, group: WorkerGroup) -> JobResult | None:
     task = spec.task
     harness = _harness(task)
     topology = group.topology
-    if topology.world_size > 1:
-        raise TaskInvalid(
-            f"task {task.name!r}: lm_eval tasks run on one rank (lm-eval's HFLM drives one model), "
-            f"the job has tp × dp = {topology.world_size}: set [inference] tp = dp = 1"
-        )
     _quiet_lm_eval()
     try:
         manager = task_manager(harness.task, harness.include_path)
@@ -148,7 +150,8 @@ def run_harness(spec: JobSpec, group: WorkerGroup) -> JobResult | None:
     torch.manual_seed(spec.seed)
     if spec.inference.threads is not None:
         torch.set_num_threads(spec.inference.threads)
-    scratch = spec.result_path.parent / "scratch" / "rank-0"
+    # One folder per rank: a layout's conversion writes there, and ranks must not write over each other.
+    scratch = spec.result_path.parent / "scratch" / f"rank-{topology.rank}"
     scratch.mkdir(parents=True, exist_ok=True)
     loaded = load_model(
         spec.checkpoint_path,
@@ -159,10 +162,12 @@ def run_harness(spec: JobSpec, group: WorkerGroup) -> JobResult | None:
         device=group.device if spec.inference.device.startswith("cuda") else None,
         tp_group=group.tp_group,
     )
-    log.info("harness.loaded", load_s=round(loaded.load_s, 3), lm_eval_task=harness.task)
+    log.info("harness.loaded", load_s=round(loaded.load_s, 3), lm_eval_task=harness.task, rank=topology.rank)
     evaluation_started = time.perf_counter()
+    # Collective (every rank creates every peer group): before anything that may fail on one rank only.
+    peers = group.peer_group()
     with _lm_eval_errors(task, harness), _working_directory(harness.include_path):
-        model = _language_model(loaded, task, harness)
+        model = _language_model(loaded, task, harness, group, peers)
         results: dict[str, Any] | None = simple_evaluate(
             model=model,
             tasks=[harness.task],
@@ -171,6 +176,15 @@ def run_harness(spec: JobSpec, group: WorkerGroup) -> JobResult | None:
             limit=task.limit,
             log_samples=True,
         )
+    log.info("harness.served", replica=topology.replica, requests=dict(model.served))
+    if topology.rank != 0:
+        # Replica 0's tp head holds the gathered results; the other ranks took part in every pass.
+        log.info(
+            "harness.evaluated",
+            lm_eval_task=harness.task,
+            eval_s=round(time.perf_counter() - evaluation_started, 3),
+        )
+        return None
     if results is None:
         raise TaskInvalid(f"task {task.name!r}: lm-eval returned no results for {harness.task!r}")
     metrics = metric_values(results)

@@ -112,6 +112,21 @@ def _sample(
     )
 
 
+def in_document_order(entries: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """One process logs a task's samples filter by filter, each in document order; data-parallel replicas'
+    logs arrive one replica after another (each holding every ``world_size``-th document). Both in the
+    one-process order: by filter (as first logged), then by document."""
+    first_seen: dict[object, int] = {}
+    for entry in entries:
+        first_seen.setdefault(entry.get("filter", NO_FILTER), len(first_seen))
+
+    def key(entry: Mapping[str, Any]) -> tuple[int, int]:
+        doc_id = entry.get("doc_id")
+        return first_seen[entry.get("filter", NO_FILTER)], doc_id if isinstance(doc_id, int) else 0
+
+    return sorted(entries, key=key)
+
+
 def sample_outputs(
     samples: Mapping[str, Sequence[Mapping[str, Any]]],
     *,
@@ -127,7 +142,7 @@ def sample_outputs(
     outputs: list[SampleOutput] = []
     for task, entries in samples.items():
         filters = {entry.get("filter", NO_FILTER) for entry in entries}
-        for entry in entries:
+        for entry in in_document_order(entries):
             if len(outputs) >= max_samples:
                 return tuple(outputs)
             prompt_id = str(entry.get("doc_id", len(outputs)))
