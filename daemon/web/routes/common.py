@@ -18,14 +18,12 @@ def listing(names: list[str]) -> str:
     return shown if len(names) <= LISTED else f"{shown} and {len(names) - LISTED} more"
 
 
-def require_run(session: Session, run: str) -> queries.RunRow:
-    """The run's row, or a 404 naming the runs that exist."""
+def require_run(session: Session, run: str) -> None:
+    """Nothing if the run exists, else a 404 naming the runs that do."""
     check_text("run", run)
-    found = queries.run_rows(session, run)
-    if not found:
+    if not queries.run_exists(session, run):
         known = [r.name for r in queries.run_rows(session)]
         raise ApiError(404, f"no run {run[:200]!r} (runs: {listing(known)})")
-    return found[0]
 
 
 def step_hint(steps: list[int], step: int) -> str:

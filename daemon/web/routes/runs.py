@@ -39,7 +39,8 @@ def one_run(request: Request) -> JSON:
     Params.parse(request.query_params, ())
     run = request.path_params["run"]
     with context(request).session() as session:
-        row = require_run(session, run)
+        require_run(session, run)
+        (row,) = queries.run_rows(session, run)
         firing = alerting.firing_counts(session).get(run, 0)
     return JSON(_run_json(row, firing))
 
