@@ -8,6 +8,7 @@
 "use strict";
 
 const POLL_MS = 2000;
+const FIRST_WAIT_MS = 3000; // the longest the first chart holds back the rest of the first load
 const MARKERS_MAX = 200; // above this many points a line has no clickable dots; a click takes the nearest
 const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"];
 const SVG = "http://www.w3.org/2000/svg";
@@ -23,6 +24,7 @@ const state = {
   smooth: "none",
   filter: "",
   lastOk: null,
+  complete: false,   // every curve of the selected runs has been loaded once (the first chart is not needed)
 };
 window.evald = state; // the browser test reads what was drawn from here and from the DOM
 
@@ -162,12 +164,6 @@ function paintSwatches() {
 
 async function loadData() {
   const smooth = encodeURIComponent(state.smooth);
-  let complete = false;
-  if (!Object.keys(state.series).length && state.selected.length) {
-    // First load: one curve of the first run, found from its newest results, is drawn while every curve
-    // of every run is still on its way (a run of 1,000 checkpoints x 20 metrics is 20,000 points).
-    firstCurve(state.selected[0], smooth, () => complete).catch(() => {});
-  }
   const loaded = await Promise.all(state.selected.map(async (run) => {
     const enc = encodeURIComponent(run);
     const [series, alerts] = await Promise.all([
@@ -176,20 +172,30 @@ async function loadData() {
     ]);
     return [run, series.series, alerts];
   }));
-  complete = true;
+  state.complete = true;
   state.series = {}; state.alerts = {};
   for (const [run, series, alerts] of loaded) { state.series[run] = series; state.alerts[run] = alerts; }
   render();
 }
 
-async function firstCurve(run, smooth, done) {
+// First load: one curve of the first run (found from its newest results), drawn before anything else is
+// asked for. A run of 1,000 checkpoints x 20 metrics is 20,000 points (1 MB of JSON); asked for beside
+// it, that and the run list took the server's and the page's CPU from the first chart. Waited for at most
+// FIRST_WAIT_MS: a slower answer holds nothing back, and draws nothing once every curve has come.
+async function firstChart() {
+  if (state.complete || !state.selected.length) return;
+  const wait = new Promise((resolve) => setTimeout(resolve, FIRST_WAIT_MS));
+  await Promise.race([firstCurve(state.selected[0]).catch(() => {}), wait]);
+}
+
+async function firstCurve(run) {
   const enc = encodeURIComponent(run);
   const latest = await api(`/api/v1/results/latest?run=${enc}&limit=1`);
-  if (!latest.items.length || done()) return;
+  if (!latest.items.length || state.complete) return;
   const { task, stage, metric } = latest.items[0];
-  const query = new URLSearchParams({ task, stage, metric, smooth: decodeURIComponent(smooth) });
+  const query = new URLSearchParams({ task, stage, metric, smooth: state.smooth });
   const body = await api(`/api/v1/runs/${enc}/series?${query}`);
-  if (done()) return;
+  if (state.complete) return;
   state.series = { [run]: body.series };
   state.alerts = { [run]: [] };
   render();
@@ -451,11 +457,16 @@ async function start() {
   $("detail-task").addEventListener("change", () => loadSamples());
   $("close-detail").addEventListener("click", () => { $("detail").hidden = true; state.detail = null; });
   try {
-    // Runs named in the URL: their charts load at once, beside the run list instead of after it.
-    const early = state.selected.length ? loadData().then(() => true, () => false) : Promise.resolve(false);
+    // Runs named in the URL: their first chart comes before anything else, then their charts load beside
+    // the run list instead of after it.
+    let early = Promise.resolve(false);
+    if (state.selected.length) {
+      await firstChart();
+      early = loadData().then(() => true, () => false);
+    }
     await Promise.all([poll(), loadRuns()]);
     writeHash();
-    if (!(await early)) await loadData();
+    if (!(await early)) { await firstChart(); await loadData(); }
     render(); // again, now that every run has its colour
     document.body.dataset.ready = "true";
   } catch (e) {
