@@ -103,6 +103,10 @@ def test_tp2_dp2_gives_the_metrics_and_samples_of_one_process(
     # result.
     assert [_served(tmp_path, rank) for rank in range(4)] == [HALF] * 4
     assert not list(tmp_path.glob("result.rank*.json"))
+    # In each replica the two tp ranks compared their responses to both request calls, and agreed.
+    assert result.consistency is not None
+    assert result.consistency.batches_checked == 4
+    assert result.consistency.disagreements == ()
 
 
 def test_dp2_replicas_split_the_documents_and_give_the_metrics_of_one_process(
@@ -114,6 +118,7 @@ def test_dp2_replicas_split_the_documents_and_give_the_metrics_of_one_process(
 
     _assert_as_one_process(result, single)
     assert [_served(tmp_path, rank) for rank in range(2)] == [HALF] * 2
+    assert result.consistency is None
 
 
 def test_replicas_logs_are_put_back_in_one_process_order() -> None:

@@ -24,10 +24,11 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from inference.errors import DatasetInvalid, InferenceError, TaskInvalid
+from inference.group import head_results
 from inference.harness.catalog import task_manager
 from inference.harness.report import metric_values, sample_outputs
 from inference.layouts import LayoutSettings
-from inference.spec import HarnessSpec, JobResult, JobSpec, TaskSpec, Timing
+from inference.spec import Consistency, Disagreement, HarnessSpec, JobResult, JobSpec, TaskSpec, Timing
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -177,6 +178,7 @@ def run_harness(spec: JobSpec, group: WorkerGroup) -> JobResult | None:
             log_samples=True,
         )
     log.info("harness.served", replica=topology.replica, requests=dict(model.served))
+    consistency = _consistency(group, model) if topology.tp > 1 else None
     if topology.rank != 0:
         # Replica 0's tp head holds the gathered results; the other ranks took part in every pass.
         log.info(
@@ -211,4 +213,19 @@ def run_harness(spec: JobSpec, group: WorkerGroup) -> JobResult | None:
         metrics=metrics,
         samples=samples,
         timing=Timing(load_s=loaded.load_s, eval_s=finished - evaluation_started, total_s=finished - started),
+        consistency=consistency,
+    )
+
+
+def _consistency(group: WorkerGroup, model: Any) -> Consistency | None:
+    """Every replica's tp comparison, on rank 0 (collective: every rank calls it); None elsewhere."""
+    topology = group.topology
+    mine = (model.checked, tuple(model.disagreements)) if topology.is_head else None
+    parts = group.gather_to_root(mine)
+    if parts is None:
+        return None
+    heads: list[tuple[int, tuple[Disagreement, ...]]] = head_results(parts, topology)
+    return Consistency(
+        batches_checked=sum(checked for checked, _ in heads),
+        disagreements=tuple(d for _, found in heads for d in found),
     )

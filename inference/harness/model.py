@@ -5,7 +5,8 @@ loaded, on every rank of a tp × dp group.
   builds the same requests, batches them alike and takes the same forward passes: the tensor-parallel
   all-reduces pair up. Where decoding ends is voted across the replica's tp ranks at every step (as for
   evald's own ``generate`` task, :mod:`inference.stopping`), so no rank leaves ``generate`` alone and
-  hangs its peers. The tp head's results are kept.
+  hangs its peers. After each of lm-eval's request calls the tp ranks compare a digest of their responses
+  (a disagreement is settled by majority and reported, as for ``generate``).
 - **dp**: lm-eval's own data parallelism, told the truth: the model is rank ``replica`` of ``dp``, so lm-eval
   deals the documents to the replicas (``rank::world_size``), pads their request counts to match, and
   gathers the per-document metrics and samples to replica 0, which aggregates them, exactly as under
@@ -18,18 +19,25 @@ HFLM given a model instance assumes one process (rank 0 of 1) and never looks at
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+import structlog
 import torch
 from lm_eval.models.huggingface import HFLM
 from transformers.generation.stopping_criteria import StoppingCriteria, StoppingCriteriaList
+
+from inference.consistency import settle
+from inference.spec import Disagreement
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
     from inference.group import WorkerGroup
     from inference.stopping import RowVote
+
+log = structlog.get_logger("inference.harness")
 
 
 class VotedEnds(StoppingCriteria):
@@ -76,18 +84,48 @@ class ReplicaLM(HFLM):  # type: ignore[misc]
         self._world_size = group.topology.dp
         #: Requests this rank served, by kind (lm-eval pads a replica's count to its peers').
         self.served: Counter[str] = Counter()
+        #: With tp > 1: how many of lm-eval's request calls (one per request kind) the replica's tp ranks
+        #: compared, and where they disagreed.
+        self.checked = 0
+        self.disagreements: list[Disagreement] = []
 
     def generate_until(self, requests: list[Any], *args: Any, **kwargs: Any) -> list[Any]:
         self.served["generate_until"] += len(requests)
-        return list(super().generate_until(requests, *args, **kwargs))
+        return self._agreed(list(super().generate_until(requests, *args, **kwargs)))
 
     def loglikelihood(self, requests: list[Any], *args: Any, **kwargs: Any) -> list[Any]:
         self.served["loglikelihood"] += len(requests)
-        return list(super().loglikelihood(requests, *args, **kwargs))
+        return self._agreed(list(super().loglikelihood(requests, *args, **kwargs)))
 
     def loglikelihood_rolling(self, requests: list[Any], *args: Any, **kwargs: Any) -> list[Any]:
         self.served["loglikelihood_rolling"] += len(requests)
-        return list(super().loglikelihood_rolling(requests, *args, **kwargs))
+        return self._agreed(list(super().loglikelihood_rolling(requests, *args, **kwargs)))
+
+    def _agreed(self, responses: list[Any]) -> list[Any]:
+        """The replica's responses to one request call: its tp ranks compare a digest of theirs, and a
+        disagreement is settled by majority (the tp head on a tie) and recorded, as for ``generate`` tasks."""
+        topology = self._group.topology
+        if topology.tp == 1:
+            return responses
+        number = self.checked
+        self.checked += 1
+        verdict = settle(self._group.gather_tp(hashlib.sha256(repr(responses).encode()).hexdigest()))
+        if verdict.agreed:
+            return responses
+        self.disagreements.append(
+            Disagreement(replica=topology.replica, batch=number, outvoted=verdict.outvoted, tie=verdict.tie)
+        )
+        if topology.is_head:
+            log.warning(
+                "tp.disagreement",
+                replica=topology.replica,
+                batch=number,
+                outvoted=list(verdict.outvoted),
+                tie=verdict.tie,
+            )
+        winner = topology.head_of(topology.replica) + verdict.winner
+        kept: list[Any] = self._group.share_from(winner, responses)
+        return kept
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """Every replica's ``tensor`` (lm-eval gathers its request counts and batch sizes), concatenated
