@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import threading
@@ -41,6 +42,10 @@ def url(host: str, port: int) -> str:
 def serve(config: Config, *, host: str, port: int) -> None:
     """Serve until SIGINT/SIGTERM (uvicorn's handlers finish the requests in flight, then return)."""
     app = build(config)
+    # What the start allocated (modules, the app, SQLAlchemy's tables) stays for the process's life: moved
+    # out of the collector's reach, so a full collection walks only what requests allocate. Without it,
+    # one request in ten of 2,000 rows paid ~80 ms for a walk of the whole heap (p95 110 ms, p50 33 ms).
+    gc.freeze()
     log.info("web.started", url=url(host, port), token=config.web.token_env is not None)
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again for the handler it found:
     # a no-op one lets the process end with status 0 (systemd's clean stop) after "web.stopped".
