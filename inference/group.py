@@ -11,7 +11,10 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import structlog
 
 from inference.errors import TaskInvalid
 from inference.spec import InferenceSpec
@@ -21,11 +24,40 @@ if TYPE_CHECKING:
     import torch
     from torch.distributed import ProcessGroup
 
+log = structlog.get_logger("inference.group")
+
 
 def launched_rank() -> int | None:
     """This process's rank when a launcher started it, else None."""
     rank = os.environ.get("RANK")
     return int(rank) if rank is not None and rank.isdigit() else None
+
+
+#: Where DeepSpeed's CPU shared-memory all-reduce keeps each rank's buffer (its csrc/cpu/comm/shm.cpp).
+SHM_FOLDER = Path("/dev/shm")
+
+
+def shm_buffer_name(rank: int) -> str:
+    """The name of ``rank``'s all-reduce buffer in a group whose rendezvous is this process's."""
+    addr = os.environ.get("MASTER_ADDR", "")
+    port = os.environ.get("MASTER_PORT", "")
+    return f"deepspeed_allreduce_buffer_{os.getuid()}_{addr}_{port}_{rank}"
+
+
+def _unlink_shm_buffer(rank: int) -> None:
+    """Remove this rank's all-reduce buffer from /dev/shm once every peer has mapped it.
+
+    DeepSpeed never unlinks the buffers (66 MB a rank): every CPU group left its own behind until
+    /dev/shm filled, and a later group that drew the same rendezvous port mapped a stale one. The
+    mappings stay valid after the unlink and the memory goes when the last rank exits.
+    """
+    import torch.distributed as dist
+
+    # Each rank opens its peers' buffers inside init_distributed: after this barrier all are open.
+    dist.barrier()
+    path = SHM_FOLDER / shm_buffer_name(rank)
+    path.unlink(missing_ok=True)
+    log.info("group.shm_released", path=str(path))
 
 
 @dataclass
@@ -66,6 +98,12 @@ class WorkerGroup:
             if not use_shm_all_reduce(dp=spec.dp, world_size=world, local_world_size=local_world):
                 deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
             deepspeed.init_distributed(dist_backend=backend(spec.device))
+            from deepspeed.comm import comm as ds_comm
+
+            # Every rank computes the same answer: the op was built (or not) alike on the node, and it
+            # only maps buffers when the whole world is local.
+            if getattr(ds_comm.cdb, "shm_comm_op", None) is not None and world == local_world:
+                _unlink_shm_buffer(topology.rank)
         else:
             dist.init_process_group(backend=backend(spec.device))
         # Every rank creates every group, in the same order: new_group is collective.

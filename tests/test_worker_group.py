@@ -211,6 +211,16 @@ def test_sampling_is_the_same_on_every_tp_rank_and_in_every_run(
 
     assert len(first.samples) == 8 * 3
     assert outputs(first) == outputs(second)
+    # DeepSpeed's shared-memory all-reduce buffers (66 MB a rank) are gone once the group has mapped them.
+    for folder in (tmp_path / "a", tmp_path / "b"):
+        for rank in (0, 1):
+            released = [
+                json.loads(line)["path"]
+                for line in (folder / f"rank-{rank}.log").read_text().splitlines()
+                if '"group.shm_released"' in line
+            ]
+            assert len(released) == 1 and "deepspeed_allreduce_buffer_" in released[0]
+            assert not Path(released[0]).exists()
     # Both tp ranks drew the same tokens in every batch (their digests were compared per batch).
     for result in (first, second):
         assert result.consistency is not None
