@@ -159,4 +159,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The result is written and closed; the interpreter's own teardown (torch's, DeepSpeed's and
+    # transformers' exit hooks, freeing the module graph) took over a second of CPU per job for nothing.
+    os._exit(code)
