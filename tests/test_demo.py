@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
+import signal
 import subprocess
 import sys
+import threading
 from collections import Counter
 from pathlib import Path
 
+import httpx
 import pytest
 
 from daemon.demo import COLLAPSE_AT, DEMO_METRICS
@@ -17,16 +21,51 @@ from storage.database import Database
 pytestmark = pytest.mark.slow
 
 
+def _serve_until_interrupted(demo: subprocess.Popen[str]) -> tuple[str, str]:
+    """Wait for the demo to say it serves until Ctrl-C, check its dashboard and API answer, press Ctrl-C;
+    the demo's stdout and stderr."""
+    assert demo.stderr is not None
+    seen: list[str] = []
+    url = None
+    for line in demo.stderr:
+        seen.append(line)
+        match = re.search(r"dashboard: (\S+) \(serving until Ctrl-C\)", line)
+        if match:
+            url = match.group(1)
+            break
+    assert url is not None, "".join(seen)[-3000:]
+    page = httpx.get(url, timeout=30)
+    assert page.status_code == 200 and "<html" in page.text.lower()
+    runs = httpx.get(f"{url.rstrip('/')}/api/v1/runs", timeout=30).json()
+    assert "toy" in json.dumps(runs)
+    # Still serving a moment later: it waits for Ctrl-C, not for the evaluation to end.
+    assert demo.poll() is None
+    demo.send_signal(signal.SIGINT)
+    out, rest = demo.communicate(timeout=60)
+    return out, "".join(seen) + rest
+
+
 def test_demo_json_shows_learning_with_every_checkpoint_evaluated_once(tmp_path: Path) -> None:
+    """The demo with --serve: the report, then the dashboard until Ctrl-C."""
     workdir = tmp_path / "demo"
-    done = subprocess.run(
-        [sys.executable, "-m", "daemon", "demo", "--workdir", str(workdir), "--json"],
-        capture_output=True,
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "daemon", "demo", "--workdir", str(workdir), "--json", "--serve"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=300,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout)
+    # A demo that hangs before it serves is killed, which ends the read of its stderr.
+    deadline = threading.Timer(300, demo.kill)
+    deadline.start()
+    try:
+        out, err = _serve_until_interrupted(demo)
+    finally:
+        deadline.cancel()
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+    assert demo.returncode == 0, err[-3000:]
+    report = json.loads(out)
     steps = [c["step"] for c in report["checkpoints"]]
     assert steps == sorted(steps) and len(steps) == 8
     for checkpoint in report["checkpoints"]:
