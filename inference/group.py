@@ -12,12 +12,13 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 
+from inference.consistency import settle
 from inference.errors import TaskInvalid
-from inference.spec import InferenceSpec
+from inference.spec import Disagreement, InferenceSpec
 from inference.topology import Topology, use_shm_all_reduce
 
 if TYPE_CHECKING:
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
 log = structlog.get_logger("inference.group")
+
+T = TypeVar("T")
 
 
 def launched_rank() -> int | None:
@@ -138,6 +141,28 @@ class WorkerGroup:
         values: list[Any] = [None] * self.topology.tp
         dist.all_gather_object(values, value, group=self.tp_group)
         return values
+
+    def agree_tp(self, digest: str, value: T, *, batch: int, disagreements: list[Disagreement]) -> T:
+        """``value`` as the majority of this replica's tp ranks has it, compared by each rank's ``digest``
+        (the tp head's on a tie); a disagreement is appended to ``disagreements`` and logged by the head.
+        Collective over the replica."""
+        topology = self.topology
+        verdict = settle(self.gather_tp(digest))
+        if verdict.agreed:
+            return value
+        disagreements.append(
+            Disagreement(replica=topology.replica, batch=batch, outvoted=verdict.outvoted, tie=verdict.tie)
+        )
+        if topology.is_head:
+            log.warning(
+                "tp.disagreement",
+                replica=topology.replica,
+                batch=batch,
+                outvoted=list(verdict.outvoted),
+                tie=verdict.tie,
+            )
+        kept: T = self.share_from(topology.head_of(topology.replica) + verdict.winner, value)
+        return kept
 
     def vote_rows(self, flags: torch.Tensor) -> torch.Tensor:
         """Per row, what the majority of this replica's tp ranks flagged (the tp head's flag on a tie)."""

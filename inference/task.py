@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from inference.consistency import settle, token_digest
+from inference.consistency import token_digest
 from inference.dataset import Item, read_dataset
 from inference.errors import TaskInvalid
 from inference.faults import Faults
@@ -410,25 +410,8 @@ class TpVote:
         topology = self._group.topology
         if self._faults.divergent_tp_rank == topology.tp_rank and number == 0:
             rows = [[token + 1 for token in row] for row in rows]
-        verdict = settle(self._group.gather_tp(token_digest(rows)))
         self.checked += 1
-        if verdict.agreed:
-            return rows
-        self.disagreements.append(
-            Disagreement(replica=topology.replica, batch=number, outvoted=verdict.outvoted, tie=verdict.tie)
-        )
-        if topology.is_head:
-            log.warning(
-                "tp.disagreement",
-                replica=topology.replica,
-                batch=number,
-                outvoted=list(verdict.outvoted),
-                tie=verdict.tie,
-            )
-        winner_rows: list[list[int]] = self._group.share_from(
-            topology.head_of(topology.replica) + verdict.winner, rows
-        )
-        return winner_rows
+        return self._group.agree_tp(token_digest(rows), rows, batch=number, disagreements=self.disagreements)
 
 
 __all__ = ["CUT_MARKER", "cut_text", "render_prompts", "run_task", "select_items"]

@@ -20,6 +20,7 @@ Logs are structlog events on stderr, JSON lines unless stderr is a terminal.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import os
 import sys
@@ -122,6 +123,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     rank = launched_rank()
     if rank is not None:
         _log_to_file(spec.result_path.parent / f"rank-{rank}.log")
+    # A rank that aborts inside a C++ library (gloo, NCCL, a DeepSpeed op) leaves only "terminate called"
+    # behind: the Python stack of every thread goes to its log, whose tail the job keeps.
+    faulthandler.enable(all_threads=True)
     quiet_libraries()
     if not spec.inference.device.startswith("cuda"):
         # DeepSpeed picks its accelerator once, at import; a CPU job on a GPU node must not take CUDA.

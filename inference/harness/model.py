@@ -28,7 +28,6 @@ import torch
 from lm_eval.models.huggingface import HFLM
 from transformers.generation.stopping_criteria import StoppingCriteria, StoppingCriteriaList
 
-from inference.consistency import settle
 from inference.spec import Disagreement
 
 if TYPE_CHECKING:
@@ -109,23 +108,8 @@ class ReplicaLM(HFLM):  # type: ignore[misc]
             return responses
         number = self.checked
         self.checked += 1
-        verdict = settle(self._group.gather_tp(hashlib.sha256(repr(responses).encode()).hexdigest()))
-        if verdict.agreed:
-            return responses
-        self.disagreements.append(
-            Disagreement(replica=topology.replica, batch=number, outvoted=verdict.outvoted, tie=verdict.tie)
-        )
-        if topology.is_head:
-            log.warning(
-                "tp.disagreement",
-                replica=topology.replica,
-                batch=number,
-                outvoted=list(verdict.outvoted),
-                tie=verdict.tie,
-            )
-        winner = topology.head_of(topology.replica) + verdict.winner
-        kept: list[Any] = self._group.share_from(winner, responses)
-        return kept
+        digest = hashlib.sha256(repr(responses).encode()).hexdigest()
+        return self._group.agree_tp(digest, responses, batch=number, disagreements=self.disagreements)
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """Every replica's ``tensor`` (lm-eval gathers its request counts and batch sizes), concatenated
