@@ -39,6 +39,8 @@ from storage.errors import DatabaseUnreachable, StatementFailed, StorageError
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+#: What a shell reports for a program killed by SIGPIPE (128 + 13), as `head` expects of a writer.
+EXIT_BROKEN_PIPE = 141
 
 
 def _load(args: argparse.Namespace) -> Config:
@@ -668,7 +670,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.configure(sys.stderr)
     try:
         code: int = args.func(args)
+        # Flushed here, where a reader that has gone is caught, not at exit.
+        sys.stdout.flush()
         return code
+    except BrokenPipeError:
+        # The reader (`evald results | head`) stopped reading: the rest has nowhere to go, and the
+        # interpreter's own flush at exit must not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"evald: {exc.source}: {problem}", file=sys.stderr)

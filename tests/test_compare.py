@@ -6,6 +6,8 @@ import csv
 import io
 import json
 import math
+import subprocess
+import sys
 from datetime import UTC, datetime
 
 import pytest
@@ -141,3 +143,14 @@ def test_bad_input_is_one_line_naming_what_exists(
 def test_compare_needs_two_runs(surfaces: Stored, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--config", surfaces.config, "compare", "--run", "a"]) == 2
     assert capsys.readouterr().err.strip() == "evald: --run: give exactly two runs (--run A --run B), got 1"
+
+
+def test_a_reader_that_stops_early_gets_no_traceback(surfaces: Stored) -> None:
+    """`evald results | head`: the reader has gone before evald writes; evald stops quietly."""
+    command = [sys.executable, "-m", "daemon", "--config", surfaces.config, "results", "--format", "json"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()
+    errors = process.stderr.read().decode()
+    assert process.wait(timeout=60) == 141, errors
+    assert "Traceback" not in errors and "BrokenPipeError" not in errors, errors
