@@ -7,6 +7,7 @@ the database and the daemon never holds a model.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -218,6 +219,15 @@ class Consistency(_Plain):
 
     batches_checked: int = 0
     disagreements: tuple[Disagreement, ...] = ()
+
+    @classmethod
+    def of_replicas(cls, replicas: Iterable[tuple[int, Sequence[Disagreement]]]) -> Consistency:
+        """The job's comparison from each replica's (batches checked, disagreements found)."""
+        checks = list(replicas)
+        return cls(
+            batches_checked=sum(checked for checked, _ in checks),
+            disagreements=tuple(d for _, found in checks for d in found),
+        )
 
 
 class JobResult(_Plain):

@@ -328,12 +328,8 @@ def _evaluate(
         generation_s=round(generation_s, 3),
         grading_s=round(0.0 if graded is None else graded.seconds, 3),
     )
-    consistency = None
-    if topology.tp > 1:
-        consistency = Consistency(
-            batches_checked=sum(out.checked for out in outputs),
-            disagreements=tuple(d for out in outputs for d in out.disagreements),
-        )
+    checks = [(out.checked, out.disagreements) for out in outputs]
+    consistency = Consistency.of_replicas(checks) if topology.tp > 1 else None
     return JobResult(
         job_id=spec.job_id,
         metrics=values,

@@ -225,7 +225,4 @@ def _consistency(group: WorkerGroup, model: Any) -> Consistency | None:
     if parts is None:
         return None
     heads: list[tuple[int, tuple[Disagreement, ...]]] = head_results(parts, topology)
-    return Consistency(
-        batches_checked=sum(checked for checked, _ in heads),
-        disagreements=tuple(d for _, found in heads for d in found),
-    )
+    return Consistency.of_replicas(heads)
