@@ -20,8 +20,14 @@ from daemon.web.routes.common import require_run, step_hint
 from storage import alerting, queries
 
 
-def _run_json(row: queries.RunRow, firing: int) -> dict[str, Any]:
-    return {**asdict(row), "firing_alerts": firing}
+def _run_json(row: queries.RunRow, firing: int, config: dict[str, Any] | None) -> dict[str, Any]:
+    return {**asdict(row), "firing_alerts": firing, "config": config}
+
+
+def _run_configs(request: Request) -> dict[str, dict[str, Any]]:
+    """Each configured run's ``[[runs]]`` entry as JSON (the dashboard's run table); a run stored in the
+    database but no longer in the config has none."""
+    return {r.name: r.model_dump(mode="json", exclude={"name"}) for r in context(request).config.runs}
 
 
 def list_runs(request: Request) -> JSON:
@@ -31,7 +37,8 @@ def list_runs(request: Request) -> JSON:
         rows = queries.run_rows(session)
         firing = alerting.firing_counts(session)
     chosen = rows[window.offset : window.offset + window.limit]
-    items = [_run_json(r, firing.get(r.name, 0)) for r in chosen]
+    configs = _run_configs(request)
+    items = [_run_json(r, firing.get(r.name, 0), configs.get(r.name)) for r in chosen]
     return page(request, items, window, more=len(rows) > window.offset + window.limit)
 
 
@@ -42,7 +49,7 @@ def one_run(request: Request) -> JSON:
         require_run(session, run)
         (row,) = queries.run_rows(session, run)
         firing = alerting.firing_counts(session).get(run, 0)
-    return JSON(_run_json(row, firing))
+    return JSON(_run_json(row, firing, _run_configs(request).get(run)))
 
 
 def checkpoints(request: Request) -> JSON:
@@ -98,6 +105,10 @@ def series(request: Request) -> JSON:
                 "stderr": curve.stderrs,
                 "n": [p.n for p in curve.points],
                 "checkpoint": [p.checkpoint for p in curve.points],
+                # When each result was stored (Unix seconds): the dashboard's wall-time x axes.
+                "time": [
+                    None if p.evaluated_at is None else p.evaluated_at.timestamp() for p in curve.points
+                ],
                 "smoothed": (
                     None if smoothed is curve else {"value": smoothed.values, "stderr": smoothed.stderrs}
                 ),
