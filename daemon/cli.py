@@ -139,14 +139,63 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _step_range(args: argparse.Namespace) -> tuple[int | None, int | None]:
+    """``--steps A:B`` (either side may be empty) or ``--step-min``/``--step-max``, inclusive; the lower
+    above the upper is refused as the API refuses it."""
+    from daemon.web.params import step_range_problem
+
+    step_min, step_max = args.step_min, args.step_max
+    if args.steps is not None:
+        if step_min is not None or step_max is not None:
+            raise ConfigError("--steps", ["give --steps A:B or --step-min/--step-max, not both"])
+        low, colon, high = args.steps.partition(":")
+        try:
+            if not colon:
+                raise ValueError
+            step_min = int(low) if low.strip() else None
+            step_max = int(high) if high.strip() else None
+        except ValueError:
+            shape = f"{args.steps!r} is not A:B (e.g. 100:500, 100: or :500)"
+            raise ConfigError("--steps", [shape]) from None
+    for name, value in (("--step-min", step_min), ("--step-max", step_max)):
+        if value is not None and value < 0:
+            raise ConfigError(name, [f"{value} is below 0 (steps are non-negative)"])
+    problem = step_range_problem(step_min, step_max)
+    if problem is not None:
+        raise ConfigError("--step-min", [problem])
+    return step_min, step_max
+
+
 def cmd_results(args: argparse.Namespace) -> int:
+    from storage.queries.filters import unknown_filter
+
+    step_min, step_max = _step_range(args)
     config = _load(args)
     database = _open_current(config)
     try:
         with database.session() as session:
-            rows = queries.result_rows(session, run=args.run, task=args.task, metric=args.metric)
+            if args.run is not None and not queries.run_exists(session, args.run):
+                known = ", ".join(r.name for r in queries.run_rows(session)) or "none"
+                raise EvaldError(f"no run {args.run!r} (runs: {known})")
+            task, stage, metric = args.task, args.stage, args.metric
+            rows = queries.result_rows(
+                session,
+                run=args.run,
+                task=task,
+                stage=stage,
+                metric=metric,
+                step_min=step_min,
+                step_max=step_max,
+            )
+            # An empty answer: a filter that names nothing stored is an error listing what is (a range
+            # past the newest step is just empty).
+            unknown = (
+                None if rows else unknown_filter(session, run=args.run, task=task, stage=stage, metric=metric)
+            )
     finally:
         database.dispose()
+    if unknown is not None:
+        raise EvaldError(unknown.message())
     print(report.results(rows, args.format))
     return 0
 
@@ -380,7 +429,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         for run in config.runs
         if run.name in stored
     }
-    runs = report.status(checkpoints, jobs, [r.name for r in config.runs], plans, schedules)
+    names = [r.name for r in config.runs]
+    runs = report.status(checkpoints, jobs, names, plans, schedules, config.inference.max_attempts)
     # The thresholds as they stand now, read the way the daemon reads them before starting a job.
     probe = resource_probe(config)
     check = probe.check() if probe is not None else None
@@ -563,7 +613,11 @@ def build_parser() -> argparse.ArgumentParser:
     results = commands.add_parser("results", help="stored results")
     results.add_argument("--run")
     results.add_argument("--task")
+    results.add_argument("--stage", choices=(stages.FULL, stages.QUICK))
     results.add_argument("--metric")
+    results.add_argument("--step-min", type=int, help="only steps at or above this (inclusive)")
+    results.add_argument("--step-max", type=int, help="only steps at or below this (inclusive)")
+    results.add_argument("--steps", metavar="A:B", help="a step range, inclusive (100:500, 100: or :500)")
     results.add_argument("--format", choices=("table", "json", "csv"), default="table")
     results.set_defaults(func=cmd_results)
 

@@ -130,7 +130,8 @@ def _store(database: Database) -> None:
                     rule=rule,
                     severity="warning",
                     state=state,
-                    step=step,
+                    first_step=step,
+                    last_step=step,
                     message=f"{rule} at step {step}",
                     resolved_at=datetime.now(UTC) if state is AlertState.RESOLVED else None,
                 )
@@ -228,10 +229,102 @@ def test_results_filtered_by_run_task_metric_and_step_range(client: TestClient) 
     rows = _all(client, f"/api/v1/results?run=alpha&task={TASK}&metric=accuracy&step_min=20&step_max=40")
     assert [(r["step"], r["value"]) for r in rows] == [(20, 0.5), (30, 0.75), (40, 0.5)]
     assert {r["metric"] for r in rows} == {"accuracy"}
-    none = client.get("/api/v1/results?run=alpha&metric=bleu").json()
-    assert none["items"] == [] and none["next"] is None
+    # Filters that exist but match nothing there: an empty page, not an error.
+    past = client.get("/api/v1/results?run=beta&metric=accuracy&step_min=60").json()
+    assert past["items"] == [] and past["next"] is None
     inverted = client.get("/api/v1/results?step_min=40&step_max=20")
     assert inverted.status_code == 400 and inverted.json()["parameter"] == "step_min"
+
+
+UNKNOWN_FILTERS = [
+    (
+        "/api/v1/results?run=alpha&metric=bleu",
+        "metric",
+        "run 'alpha' has no metric 'bleu' (metrics: accuracy, wall_s)",
+    ),
+    ("/api/v1/results?metric=bleu", "metric", "no run has no metric 'bleu' (metrics: accuracy, wall_s)"),
+    ("/api/v1/results?task=gsm8k", "task", f"no run has no task 'gsm8k' (tasks: {TASK})"),
+    ("/api/v1/results?run=beta&stage=quick", "stage", "run 'beta' has no stage 'quick' (stages: full)"),
+    (
+        f"/api/v1/results?run=alpha&task={TASK}&metric=bleu&step_min=20",
+        "metric",
+        f"run 'alpha' (task '{TASK}') has no metric 'bleu' (metrics: accuracy, wall_s)",
+    ),
+    (
+        "/api/v1/runs/alpha/series?metric=bleu",
+        "metric",
+        "run 'alpha' has no metric 'bleu' (metrics: accuracy, wall_s)",
+    ),
+    ("/api/v1/runs/beta/series?task=gsm8k", "task", f"run 'beta' has no task 'gsm8k' (tasks: {TASK})"),
+    (
+        "/api/v1/runs/beta/series?stage=quick&metric=accuracy",
+        "stage",
+        "run 'beta' has no stage 'quick' (stages: full)",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "parameter", "message"), UNKNOWN_FILTERS, ids=[p for p, _, _ in UNKNOWN_FILTERS]
+)
+def test_an_unknown_task_stage_or_metric_is_a_404_listing_what_exists(
+    client: TestClient, path: str, parameter: str, message: str
+) -> None:
+    response = client.get(path)
+    assert response.status_code == 404, response.text
+    assert response.json() == {"error": message, "status": 404, "parameter": parameter}
+
+
+def test_series_refuses_an_inverted_step_range_as_results_does(client: TestClient) -> None:
+    for path in ("/api/v1/results", "/api/v1/runs/alpha/series"):
+        inverted = client.get(f"{path}?step_min=40&step_max=20")
+        assert inverted.status_code == 400, path
+        assert inverted.json() == {
+            "error": "parameter 'step_min': 40 is above step_max 20",
+            "status": 400,
+            "parameter": "step_min",
+        }
+    # Beside it, good ranges still answer: one step, and an open-ended one.
+    (one,) = client.get("/api/v1/runs/alpha/series?metric=accuracy&step_min=30&step_max=30").json()["series"]
+    assert (one["step"], one["value"]) == ([30], [0.75])
+    (tail,) = client.get("/api/v1/runs/alpha/series?metric=accuracy&step_min=40").json()["series"]
+    assert tail["step"] == [40, 50]
+
+
+def test_cli_results_filters_as_the_api_does(
+    client: TestClient, stored: Stored, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["--config", str(stored.config), "results", "--format", "json"]
+    assert main([*base, "--run", "nope"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.strip() == "evald: error: no run 'nope' (runs: alpha, beta)"
+    assert main([*base, "--run", "alpha", "--metric", "bleu"]) == 1
+    assert capsys.readouterr().err.strip() == (
+        "evald: error: run 'alpha' has no metric 'bleu' (metrics: accuracy, wall_s)"
+    )
+    assert main([*base, "--run", "beta", "--stage", "quick"]) == 1
+    assert "has no stage 'quick' (stages: full)" in capsys.readouterr().err
+    # The step range, both spellings, the same rows as the API's.
+    api = _all(client, "/api/v1/results?run=alpha&stage=full&metric=accuracy&step_min=20&step_max=40")
+    assert [r["step"] for r in api] == [20, 30, 40]
+    for flags in (["--step-min", "20", "--step-max", "40"], ["--steps", "20:40"]):
+        assert main([*base, "--run", "alpha", "--stage", "full", "--metric", "accuracy", *flags]) == 0
+        assert json.loads(capsys.readouterr().out) == api
+    assert main([*base, "--run", "alpha", "--metric", "accuracy", "--steps", "40:"]) == 0
+    assert [r["step"] for r in json.loads(capsys.readouterr().out)] == [40, 50]
+    # A range past the newest step is an empty list, exit 0 (the filters exist).
+    assert main([*base, "--run", "beta", "--steps", "100:"]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+    for flags, where in (
+        (["--steps", "40:20"], "--step-min: 40 is above step_max 20"),
+        (["--step-min", "40", "--step-max", "20"], "--step-min: 40 is above step_max 20"),
+        (["--steps", "20-40"], "--steps: '20-40' is not A:B"),
+        (["--steps", "1:2", "--step-min", "1"], "--steps: give --steps A:B or --step-min/--step-max"),
+        (["--step-min", "-5"], "--step-min: -5 is below 0"),
+    ):
+        assert main([*base, *flags]) == 2, flags
+        assert capsys.readouterr().err.startswith(f"evald: {where}"), flags
 
 
 def test_latest_is_each_series_at_its_newest_step(client: TestClient) -> None:
@@ -331,7 +424,8 @@ BAD_REQUESTS = [
     ("/api/v1/runs/alpha/steps/20/samples?wrong_only=maybe", 400, "wrong_only"),
     ("/api/v1/results?run=alpha%27%3B%20DROP%20TABLE%20results%3B--", 404, None),
     ("/api/v1/runs/alpha%27%20OR%20%271%27%3D%271", 404, None),
-    ("/api/v1/results?metric=accuracy%27%20OR%20%271%27%3D%271", 200, None),
+    # An SQL-looking metric name is a name like any other: none is stored (404 listing the metrics).
+    ("/api/v1/results?metric=accuracy%27%20OR%20%271%27%3D%271", 404, None),
     ("/api/v1/runs/alpha/steps/-1", 404, None),
     ("/api/v1/runs/alpha/steps/99999999999999999999999", 404, None),
     ("/static/../../../../etc/passwd", 404, None),
@@ -363,10 +457,6 @@ def test_bad_input_is_a_4xx_naming_the_parameter_and_leaks_nothing(
         "/work/",
     ):
         assert leak not in body
-    if status == 200:
-        # An SQL-looking metric name is a name like any other: it matches nothing.
-        assert response.json()["items"] == []
-        return
     assert response.headers["content-type"] == "application/json"
     assert response.json()["status"] == status
     if parameter is not None:
@@ -380,6 +470,9 @@ def test_no_route_takes_a_writing_method(client: TestClient, method: str) -> Non
         response = client.request(method, path, content=b"{}")
         assert response.status_code == 405, (method, path)
         assert "read-only" in response.json()["error"]
+        # RFC 9110: a 405 says which methods the resource takes.
+        assert response.headers["allow"] == "GET, HEAD", (method, path)
+    assert client.request(method, "/static/dashboard.js").headers["allow"] == "GET, HEAD"
 
 
 def test_every_request_above_left_the_database_as_it_was(client: TestClient, stored: Stored) -> None:

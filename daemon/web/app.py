@@ -88,7 +88,10 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     if exc.status_code == 404:
         return error(404, f"no such path {request.url.path[:200]!r} (the API is listed at /api/v1)")
     if exc.status_code == 405:
-        return error(405, f"{request.method[:10]} is not allowed: the service is read-only (GET only)")
+        # RFC 9110: a 405 names the methods the resource takes (Starlette's routes put them in ``Allow``).
+        allowed = (exc.headers or {}).get("Allow") or "GET, HEAD"
+        message = f"{request.method[:10]} is not allowed here ({allowed}): the service is read-only"
+        return error(405, message, headers={"Allow": allowed})
     return error(exc.status_code, str(exc.detail))
 
 

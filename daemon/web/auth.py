@@ -87,7 +87,9 @@ class BearerAuth:
             await _html(200, page)(scope, receive, send)
             return
         if scope["method"] != "POST":
-            await error(405, "only GET and POST are allowed on /login")(scope, receive, send)
+            allow = {"Allow": "GET, HEAD, POST"}
+            refused = error(405, "only GET and POST are allowed on /login", headers=allow)
+            await refused(scope, receive, send)
             return
         body = b""
         while True:

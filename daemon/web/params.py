@@ -38,6 +38,14 @@ def check_text(name: str, value: str) -> str:
     return value
 
 
+def step_range_problem(step_min: int | None, step_max: int | None) -> str | None:
+    """Why an inclusive step range is refused (the lower bound above the upper), or None: the one rule
+    the API's routes and ``evald results --step-min/--step-max`` share."""
+    if step_min is not None and step_max is not None and step_min > step_max:
+        return f"{step_min} is above step_max {step_max}"
+    return None
+
+
 class ApiError(Exception):
     """An answer other than 200: its status and a message naming what was wrong and what exists."""
 
@@ -104,6 +112,15 @@ class Params:
             return False
         raise bad(name, f"{value[:60]!r} is not a boolean (true or false)")
 
+    def step_range(self) -> tuple[int | None, int | None]:
+        """``step_min`` and ``step_max`` (inclusive), refused when the lower is above the upper: every
+        route that takes a step range reads it here, so each refuses the same way."""
+        step_min, step_max = self.integer("step_min"), self.integer("step_max")
+        problem = step_range_problem(step_min, step_max)
+        if problem is not None:
+            raise bad("step_min", problem)
+        return step_min, step_max
+
     def page(self) -> Page:
         limit = self.integer("limit", minimum=1, maximum=MAX_LIMIT)
         offset = self.integer("offset") or 0
@@ -111,6 +128,7 @@ class Params:
 
 
 PAGE = ("limit", "offset")
+STEPS = ("step_min", "step_max")
 
 
 @dataclass(frozen=True)

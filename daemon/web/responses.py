@@ -45,11 +45,13 @@ def _default(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON")
 
 
-def error(status: int, message: str, parameter: str | None = None) -> JSON:
+def error(
+    status: int, message: str, parameter: str | None = None, *, headers: dict[str, str] | None = None
+) -> JSON:
     body: dict[str, Any] = {"error": message, "status": status}
     if parameter is not None:
         body["parameter"] = parameter
-    return JSON(body, status_code=status)
+    return JSON(body, status_code=status, headers=headers)
 
 
 def envelope(request: Request, items: Sequence[Any], window: Page, *, more: bool) -> dict[str, Any]:

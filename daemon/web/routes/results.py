@@ -8,35 +8,36 @@ from starlette.routing import BaseRoute, Route
 
 from daemon import report
 from daemon.web.context import context
-from daemon.web.params import PAGE, Params, bad
+from daemon.web.params import PAGE, STEPS, Params
 from daemon.web.responses import page
-from daemon.web.routes.common import require_run
+from daemon.web.routes.common import require_filters, require_run
 from storage import queries
 
-FILTERS = ("run", "task", "stage", "metric", "step_min", "step_max")
+FILTERS = ("run", "task", "stage", "metric", *STEPS)
 
 
 def results(request: Request) -> object:
     params = Params.parse(request.query_params, (*FILTERS, *PAGE))
     window = params.page()
     run = params.text("run")
-    step_min, step_max = params.integer("step_min"), params.integer("step_max")
-    if step_min is not None and step_max is not None and step_min > step_max:
-        raise bad("step_min", f"{step_min} is above step_max {step_max}")
+    step_min, step_max = params.step_range()
+    task, stage, metric = params.text("task"), params.text("stage"), params.text("metric")
     with context(request).session() as session:
         if run is not None:
             require_run(session, run)
         rows = queries.result_rows(
             session,
             run=run,
-            task=params.text("task"),
-            stage=params.text("stage"),
-            metric=params.text("metric"),
+            task=task,
+            stage=stage,
+            metric=metric,
             step_min=step_min,
             step_max=step_max,
             limit=window.limit + 1,
             offset=window.offset,
         )
+        if not rows:
+            require_filters(session, run=run, task=task, stage=stage, metric=metric)
     return page(request, report.result_dicts(rows[: window.limit]), window, more=len(rows) > window.limit)
 
 

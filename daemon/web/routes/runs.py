@@ -14,9 +14,9 @@ from daemon import curves, report
 from daemon.errors import SmoothingError
 from daemon.smoothing import parse_smoothing
 from daemon.web.context import context
-from daemon.web.params import INTEGER, MAX_INT, PAGE, ApiError, Params, bad
+from daemon.web.params import INTEGER, MAX_INT, PAGE, STEPS, ApiError, Params, bad
 from daemon.web.responses import JSON, envelope, page
-from daemon.web.routes.common import require_run, step_hint
+from daemon.web.routes.common import require_filters, require_run, step_hint
 from storage import alerting, queries
 
 
@@ -72,24 +72,22 @@ def _best(curve: curves.Curve, better: bool | None) -> dict[str, Any] | None:
 def series(request: Request) -> JSON:
     """Every (task, stage, metric) curve of a run, columnar (one array per field), with its best point
     (raw values) and, with ``smooth``, the smoothed values and standard errors of ``daemon.smoothing``."""
-    params = Params.parse(request.query_params, ("task", "stage", "metric", "smooth", "step_min", "step_max"))
+    params = Params.parse(request.query_params, ("task", "stage", "metric", "smooth", *STEPS))
     try:
         smoothing = parse_smoothing(params.text("smooth") or "none")
     except SmoothingError as exc:
         raise bad("smooth", str(exc)) from exc
+    step_min, step_max = params.step_range()
+    task, stage, metric = params.text("task"), params.text("stage"), params.text("metric")
     run = request.path_params["run"]
     web = context(request)
     with web.session() as session:
         require_run(session, run)
         rows = queries.result_rows(
-            session,
-            run=run,
-            task=params.text("task"),
-            stage=params.text("stage"),
-            metric=params.text("metric"),
-            step_min=params.integer("step_min"),
-            step_max=params.integer("step_max"),
+            session, run=run, task=task, stage=stage, metric=metric, step_min=step_min, step_max=step_max
         )
+        if not rows:
+            require_filters(session, run=run, task=task, stage=stage, metric=metric)
     out = []
     for curve in curves.curves(rows):
         smoothed = curve.smoothed(smoothing)
