@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench reliability clean
+.PHONY: demo test test-prerequisites lint bench reliability clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "evald needs Python 3.11 or newer (set PYTHON=...)")'
@@ -24,9 +24,19 @@ demo: $(STAMP)
 # Two test processes (pytest-xdist), a file each: most slow tests wait on a daemon, a trainer or a worker
 # process, so a second one overlaps those waits. TEST_WORKERS=0 runs them in this process.
 TEST_WORKERS ?= 2
+# The dashboard's browser tests drive this Chromium (Debian's, which tests/prerequisites.sh installs where
+# it can); the PostgreSQL tests use $EVALD_TEST_POSTGRES_URL, else the local server on 127.0.0.1:5432.
+EVALD_CHROMIUM ?= /usr/bin/chromium
+export EVALD_CHROMIUM
 
-test: $(STAMP)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
+# What the suite needs is provided first, or named with the one command to run, before the virtual
+# environment is built (tests/prerequisites.sh); then it is required: a missing browser or PostgreSQL
+# fails those tests instead of skipping them.
+test-prerequisites:
+	@bash tests/prerequisites.sh
+
+test: test-prerequisites $(STAMP)
+	EVALD_REQUIRE_BROWSER=1 EVALD_REQUIRE_POSTGRES=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
