@@ -1,0 +1,186 @@
+"""The executor boundary: the daemon decides *what* to run, an executor decides *where*.
+
+An executor is handed a job folder holding ``spec.json`` and runs the worker entry point
+(``python -m inference.worker``, or a group of its ranks) somewhere that folder is visible; the worker
+writes ``result.json`` (and ``result.rank<N>.json``, ``rank-<N>.log``) into it. Nothing else crosses:
+the result files are the whole contract, wherever the worker ran. The executor only says whether the
+worker is still waiting or running, and how the scheduler saw it end (:class:`Ended`): reading the
+result files and deciding on a retry stay the runner's.
+
+The protocol is small: :meth:`Executor.start` returns a :class:`Handle`, which the runner records with
+the attempt before it moves on; :meth:`Executor.poll` says :class:`Active` or :class:`Ended`;
+:meth:`Executor.cancel`; and :meth:`Executor.find` re-attaches after a restart to a submission whose
+handle was never recorded.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Protocol
+
+
+class Phase(StrEnum):
+    """Where a job that has not ended is."""
+
+    #: Waiting in the scheduler's queue (``Active.reason`` says why: ``Resources``, ``Priority``, ...).
+    PENDING = "pending"
+    RUNNING = "running"
+    #: Preempted or failed and put back in the queue by the scheduler: it will run again.
+    REQUEUED = "requeued"
+    #: Suspended or stopping (``COMPLETING``, ``SUSPENDED``, ``STOPPED``): neither waiting nor running.
+    HELD = "held"
+
+
+class EndKind(StrEnum):
+    """How a job ended, as far as the executor can tell; the result files say the rest."""
+
+    #: The worker exited 0 and wrote its result.
+    SUCCEEDED = "succeeded"
+    #: The worker exited non-zero (``Ended.exit_code``; its result file may hold the error).
+    FAILED = "failed"
+    #: Killed at the scheduler's time limit.
+    TIMEOUT = "timeout"
+    #: Preempted and not requeued.
+    PREEMPTED = "preempted"
+    #: A node of the job failed.
+    NODE_FAIL = "node_fail"
+    #: Killed for using more memory than it was given, or the worker reported running out of it.
+    OUT_OF_MEMORY = "out_of_memory"
+    #: Cancelled (``scancel``) by someone, or by evald itself.
+    CANCELLED = "cancelled"
+    #: The scheduler no longer knows the job and it left no exit status: what happened is unknown.
+    LOST = "lost"
+
+
+#: Ends after which another attempt can help (the checkpoint and the task are not to blame).
+RETRYABLE = frozenset(
+    {EndKind.TIMEOUT, EndKind.PREEMPTED, EndKind.NODE_FAIL, EndKind.OUT_OF_MEMORY, EndKind.LOST}
+)
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """The evald job an executor runs: named in the scheduler so that it can be found again."""
+
+    job_id: int
+    attempt: int
+    run: str = ""
+    task: str = ""
+
+
+@dataclass(frozen=True)
+class Handle:
+    """What the runner records with the attempt (``to_json``) to poll, cancel or re-attach later."""
+
+    executor: str
+    job_id: int
+    attempt: int
+    job_dir: Path
+    #: The scheduler's id for it (a Slurm job id; a pid for the local executor).
+    external_id: str
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["job_dir"] = str(self.job_dir)
+        return json.dumps(data, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Handle:
+        data = json.loads(text)
+        return cls(
+            executor=str(data["executor"]),
+            job_id=int(data["job_id"]),
+            attempt=int(data["attempt"]),
+            job_dir=Path(data["job_dir"]),
+            external_id=str(data["external_id"]),
+        )
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Attempt data from the scheduler: where and when (times are seconds since the epoch)."""
+
+    state: str = ""
+    nodes: str = ""
+    partition: str = ""
+    submitted: float | None = None
+    started: float | None = None
+    ended: float | None = None
+    #: How often the scheduler requeued the job.
+    restarts: int = 0
+
+    @property
+    def queue_wait_s(self) -> float | None:
+        if self.submitted is None or self.started is None:
+            return None
+        return max(0.0, self.started - self.submitted)
+
+    @property
+    def run_s(self) -> float | None:
+        if self.started is None or self.ended is None:
+            return None
+        return max(0.0, self.ended - self.started)
+
+
+@dataclass(frozen=True)
+class Active:
+    """Not ended: pending (with the scheduler's reason), running, requeued or held."""
+
+    phase: Phase
+    reason: str | None = None
+    placement: Placement = field(default_factory=Placement)
+
+
+@dataclass(frozen=True)
+class Ended:
+    kind: EndKind
+    #: One line for the attempt record: what the scheduler said (``TIMEOUT after 0:01:00 on node3``).
+    detail: str
+    #: The worker's exit status, where known (3: input rejected, 4: out of memory; see inference.spec).
+    exit_code: int | None = None
+    #: The end of the log of the rank that failed (or of the batch log), for FAILED and the like.
+    log_tail: str = ""
+    placement: Placement = field(default_factory=Placement)
+
+    @property
+    def retryable(self) -> bool:
+        return self.kind in RETRYABLE
+
+
+Status = Active | Ended
+
+
+class ExecutorError(RuntimeError):
+    """A job could not be handed to the executor, and handing it again as it is would fail too (a bad
+    partition, a job folder outside the shared one). The message names what is wrong."""
+
+
+class ExecutorUnavailable(RuntimeError):
+    """The executor cannot answer now (slurmctld restarting): nothing is known to have changed; ask
+    again later."""
+
+
+class Executor(Protocol):
+    """Runs the worker of one job folder somewhere; see the module's docstring."""
+
+    kind: str
+
+    def start(self, spec_path: Path, job: JobRef) -> Handle:
+        """Hand the job whose ``spec.json`` is ``spec_path`` over; returns once it is queued."""
+        ...
+
+    def poll(self, handle: Handle) -> Status:
+        """Where the job is now, or how it ended."""
+        ...
+
+    def cancel(self, handle: Handle) -> None:
+        """Stop the job wherever it is (queued or running); a job already ended is left as it is."""
+        ...
+
+    def find(self, job: JobRef) -> Handle | None:
+        """The handle of a submission for ``job`` that the executor still knows of, whose handle was
+        never recorded (the daemon died between submitting and recording); None if there is none."""
+        ...
