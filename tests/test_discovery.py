@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
 import pytest
+import structlog
 
 from daemon.config import RunConfig, SchedulingConfig
 from daemon.scheduling.planner import Planner
+from daemon.watching import refusals
 from daemon.watching.discovery import Discovery, WatchedRun
 from storage import queries
 from storage.database import Database
@@ -189,3 +192,183 @@ def test_an_emptied_recorded_checkpoint_ends_invalid_and_releases_newer_ones(
     discovery.tick()
     assert _states(database) == {"step_1": "invalid", "step_2": "ready"}
     assert _jobs(database) == [(2, "pending")]
+
+
+# --- poison items: one folder's problem is that folder's, never the scan's (issue 19) ---
+
+
+def _warnings(captured: list[dict[str, object]]) -> list[tuple[str, str]]:
+    return [
+        (str(e["event"]), Path(str(e["path"])).name)
+        for e in captured
+        if e["log_level"] in ("warning", "error") and "path" in e
+    ]
+
+
+def test_steps_the_database_cannot_hold_are_refused_beside_good_ones(
+    database: Database, source: Path, tmp_path: Path
+) -> None:
+    """Out of PostgreSQL's INTEGER range (SQLite's 64 bits too) and negative steps: invalid, named, the
+    good checkpoints in the same batch planned; nothing retried from memory (one line each)."""
+    root, clock = tmp_path / "run", Clock()
+    root.mkdir()
+    discovery = _discovery(database, root, clock)
+    poison = ("step_2147483648", "step_99999999999999999999", "step_-1")
+    for name in (*poison, "step_5", "step_6"):
+        copy_checkpoint(source, root / name)
+    with structlog.testing.capture_logs() as captured:
+        discovery.scan()
+        clock.now += 2.5
+        for _ in range(3):
+            discovery.tick()
+            discovery.scan()
+    with database.session() as s:
+        rows = {c.name: c for c in queries.checkpoint_rows(s)}
+    assert {name: rows[name].state for name in rows} == {
+        **dict.fromkeys(poison, "invalid"),
+        "step_5": "ready",
+        "step_6": "ready",
+    }
+    for name in poison:
+        reason = rows[name].reason or ""
+        assert f"in folder name '{name}' is out of range (0..2147483647)" in reason, reason
+        assert rows[name].step is None
+    assert rows["step_-1"].reason == "step -1 in folder name 'step_-1' is out of range (0..2147483647)"
+    assert _jobs(database) == [(5, "pending"), (6, "pending")]
+    assert sorted(_warnings(captured)) == sorted(("checkpoint.invalid", name) for name in poison)
+
+
+UNDECODABLE = os.fsdecode(b"step_6\xff")  # a folder name that is not UTF-8: neither database stores it
+
+
+@pytest.mark.parametrize("marker", [None, "COMPLETE"])
+def test_a_row_the_database_refuses_is_dropped_alone_with_one_line(
+    database: Database, source: Path, tmp_path: Path, marker: str | None
+) -> None:
+    """Without a marker the bad folder is in the batch of newly discovered ones (written row by row once
+    the batch fails); with one it is settled ready at once (its own write fails): either way the good
+    checkpoint beside it is evaluated and the bad one is not retried from memory."""
+    root, clock = tmp_path / "run", Clock()
+    root.mkdir()
+    discovery = _discovery(database, root, clock, marker=marker)
+
+    def finish(path: Path) -> None:
+        if marker is not None:
+            (path / marker).touch()
+
+    copy_checkpoint(source, root / UNDECODABLE, finish)
+    copy_checkpoint(source, root / "step_7", finish)
+    with structlog.testing.capture_logs() as captured:
+        discovery.scan()
+        clock.now += 2.5
+        for _ in range(3):
+            discovery.tick()
+            discovery.scan()
+    assert _states(database) == {"step_7": "ready"}
+    assert _jobs(database) == [(7, "pending")]
+    [dropped] = [e for e in captured if e["log_level"] == "error"]
+    assert dropped["event"] == "checkpoint.unrecordable"
+    assert dropped["path"] == str(root / UNDECODABLE)
+    assert "surrogates not allowed" in str(dropped["error"])
+    assert _warnings(captured) == [("checkpoint.unrecordable", UNDECODABLE)]
+
+
+def test_symlink_loops_and_links_back_to_the_root_are_refused_and_the_scan_goes_on(
+    database: Database, source: Path, tmp_path: Path
+) -> None:
+    root, clock = tmp_path / "run", Clock()
+    root.mkdir()
+    discovery = _discovery(database, root, clock)
+    looped = copy_checkpoint(source, root / "step_8")
+    (looped / "l1").symlink_to("l1")  # ln -s l1 step_8/l1
+    (root / "step_10").symlink_to("../run", target_is_directory=True)  # the root itself
+    (root / "step_11").symlink_to(tmp_path, target_is_directory=True)  # an ancestor of the root
+    (root / "step_12").symlink_to(copy_checkpoint(source, tmp_path / "elsewhere"))  # out of the root
+    actor = root / "_actor"
+    actor.mkdir()
+    (actor / "latest").write_text("global_step13")
+    (actor / "global_step13").symlink_to(".", target_is_directory=True)  # the folder holding it
+    copy_checkpoint(source, root / "step_9")  # listed after the loop: still found
+    with structlog.testing.capture_logs() as captured:
+        discovery.scan()
+        clock.now += 2.5
+        for _ in range(3):
+            discovery.tick()
+            discovery.scan()
+            discovery.hint("r", root / "step_10")
+    with database.session() as s:
+        rows = {c.name: c for c in queries.checkpoint_rows(s)}
+    assert {name: row.state for name, row in rows.items()} == {
+        "step_8": "invalid",
+        "step_9": "ready",
+        "step_10": "invalid",
+        "step_11": "invalid",
+        "step_12": "invalid",
+        "_actor/global_step13": "invalid",
+    }
+    assert rows["step_8"].reason == "symlink loop at step_8/l1: Too many levels of symbolic links (ELOOP)"
+    assert rows["step_10"].reason == (
+        f"symlink step_10 resolves to the run root itself ({root}): a checkpoint cannot hold the run"
+    )
+    assert rows["step_11"].reason == (
+        f"symlink step_11 resolves to {tmp_path}, an ancestor of the run root {root}"
+    )
+    assert rows["step_12"].reason == (
+        f"symlink step_12 leaves the watched root {root} (it resolves to {tmp_path / 'elsewhere'})"
+    )
+    assert rows["_actor/global_step13"].reason == (
+        f"symlink _actor/global_step13 resolves to {actor}, a folder that holds the link itself (a loop)"
+    )
+    assert _jobs(database) == [(9, "pending")]
+    assert sorted(_warnings(captured)) == sorted(
+        [
+            ("checkpoint.invalid", "step_8"),
+            ("checkpoint.refused", "step_10"),
+            ("checkpoint.refused", "step_11"),
+            ("checkpoint.refused", "step_12"),
+            ("checkpoint.refused", "global_step13"),
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    ("real", "problem"),
+    [
+        ("/data/run/step_1", None),
+        ("/data/run/other/step_1", None),
+        (
+            "/data/run",
+            "symlink step_1 resolves to the run root itself (/data/run): a checkpoint cannot hold the run",
+        ),
+        ("/data", "symlink step_1 resolves to /data, an ancestor of the run root /data/run"),
+        ("/", "symlink step_1 resolves to /, an ancestor of the run root /data/run"),
+        ("/data/run2", "symlink step_1 leaves the watched root /data/run (it resolves to /data/run2)"),
+        (
+            "/data/run/_actor",
+            "symlink step_1 resolves to /data/run/_actor, a folder that holds the link itself (a loop)",
+        ),
+    ],
+)
+def test_link_rule(real: str, problem: str | None) -> None:
+    assert refusals.link_problem("step_1", real, "/data/run", "/data/run/_actor") == problem
+
+
+def test_read_errors_name_the_path_and_say_whether_to_look_again() -> None:
+    loop = OSError(errno.ELOOP, "Too many levels of symbolic links", "/data/run/step_1/l1")
+    assert refusals.read_problem(loop, "/data/run") == (
+        "symlink loop at step_1/l1: Too many levels of symbolic links (ELOOP)"
+    )
+    denied = PermissionError(errno.EACCES, "Permission denied", "/data/run/step_1/model.safetensors")
+    assert refusals.read_problem(denied, "/data/run") == (
+        "cannot read step_1/model.safetensors: Permission denied (EACCES)"
+    )
+    assert refusals.read_problem(OSError(errno.EIO, "Input/output error", "/elsewhere/x"), "/data/run") == (
+        "cannot read /elsewhere/x: Input/output error (EIO)"
+    )
+    assert [refusals.is_transient(e) for e in (errno.EIO, errno.ESTALE, errno.ELOOP, errno.EACCES, None)] == [
+        True,
+        True,
+        False,
+        False,
+        False,
+    ]

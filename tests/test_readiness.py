@@ -8,7 +8,16 @@ from pathlib import Path
 import pytest
 
 from daemon.watching.readiness import Decision, decide
-from inference.layouts import Readiness, Verdict, detect, inspect, parse_step, take_snapshot
+from inference.layouts import (
+    STEP_MAX,
+    Readiness,
+    Verdict,
+    detect,
+    inspect,
+    parse_step,
+    step_problem,
+    take_snapshot,
+)
 from inference.layouts.hf import INDEX_FILE
 from tests.checkpoints import replay, save_tiny_llama
 
@@ -130,7 +139,46 @@ def test_decide_needs_a_quiet_period_or_the_marker() -> None:
         ("epoch2epochstep15globalstep315", (315, 2)),
         ("final", (None, None)),
         ("run3-ckpt-0090", (90, None)),
+        # A minus sign after a separator is a sign (then refused), after a word it is a separator.
+        ("step_-1", (-1, None)),
+        ("global_step_-20", (-20, None)),
+        ("checkpoint--3", (-3, None)),
+        ("step-4", (4, None)),
+        ("model-5", (5, None)),
+        ("run_-6", (-6, None)),
+        ("epoch-1epochstep2globalstep3", (3, -1)),
+        ("step_2147483648", (2**31, None)),
+        ("step_99999999999999999999", (99999999999999999999, None)),
     ],
 )
 def test_step_from_directory_name(name: str, expected: tuple[int | None, int | None]) -> None:
     assert parse_step(name) == expected
+
+
+@pytest.mark.parametrize(
+    ("name", "problem"),
+    [
+        ("step_0", None),
+        ("final", None),
+        (f"step_{STEP_MAX}", None),
+        (
+            "step_2147483648",
+            "step 2147483648 in folder name 'step_2147483648' is out of range (0..2147483647)",
+        ),
+        (
+            "step_99999999999999999999",
+            "step 99999999999999999999 in folder name 'step_99999999999999999999' is out of range "
+            "(0..2147483647)",
+        ),
+        ("step_-1", "step -1 in folder name 'step_-1' is out of range (0..2147483647)"),
+        (
+            "epoch2147483648epochstep1globalstep5",
+            "epoch 2147483648 in folder name 'epoch2147483648epochstep1globalstep5' is out of range "
+            "(0..2147483647)",
+        ),
+    ],
+)
+def test_steps_a_database_column_cannot_hold_are_refused(name: str, problem: str | None) -> None:
+    """The same range on both backends: PostgreSQL's INTEGER; SQLite would take up to 2**63 - 1."""
+    step, epoch = parse_step(name)
+    assert step_problem(name, step, epoch) == problem

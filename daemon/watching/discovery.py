@@ -4,6 +4,12 @@ Filesystem events and rescans only say *where to look*; what a directory is, and
 is decided from what is on disk at the time of the look. A directory's snapshot must stay equal for the
 quiet period, which needs no event at all, so missed or coalesced events delay a checkpoint, never let a
 half-written one through.
+
+A folder is one item: whatever goes wrong while looking at it or recording it (a symlink loop, a step the
+database cannot hold, a name it cannot store, an unreadable file) is that folder's problem. It is recorded
+``invalid`` with the reason, or dropped with one error line when even that cannot be written, and the scan
+goes on with the rest; only the database being away (:class:`DatabaseUnreachable`) holds a pass, and what
+it held is written by a later one.
 """
 
 from __future__ import annotations
@@ -20,11 +26,14 @@ import structlog
 from sqlalchemy.orm import Session
 
 from daemon.config import RunConfig, SchedulingConfig
+from daemon.watching import refusals
 from daemon.watching.readiness import Decision, Outcome, decide
 from inference import layouts
 from inference.layouts import Readiness, Snapshot, Verdict
 from storage import queries
 from storage.database import Database
+from storage.database import reason as error_reason
+from storage.errors import DatabaseUnreachable
 from storage.models import CheckpointState
 
 log = structlog.get_logger("evald.discovery")
@@ -58,7 +67,11 @@ class _RunState:
     #: Checkpoints a previous daemon recorded as discovered; the first look after a restart starts their
     #: quiet period afresh.
     recorded: set[str] = field(default_factory=set)
+    #: Folders a transient error (EIO, ESTALE, ...) keeps from being read: when it was first met. Looked
+    #: at again by every rescan, logged once, refused once it has lasted ``invalid_after_secs``.
+    unreadable: dict[str, float] = field(default_factory=dict)
     root_missing_logged: bool = False
+    root_unreadable_logged: bool = False
 
     @cached_property
     def real_root(self) -> str:
@@ -70,11 +83,21 @@ TRACKER_FILES = frozenset({"latest", "latest_checkpointed_iteration.txt"})
 
 
 def _subdirs(folder: Path) -> list[Path]:
+    """The folders in ``folder`` that could be checkpoints (``OSError`` if it cannot be listed)."""
     try:
         entries = list(folder.iterdir())
     except (FileNotFoundError, NotADirectoryError):
         return []
-    return sorted(p for p in entries if not layouts.is_ignored_name(p.name) and p.is_dir())
+    return sorted(p for p in entries if not layouts.is_ignored_name(p.name) and _is_dir(p))
+
+
+def _is_dir(path: Path) -> bool:
+    """``Path.is_dir`` that says yes to a folder it cannot stat (EACCES, EIO) and has a step in its name:
+    that one is looked at, so that its error is recorded against it instead of failing the whole scan."""
+    try:
+        return path.is_dir()
+    except OSError:
+        return layouts.parse_step(path.name) != (None, None)
 
 
 def is_container(folder: Path) -> bool:
@@ -86,11 +109,11 @@ def is_container(folder: Path) -> bool:
         return False
     try:
         entries = list(folder.iterdir())
-    except (FileNotFoundError, NotADirectoryError):
-        return False
+    except OSError:
+        return False  # unreadable: looked at as a folder of its own, which records why
     has_subdir = False
     for entry in entries:
-        if entry.is_dir():
+        if _is_dir(entry):
             has_subdir = True
         elif entry.name not in TRACKER_FILES:
             return False
@@ -101,7 +124,13 @@ def candidate_dirs(root: Path) -> list[Path]:
     """The folders under a run root that could be checkpoints: its children, and a container's."""
     found: list[Path] = []
     for child in _subdirs(root):
-        found.extend(_subdirs(child) if is_container(child) else [child])
+        if not is_container(child):
+            found.append(child)
+            continue
+        try:
+            found.extend(_subdirs(child))
+        except OSError:
+            found.append(child)  # emptied or made unreadable since: its own look says which
     return found
 
 
@@ -154,27 +183,90 @@ class Discovery:
             yield
         finally:
             if self._discovered:
-                batch = self._discovered
-                rows = []
-                for state, path, layout, reason in batch:
-                    if str(path) in state.settled:
-                        continue  # settled later in the same pass; its own write stands
-                    step, epoch = self._step(path, layout)
-                    rows.append(
-                        queries.NewCheckpoint(
-                            state.run.run_id, str(path), _name(state, path), step, epoch, layout, reason
-                        )
-                    )
-                # Kept until written: with the database away the batch waits for the next pass.
-                with self._db.session() as session:
-                    queries.register_discovered(session, rows)
-                self._discovered = []
+                self._write_discovered()
             # Planned once per pass, in a transaction of its own: a crash in between leaves ready, unplanned
             # checkpoints, which the planner takes up at the next start. An invalid or vanished checkpoint
             # counts too: it may release newer ones held behind it.
             if self._settled_any and self._after_ready is not None:
                 self.enqueued += self._after_ready()
                 self._settled_any = False
+
+    def _write_discovered(self) -> None:
+        """Register the pass's newly discovered checkpoints, in one statement while they all go in.
+
+        Kept until written: with the database away the batch waits for the next pass. A batch the
+        database refuses is poisoned by one of its rows (nothing else differs between them): it is
+        written row by row, and a row refused alone is that checkpoint's problem (:meth:`_unwritable`).
+        """
+        batch = [item for item in self._discovered if str(item[1]) not in item[0].settled]
+        # (settled later in the same pass: its own write stands)
+        rows = [self._new_row(state, path, layout, reason) for state, path, layout, reason in batch]
+        try:
+            with self._db.session() as session:
+                queries.register_discovered(session, rows)
+        except DatabaseUnreachable:
+            raise
+        except Exception:
+            for index, (item, row) in enumerate(zip(batch, rows, strict=True)):
+                state, path, layout, _ = item
+                # What is not written yet stays for the next pass if the database goes away meanwhile.
+                self._discovered = batch[index:]
+                try:
+                    with self._db.session() as session:
+                        queries.register_discovered(session, [row])
+                except DatabaseUnreachable:
+                    raise
+                except Exception as exc:
+                    self._unwritable(state, path, layout, exc)
+        self._discovered = []
+
+    def _new_row(self, state: _RunState, path: Path, layout: str, reason: str) -> queries.NewCheckpoint:
+        step, epoch, _ = self._step(path, layout)
+        return queries.NewCheckpoint(
+            state.run.run_id, str(path), _name(state, path), step, epoch, layout, reason
+        )
+
+    def _unwritable(self, state: _RunState, path: Path, layout: str | None, exc: Exception) -> None:
+        """The database refused to store this checkpoint (not an outage: a value it cannot take): record
+        it ``invalid`` with the database's reason, without the values that may be the cause; if even that
+        is refused, drop it with one error line naming the folder. Either way it is not tried again."""
+        problem = f"the database refused to record it: {error_reason(exc)}"
+        try:
+            with self._db.session() as session:
+                queries.record_checkpoint(
+                    session,
+                    run_id=state.run.run_id,
+                    path=str(path),
+                    name=_name(state, path),
+                    step=None,
+                    epoch=None,
+                    layout=layout or "unknown",
+                    state=CheckpointState.INVALID,
+                    reason=problem,
+                )
+        except DatabaseUnreachable:
+            raise
+        except Exception as again:
+            log.error(
+                "checkpoint.unrecordable",
+                run=state.run.config.name,
+                path=str(path),
+                error=problem,
+                then=error_reason(again),
+                action="dropped: looked at again only after a restart",
+            )
+        else:
+            log.warning("checkpoint.invalid", run=state.run.config.name, path=str(path), reason=problem)
+        self._forget(state, path)
+        self._settled_any = True
+
+    @staticmethod
+    def _forget(state: _RunState, path: Path) -> None:
+        key = str(path)
+        state.candidates.pop(key, None)
+        state.recorded.discard(key)
+        state.unreadable.pop(key, None)
+        state.settled.add(key)
 
     def scan(self) -> None:
         """Look at every directory under every root (the safety net under events)."""
@@ -184,20 +276,30 @@ class Discovery:
     def _scan(self) -> None:
         for state in self._runs.values():
             root = state.run.config.root
-            if not root.is_dir():
+            if not os.path.isdir(root):  # noqa: PTH112 (never raises, unlike Path.is_dir on 3.11)
                 if not state.root_missing_logged:
                     log.warning("run.root_missing", run=state.run.config.name, root=str(root))
                     state.root_missing_logged = True
                 continue
             state.root_missing_logged = False
-            found = candidate_dirs(root)
+            try:
+                found = candidate_dirs(root)
+            except OSError as exc:
+                # The root itself (not one checkpoint) cannot be listed: this run waits, the others go on.
+                if not state.root_unreadable_logged:
+                    log.error(
+                        "run.root_unreadable", run=state.run.config.name, root=str(root), error=str(exc)
+                    )
+                    state.root_unreadable_logged = True
+                continue
+            state.root_unreadable_logged = False
             for path in found:
                 if str(path) not in state.settled:
                     self._look(state, path)
             # Recorded ones deleted while nobody watched are marked vanished: left as discovered, they
             # would hold every newer checkpoint back from planning.
             present = {str(p) for p in found}
-            for key in [*state.recorded, *state.candidates]:
+            for key in [*state.recorded, *state.candidates, *state.unreadable]:
                 if key not in present and key not in state.settled:
                     self._look(state, Path(key))
 
@@ -210,9 +312,14 @@ class Discovery:
         state = self._runs.get(run_name)
         if state is None:
             return
-        if path.is_dir() and is_container(path):
-            targets = _subdirs(path) + [Path(k) for k in state.candidates if Path(k).parent == path]
-        elif not path.is_dir() and str(path) not in state.candidates:
+        is_dir = os.path.isdir(path)  # noqa: PTH112 (never raises, unlike Path.is_dir on 3.11)
+        if is_dir and is_container(path):
+            try:
+                inside = _subdirs(path)
+            except OSError:
+                inside = [path]  # unreadable since: its own look records why
+            targets = inside + [Path(k) for k in state.candidates if Path(k).parent == path]
+        elif not is_dir and str(path) not in state.candidates:
             # A tracker such as ``latest`` changed beside the checkpoints: it may complete any of them.
             targets = [Path(k) for k in state.candidates]
         else:
@@ -237,29 +344,38 @@ class Discovery:
                     self._look(state, Path(key))
 
     def _look(self, state: _RunState, path: Path) -> None:
+        try:
+            self._look_into(state, path)
+        except (FileNotFoundError, NotADirectoryError):
+            if not os.path.isdir(path):  # noqa: PTH112 (never raises, unlike Path.is_dir on 3.11)
+                self._gone(state, path)
+            # else a file went while it was read: the next look sees the folder as it is then
+        except OSError as exc:
+            self._unreadable(state, path, exc)
+
+    def _look_into(self, state: _RunState, path: Path) -> None:
+        """Look at one folder; ``OSError`` from reading it is :meth:`_look`'s to place."""
         key = str(path)
         run = state.run
         now = self._clock()
-        if not _inside(state.real_root, path):
-            self._settle(
-                state, path, None, CheckpointState.INVALID, "symlink leaves the watched root", "refused"
-            )
+        problem = _link_problem(state, path)
+        if problem is not None:
+            self._settle(state, path, None, CheckpointState.INVALID, problem, "refused")
             return
-        try:
-            snapshot = layouts.take_snapshot(path)
-        except (FileNotFoundError, NotADirectoryError):
-            candidate = state.candidates.pop(key, None)
-            if (candidate is not None and candidate.recorded) or key in state.recorded:
-                self._settle(
-                    state, path, None, CheckpointState.VANISHED, "deleted before it was complete", "vanished"
-                )
-            return
+        snapshot = layouts.take_snapshot(path)
+        state.unreadable.pop(key, None)
         candidate = state.candidates.get(key)
         if candidate is None or candidate.snapshot != snapshot:
             recorded = candidate.recorded if candidate else key in state.recorded
             candidate = _Candidate(snapshot, now, recorded=recorded)
             state.candidates[key] = candidate
         layout = layouts.detect(path, snapshot, run.config.layout)
+        if layout is not None:
+            _, _, problem = self._step(path, layout)
+            if problem is not None:
+                # The name is final: no quiet period makes the step fit.
+                self._settle(state, path, layout, CheckpointState.INVALID, problem, "invalid")
+                return
         if layout is None:
             # Nothing recognisable yet; it stays a candidate. One recorded earlier whose files went (an
             # emptied folder) must not stay "discovered", holding every newer checkpoint back.
@@ -282,6 +398,38 @@ class Discovery:
         )
         self._act(state, path, layout, candidate, outcome)
 
+    def _gone(self, state: _RunState, path: Path) -> None:
+        key = str(path)
+        candidate = state.candidates.pop(key, None)
+        state.unreadable.pop(key, None)
+        if (candidate is not None and candidate.recorded) or key in state.recorded:
+            self._settle(
+                state, path, None, CheckpointState.VANISHED, "deleted before it was complete", "vanished"
+            )
+
+    def _unreadable(self, state: _RunState, path: Path, exc: OSError) -> None:
+        """An error reading this one folder: refused at once if it stays (a symlink loop, a permission),
+        else looked at again by later passes and refused once it has lasted ``invalid_after_secs``."""
+        key = str(path)
+        problem = refusals.read_problem(exc, str(state.run.config.root))
+        if not refusals.is_transient(exc.errno):
+            self._settle(state, path, None, CheckpointState.INVALID, problem, "invalid")
+            return
+        now = self._clock()
+        since = state.unreadable.get(key)
+        if since is None:
+            since = state.unreadable[key] = now
+            log.warning(
+                "checkpoint.unreadable",
+                run=state.run.config.name,
+                path=str(path),
+                reason=problem,
+                action="retry",
+            )
+        if now - since >= self._scheduling.invalid_after_secs:
+            reason = f"unreadable for {now - since:.0f} s: {problem}"
+            self._settle(state, path, None, CheckpointState.INVALID, reason, "invalid")
+
     def _act(
         self, state: _RunState, path: Path, layout: str, candidate: _Candidate, outcome: Outcome
     ) -> None:
@@ -299,23 +447,31 @@ class Discovery:
     def _settle(
         self, state: _RunState, path: Path, layout: str | None, new: CheckpointState, reason: str, event: str
     ) -> None:
-        step, epoch = self._step(path, layout)
+        step, epoch, _ = self._step(path, layout)
         # Written before it is forgotten: if the database is away, the candidate is still there to be
         # settled by a later pass.
-        with self._db.session() as session:
-            self._record_in(session, state, path, layout or "unknown", new, reason, step, epoch)
-        state.candidates.pop(str(path), None)
-        state.recorded.discard(str(path))
-        state.settled.add(str(path))
+        try:
+            with self._db.session() as session:
+                self._record_in(session, state, path, layout or "unknown", new, reason, step, epoch)
+        except DatabaseUnreachable:
+            raise
+        except Exception as exc:
+            self._unwritable(state, path, layout, exc)
+            return
+        self._forget(state, path)
         log_method = log.info if new is CheckpointState.READY else log.warning
         log_method(f"checkpoint.{event}", run=state.run.config.name, path=str(path), step=step, reason=reason)
         self._settled_any = True
 
     @staticmethod
-    def _step(path: Path, layout: str | None) -> tuple[int | None, int | None]:
+    def _step(path: Path, layout: str | None) -> tuple[int | None, int | None, str | None]:
+        """(step, epoch, problem): both ``None`` with the problem when the name's cannot be stored."""
         if layout is not None and layout in layouts.REGISTRY:
-            return layouts.get(layout).step(path)
-        return layouts.parse_step(path.name)
+            step, epoch = layouts.get(layout).step(path)
+        else:
+            step, epoch = layouts.parse_step(path.name)
+        problem = layouts.step_problem(path.name, step, epoch)
+        return (None, None, problem) if problem is not None else (step, epoch, None)
 
     @staticmethod
     def _record_in(
@@ -347,7 +503,8 @@ def _name(state: _RunState, path: Path) -> str:
     return str(path.relative_to(root)) if path.is_relative_to(root) else path.name
 
 
-def _inside(real_root: str, path: Path) -> bool:
-    """Whether ``path``, symlinks followed, stays under the (already resolved) run root."""
-    real = os.path.realpath(path)
-    return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
+def _link_problem(state: _RunState, path: Path) -> str | None:
+    """Why ``path``, symlinks followed, is not a folder of its own strictly inside the run root."""
+    return refusals.link_problem(
+        _name(state, path), os.path.realpath(path), state.real_root, os.path.realpath(path.parent)
+    )

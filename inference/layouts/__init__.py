@@ -13,6 +13,7 @@ from pathlib import Path
 
 from inference.layouts import hf
 from inference.layouts.base import (
+    STEP_MAX,
     FileStat,
     Layout,
     LayoutSettings,
@@ -21,6 +22,7 @@ from inference.layouts.base import (
     Verdict,
     is_ignored_name,
     parse_step,
+    step_problem,
     take_snapshot,
 )
 
@@ -39,6 +41,7 @@ AUTO_ORDER = ("hf_trainer", "verl", "areal", "openrlhf", "deepspeed", "dcp", "hf
 __all__ = [
     "AUTO_ORDER",
     "REGISTRY",
+    "STEP_MAX",
     "FileStat",
     "Layout",
     "LayoutSettings",
@@ -52,6 +55,7 @@ __all__ = [
     "inspect",
     "is_ignored_name",
     "parse_step",
+    "step_problem",
     "take_snapshot",
 ]
 

@@ -85,22 +85,43 @@ def take_snapshot(directory: Path) -> Snapshot:
     return Snapshot(tuple(sorted(found, key=lambda f: f.relpath)))
 
 
+# A minus sign is read as one (``step_-1`` is step -1, which is then refused, not step 1); after a word
+# (``model-5``) it is a separator.
 _STEP_PATTERNS = (
-    re.compile(r"epoch(?P<epoch>\d+)epochstep\d+globalstep(?P<step>\d+)"),
-    re.compile(r"(?:checkpoint|global_step|globalstep|step|iter|iteration|ckpt)[-_]?(?P<step>\d+)", re.I),
+    re.compile(r"epoch(?P<epoch>-?\d+)epochstep-?\d+globalstep(?P<step>-?\d+)"),
+    re.compile(r"(?:checkpoint|global_step|globalstep|step|iter|iteration|ckpt)[-_]?(?P<step>-?\d+)", re.I),
 )
-_LAST_NUMBER = re.compile(r"(\d+)(?!.*\d)")
+_LAST_NUMBER = re.compile(r"(?P<step>(?:(?:^|(?<=[_=\s]))-)?\d+)(?!.*\d)")
+
+#: The largest step or epoch evald stores: PostgreSQL's ``INTEGER`` (32-bit signed), the type of the
+#: ``step`` and ``epoch`` columns. SQLite would take 64 bits, but both backends refuse the same folders.
+STEP_MAX = 2**31 - 1
 
 
 def parse_step(name: str) -> tuple[int | None, int | None]:
-    """(step, epoch) from a checkpoint directory name; ``None`` for what the name does not say."""
+    """(step, epoch) from a checkpoint directory name; ``None`` for what the name does not say.
+
+    Negative and huge numbers are returned as written: :func:`step_problem` says why they are refused.
+    """
     for pattern in _STEP_PATTERNS:
         match = pattern.search(name)
         if match:
             epoch = match.groupdict().get("epoch")
             return int(match["step"]), int(epoch) if epoch is not None else None
     last = _LAST_NUMBER.search(name)
-    return (int(last.group(1)), None) if last else (None, None)
+    return (int(last["step"]), None) if last else (None, None)
+
+
+def step_problem(name: str, step: int | None, epoch: int | None) -> str | None:
+    """Why the (step, epoch) read from folder ``name`` cannot be a checkpoint's, or ``None`` (pure).
+
+    A step is a count of optimizer steps, never negative, and must fit the database's column: one that
+    does not would make every insert of the batch it is in fail.
+    """
+    for what, value in (("step", step), ("epoch", epoch)):
+        if value is not None and not 0 <= value <= STEP_MAX:
+            return f"{what} {value} in folder name {name!r} is out of range (0..{STEP_MAX})"
+    return None
 
 
 def is_ignored_name(name: str) -> bool:
