@@ -136,6 +136,12 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     check_datasets(config)
     database = describe_url(config.database.url)
     print(f"{args.file}: ok ({len(config.runs)} runs, {len(config.tasks)} tasks, database {database})")
+    from daemon.web.exposure import open_problem
+
+    exposed = open_problem(config.web, config.web.host)
+    if exposed is not None:
+        allowed = " (allowed by [web] allow_open = true)" if config.web.allow_open else ""
+        print(f"evald: warning: web.host: {exposed}{allowed}", file=sys.stderr)
     return 0
 
 
@@ -557,11 +563,18 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from daemon.web.exposure import open_problem
     from daemon.web.server import serve
 
     config = _load(args)
+    host = args.host or config.web.host
+    exposed = open_problem(config.web, host)
+    if exposed is not None and not (args.insecure_no_token or config.web.allow_open):
+        raise ConfigError("web.host", [f"evald serve refused: {exposed}"])
     logs.configure(sys.stdout, fmt=config.daemon.log_format, level=config.daemon.log_level)
-    serve(config, host=args.host or config.web.host, port=args.port or config.web.port)
+    if exposed is not None:
+        structlog.get_logger("daemon.web").warning("web.open_without_token", host=host)
+    serve(config, host=host, port=args.port or config.web.port)
     return 0
 
 
@@ -586,6 +599,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="the read-only HTTP API, dashboard and /metrics")
     serve.add_argument("--host", help="address to bind (default: [web] host, 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default: [web] port, 8321)")
+    serve.add_argument(
+        "--insecure-no-token",
+        action="store_true",
+        help="serve a non-loopback --host without a token anyway (the data is open to the network)",
+    )
     serve.set_defaults(func=cmd_serve)
 
     demo = commands.add_parser("demo", help="train a tiny model and watch evald evaluate every checkpoint")

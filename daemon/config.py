@@ -674,6 +674,12 @@ class WebConfig(_Section):
     #: When set, every request must carry ``Authorization: Bearer <token>``, the token read from this
     #: environment variable at start (never from the file, never logged).
     token_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    #: Serve a non-loopback ``host`` without a token anyway (prompts, responses and paths open to whoever
+    #: reaches the port); ``evald serve --insecure-no-token`` is the same for one start.
+    allow_open: bool = False
+    #: ``/metrics`` lists the configured runs and any other whose newest result is at most this old, so
+    #: the ``run`` label does not grow with every run the database keeps; 0: configured runs only.
+    metrics_window_secs: float = Field(default=7 * 86400.0, ge=0, allow_inf_nan=False)
 
     def token(self, environ: Mapping[str, str]) -> str | None:
         """The bearer token, or None when none is required; a named but unset variable is an error."""
