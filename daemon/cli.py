@@ -308,11 +308,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_plot(args: argparse.Namespace) -> int:
     from daemon.alerts.lifecycle import Alerter
-    from daemon.plot import render  # matplotlib is slow to import: only when plotting
+    from daemon.plot import PlotFormatError, plot_format, render  # matplotlib is slow to import
 
     smoothing = parse_smoothing(args.smooth)
     runs = list(dict.fromkeys(args.run))
     out = Path(args.out)
+    try:
+        plot_format(out)
+    except PlotFormatError as exc:
+        raise ConfigError("--out", [str(exc)]) from exc
     config = _load(args)
     database = _open_current(config)
     try:
@@ -663,7 +667,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.set_defaults(func=cmd_compare)
 
     plot = commands.add_parser(
-        "plot", help="a metric's curves as a PNG: error bands, alerts, best checkpoint"
+        "plot", help="a metric's curves as a PNG, PDF or SVG: error bands, alerts, best checkpoint"
     )
     plot.add_argument("--run", action="append", required=True, help="a run to draw (repeat to overlay runs)")
     plot.add_argument("--metric", required=True)
@@ -671,7 +675,7 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--stage", choices=(stages.FULL, stages.QUICK), help="only this stage")
     plot.add_argument("--smooth", default="none", help="none (default), ema:W (e.g. ema:0.6) or window:N")
     plot.add_argument("--title", help="the chart's title (default: the metric and runs)")
-    plot.add_argument("--out", required=True, help="the PNG file to write")
+    plot.add_argument("--out", required=True, help="the file to write: .png, or .pdf/.svg (vector)")
     plot.set_defaults(func=cmd_plot)
 
     export = commands.add_parser("export", help="write stored results in another tool's format")

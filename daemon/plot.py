@@ -1,4 +1,9 @@
-"""``evald plot``: one metric's curves as a PNG (matplotlib, Agg backend: no display needed).
+"""``evald plot``: one metric's curves as a PNG, PDF or SVG (matplotlib, Agg backend: no display needed).
+
+The format is the ``--out`` suffix's: PNG is a raster at 120 dpi; PDF and SVG are vector (for papers),
+PDF with its fonts embedded as TrueType (Type 42, which journals accept and editors can retouch), both
+without a creation date, so the same data writes the same file. Another suffix is refused, never
+silently written as PNG.
 
 What the chart shows, per curve (one per run × task × stage of the metric):
 
@@ -30,6 +35,15 @@ from daemon.curves import Curve
 from daemon.scheduling import stages
 from daemon.smoothing import NONE, Smoothing
 from storage.alerting import AlertRow
+
+#: ``--out`` suffix → matplotlib's ``savefig`` format.
+FORMATS = {".png": "png", ".pdf": "pdf", ".svg": "svg"}
+#: Per format: no timestamp in the file (reproducible bytes); PNG's default metadata holds none.
+_METADATA: dict[str, dict[str, str | None]] = {
+    "png": {},
+    "pdf": {"CreationDate": None},
+    "svg": {"Date": None},
+}
 
 FIRING_COLOUR = "#d62728"
 RESOLVED_COLOUR = "#7f7f7f"
@@ -63,6 +77,21 @@ def _best(curve: Curve, better: bool | None) -> tuple[int, float] | None:
     return top.step, top.value
 
 
+class PlotFormatError(ValueError):
+    """An ``--out`` path whose suffix names no format ``evald plot`` writes."""
+
+
+def plot_format(out: Path) -> str:
+    """The format ``out``'s suffix names (png, pdf, svg), or :class:`PlotFormatError` listing them."""
+    found = FORMATS.get(out.suffix.lower())
+    if found is None:
+        shown = out.suffix or "no suffix"
+        raise PlotFormatError(
+            f"{out}: cannot tell the format from {shown!r} (write one of: {', '.join(FORMATS)})"
+        )
+    return found
+
+
 def render(
     curves: Sequence[Curve],
     alerts: Sequence[AlertRow],
@@ -72,7 +101,9 @@ def render(
     smoothing: Smoothing = NONE,
     title: str | None = None,
 ) -> Plotted:
-    """Draw ``curves`` (one metric) with ``alerts`` of their runs, write a PNG to ``out``."""
+    """Draw ``curves`` (one metric) with ``alerts`` of their runs, write them to ``out`` in the format its
+    suffix names (:func:`plot_format`)."""
+    kind = plot_format(out)
     runs = len({c.run for c in curves})
     tasks = len({c.task for c in curves})
     figure, axes = plt.subplots(figsize=(10, 5.5), dpi=120)
@@ -137,7 +168,8 @@ def render(
         axes.legend(fontsize=8, loc="best")
         figure.tight_layout()
         out.parent.mkdir(parents=True, exist_ok=True)
-        figure.savefig(out, format="png")
+        with plt.rc_context({"pdf.fonttype": 42, "svg.hashsalt": "evald"}):
+            figure.savefig(out, format=kind, metadata=_METADATA[kind])
     finally:
         plt.close(figure)
     return Plotted(out, len(curves), points, marked, tuple(best_marks))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 from PIL import Image
@@ -100,3 +101,72 @@ def test_plot_bad_input(surfaces: Stored, tmp_path: Path, capsys: pytest.Capture
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"evald: error: {blocked / 'x.png'}: cannot write the plot")
     assert not (tmp_path / "x.png").exists()
+
+
+def _plot(surfaces: Stored, out: Path) -> int:
+    return main(
+        [
+            "--config",
+            surfaces.config,
+            "plot",
+            "--run",
+            "a",
+            "--run",
+            "b",
+            "--metric",
+            "accuracy",
+            "--stage",
+            "full",
+            "--out",
+            str(out),
+        ]
+    )
+
+
+def test_plot_writes_the_format_its_suffix_names(
+    surfaces: Stored, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """PDF and SVG are vector files (no raster image inside), one error band per curve, the same bytes
+    each time; PNG stays PNG; the suffix's case does not matter."""
+    png, pdf, svg, upper = (tmp_path / n for n in ("c.png", "c.pdf", "c.svg", "C.PDF"))
+    for out in (png, pdf, svg, upper):
+        assert _plot(surfaces, out) == 0
+        assert capsys.readouterr().out.startswith(f"{out}: 2 curve(s)")
+    assert png.read_bytes()[:8] == PNG_SIGNATURE
+    document = pdf.read_bytes()
+    assert document.startswith(b"%PDF-") and upper.read_bytes().startswith(b"%PDF-")
+    assert b"/Subtype /Image" not in document
+    # Fonts embedded as TrueType (Type 42), not Type 3 bitmaps-in-disguise.
+    assert b"/FontFile2" in document and b"/Subtype /Type3" not in document
+    tree = ElementTree.parse(svg)
+    namespace = "{http://www.w3.org/2000/svg}"
+    assert tree.getroot().tag == f"{namespace}svg"
+    assert not list(tree.iter(f"{namespace}image"))
+    groups = [g.get("id", "") for g in tree.iter(f"{namespace}g")]
+    assert (
+        sum(g.startswith("FillBetweenPolyCollection") or g.startswith("PolyCollection") for g in groups) == 2
+    )
+    assert sum(g.startswith("line2d") for g in groups) >= 2
+    # Reproducible: the same data writes the same bytes.
+    for out in (pdf, svg):
+        again = tmp_path / f"again{out.suffix}"
+        assert _plot(surfaces, again) == 0
+        assert again.read_bytes() == out.read_bytes(), out.suffix
+    capsys.readouterr()
+
+
+def test_plot_refuses_a_suffix_it_cannot_write(
+    surfaces: Stored, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name in ("c.jpg", "c", "c.png.txt"):
+        out = tmp_path / name
+        assert _plot(surfaces, out) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        shown = out.suffix or "no suffix"
+        assert (
+            line
+            == f"evald: --out: {out}: cannot tell the format from {shown!r} (write one of: .png, .pdf, .svg)"
+        )
+        assert not out.exists()
+    # Beside them, a good suffix still plots.
+    assert _plot(surfaces, tmp_path / "ok.svg") == 0
