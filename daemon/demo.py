@@ -14,9 +14,11 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any, TextIO
 
 from sqlalchemy import select
@@ -183,8 +185,7 @@ def _run(
     try:
         code = _evaluate(workdir, config_path, database, receiver, secret, as_json=as_json, progress=progress)
         if server is not None:
-            _say(f"\ndashboard: {server.url} (serving until Ctrl-C)", progress)
-            _wait_for_interrupt()
+            serve_until_interrupted(server.url, progress)
         return code
     finally:
         if server is not None:
@@ -200,16 +201,45 @@ def _serve(config_path: Path, port: int, progress: TextIO) -> BackgroundServer:
     return server
 
 
-def _wait_for_interrupt() -> None:
-    stop = threading.Event()
-    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+class Interrupt:
+    """A signal handler that only records which signal came.
+
+    Not a ``threading.Event``: Python runs a handler in the main thread between two bytecodes, possibly
+    while that thread holds the Event's lock inside ``Event.wait``, and ``Event.set`` would then wait
+    for that lock forever (the demo would never end on SIGTERM)."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+
+    def __call__(self, signum: int, _frame: FrameType | None) -> None:
+        self.signal = signum
+
+
+@contextmanager
+def interrupts(*signals: signal.Signals) -> Iterator[Interrupt]:
+    """``signals`` recorded by an :class:`Interrupt` inside the block, the previous handlers back after.
+
+    Set here, whatever the process inherited: a shell without job control (a script's ``cmd &``, CI,
+    a test runner started that way) starts commands with SIGINT ignored, and Python then installs no
+    KeyboardInterrupt for it, so Ctrl-C or ``kill -INT`` would have been ignored and the demo would
+    have served forever."""
+    interrupt = Interrupt()
+    previous = {sig: signal.signal(sig, interrupt) for sig in signals}
     try:
-        while not stop.wait(0.5):
-            pass
-    except KeyboardInterrupt:
-        pass
+        yield interrupt
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def serve_until_interrupted(url: str, progress: TextIO, poll_secs: float = 0.1) -> int:
+    """Say where the dashboard is and wait for Ctrl-C (SIGINT) or SIGTERM; returns the signal."""
+    # The handlers are in place before the line is printed: whoever reads it may press Ctrl-C at once.
+    with interrupts(signal.SIGINT, signal.SIGTERM) as interrupt:
+        _say(f"\ndashboard: {url} (serving until Ctrl-C)", progress)
+        while interrupt.signal is None:
+            time.sleep(poll_secs)
+        return interrupt.signal
 
 
 def _evaluate(

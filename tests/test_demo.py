@@ -20,6 +20,32 @@ from storage.database import Database
 
 pytestmark = pytest.mark.slow
 
+#: The serving end of ``evald demo --serve`` on its own (no trainer, no daemon): the demo's workspace and
+#: dashboard, then the wait for Ctrl-C; prints the signal that ended it.
+SERVE_ONLY = """
+import sys
+from pathlib import Path
+import signal
+from daemon import demo
+from storage import migrations
+from storage.database import Database
+
+workdir = Path(sys.argv[1])
+config = demo.write_workspace(workdir)
+database = Database(f"sqlite:///{workdir / 'evald.db'}")
+migrations.upgrade(database)
+database.dispose()
+server = demo._serve(config, 0, sys.stderr)
+try:
+    got = demo.serve_until_interrupted(server.url, sys.stderr)
+finally:
+    server.stop()
+print(signal.Signals(got).name)
+"""
+#: How long the demo may take to end once interrupted (it takes about 1 s: the web server's and the
+#: webhook receiver's shutdown polls), generous for a loaded machine.
+EXIT_WITHIN_S = 30
+
 
 def _serve_until_interrupted(demo: subprocess.Popen[str]) -> tuple[str, str]:
     """Wait for the demo to say it serves until Ctrl-C, check its dashboard and API answer, press Ctrl-C;
@@ -43,6 +69,46 @@ def _serve_until_interrupted(demo: subprocess.Popen[str]) -> tuple[str, str]:
     demo.send_signal(signal.SIGINT)
     out, rest = demo.communicate(timeout=60)
     return out, "".join(seen) + rest
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_serving_ends_on_ctrl_c_even_where_sigint_was_inherited_ignored(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    """A shell without job control (``make test &``, CI) starts commands with SIGINT ignored; Python then
+    raises no KeyboardInterrupt, and the demo used to serve on after Ctrl-C until it was killed. Here the
+    dashboard also holds a browser's idle keep-alive connection, and the signal comes the moment the
+    line is printed."""
+    script = tmp_path / "serve_only.py"
+    script.write_text(SERVE_ONLY)
+    demo = subprocess.Popen(
+        ["bash", "-c", 'trap "" INT; exec "$0" "$@"', sys.executable, str(script), str(tmp_path / "demo")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = threading.Timer(120, demo.kill)
+    deadline.start()
+    try:
+        assert demo.stderr is not None
+        seen = []
+        for line in demo.stderr:
+            seen.append(line)
+            match = re.search(r"dashboard: (\S+) \(serving until Ctrl-C\)", line)
+            if match:
+                break
+        assert match, "".join(seen)[-3000:]
+        with httpx.Client(timeout=30) as browser:
+            assert browser.get(match.group(1)).status_code == 200
+            demo.send_signal(sig)
+            out, err = demo.communicate(timeout=EXIT_WITHIN_S)
+    finally:
+        deadline.cancel()
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+    assert demo.returncode == 0, "".join(seen) + err
+    assert out.strip() == sig.name
 
 
 def test_demo_json_shows_learning_with_every_checkpoint_evaluated_once(tmp_path: Path) -> None:
