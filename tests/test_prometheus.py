@@ -4,10 +4,13 @@ parser, and every number checked against the database (read there by the CLI's q
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import update
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
@@ -16,7 +19,8 @@ from daemon.web.app import create_app
 from daemon.web.metrics import DURATION_BUCKETS
 from storage import alerting, queries
 from storage.database import Database
-from storage.models import CheckpointState
+from storage.models import Alert, AlertState, CheckpointState, EvalJob
+from storage.queries import monitoring
 from tests import surface_data
 from tests.harness import upgraded, write_config, write_dataset
 from tests.surface_data import Stored
@@ -143,11 +147,12 @@ def test_a_scrape_reads_the_database_each_time(database_url: str, tmp_path: Path
             assert _of(empty, "evald_jobs")[(("state", "pending"),)] == 0
             assert _of(empty, "evald_metric_value") == {} and _of(empty, "evald_alerts_firing") == {}
             with database.session() as session:
-                run_id = queries.ensure_run(session, "c", "/c")
+                # The configured run ("toy"): listed from its first checkpoint, before any result.
+                run_id = queries.ensure_run(session, "toy", "/toy")
                 checkpoint_id = queries.record_checkpoint(
                     session,
                     run_id=run_id,
-                    path="/c/step_5",
+                    path="/toy/step_5",
                     name="step_5",
                     step=5,
                     epoch=None,
@@ -157,7 +162,7 @@ def test_a_scrape_reads_the_database_each_time(database_url: str, tmp_path: Path
                 queries.enqueue_jobs(session, checkpoint_id=checkpoint_id, step=5, tasks=["arith"])
             after = _scrape(client)
             assert _of(after, "evald_jobs")[(("state", "pending"),)] == 1
-            assert _of(after, "evald_alerts_firing") == {(("run", "c"),): 0.0}
+            assert _of(after, "evald_alerts_firing") == {(("run", "toy"),): 0.0}
     finally:
         database.dispose()
 
@@ -193,3 +198,143 @@ def test_the_token_guards_metrics_too(surfaces: Stored) -> None:
             }
     finally:
         database.dispose()
+
+
+def _result(database: Database, run: str, step: int, metrics: list[queries.MetricRow], age_s: float) -> None:
+    """One succeeded job of ``run`` at ``step``, its results stored ``age_s`` seconds ago."""
+    with database.session() as s:
+        run_id = queries.ensure_run(s, run, f"/{run}")
+        checkpoint_id = queries.record_checkpoint(
+            s,
+            run_id=run_id,
+            path=f"/{run}/step_{step}",
+            name=f"step_{step}",
+            step=step,
+            epoch=None,
+            layout="hf",
+            state=CheckpointState.READY,
+        )
+        queries.enqueue_jobs(s, checkpoint_id=checkpoint_id, step=step, tasks=["arith"])
+        job = queries.claim_next_job(s, "h:1")
+        assert job is not None
+        assert queries.complete_job(
+            s, job_id=job.id, owner="h:1", metrics=metrics, samples=[], duration_s=1.0, load_s=0.1
+        )
+        finished = datetime.now(UTC) - timedelta(seconds=age_s)
+        s.execute(update(EvalJob).where(EvalJob.id == job.id).values(finished_at=finished))
+
+
+def _outbox(database: Database, run: str, endpoint: str, attempts: list[int | None], end: str) -> None:
+    """A message for ``endpoint`` tried with these statuses (None: no answer), then left in ``end``."""
+    with database.session() as s:
+        run_id = queries.ensure_run(s, run, f"/{run}")
+        alert = Alert(
+            fingerprint=f"{run}-{endpoint}-{len(attempts)}-{end}",
+            run_id=run_id,
+            task="arith",
+            metric="accuracy",
+            rule="drop_from_best",
+            severity="warning",
+            state=AlertState.FIRING,
+            message="drop",
+        )
+        s.add(alert)
+        s.flush()
+        event = f"evt-{alert.id}-{endpoint}"
+        alerting.enqueue(s, alert=alert, endpoints=[endpoint], event_ids=[event], body="{}")
+        (message,) = alerting.due(s, endpoint=endpoint, now=datetime.now(UTC) + timedelta(days=1))
+        for status in attempts:
+            error = None if status is not None else "ConnectError: refused"
+            alerting.record_attempt(s, message.id, alerting.Attempt(datetime.now(UTC), 0.1, status, error))
+        if end == "delivered":
+            alerting.delivered(s, message.id)
+        elif end == "failed":
+            alerting.give_up(s, message.id, "HTTP 400 5 times")
+
+
+def test_freshness_webhooks_and_the_run_window(database_url: str, tmp_path: Path) -> None:
+    """Per run and task the time of its newest result; webhook failures per endpoint and the outbox by
+    state; runs listed: the configured one (old or not) and others with a result inside the window."""
+    database = upgraded(database_url)
+    config = write_config(tmp_path, database_url, dataset=write_dataset(tmp_path / "d.jsonl", 1))
+    config.write_text(
+        config.read_text()
+        + '\n[[webhooks]]\nname = "quiet"\nurl = "http://127.0.0.1:9/q"\n'
+        + "\n[web]\nmetrics_window_secs = 86400\n"
+    )
+    day = 86400.0
+    try:
+        _result(database, "toy", 10, [queries.MetricRow("accuracy", 0.5, 10, 0.1)], age_s=30 * day)
+        _result(database, "old", 10, [queries.MetricRow("accuracy", 0.9, 10, 0.1)], age_s=2 * day)
+        _result(
+            database,
+            "recent",
+            10,
+            # A mean over zero samples: no number to export.
+            [queries.MetricRow("accuracy", 0.25, 8, 0.1), queries.MetricRow("length_correct", 0.0, 0, None)],
+            age_s=60.0,
+        )
+        _outbox(database, "recent", "ops", [500, None, 200], "delivered")
+        _outbox(database, "recent", "ops", [400, 400], "failed")
+        _outbox(database, "recent", "ops", [503], "pending")
+        _outbox(database, "recent", "chat", [200], "delivered")
+        with database.session() as s:
+            stored = {r.run: r.at for r in monitoring.last_results(s)}
+        with TestClient(_app(config, database)) as client:
+            response = client.get("/metrics")
+            assert response.status_code == 200
+            samples = _samples(response.text)
+            # The same text through the OpenMetrics parser (what Prometheus negotiates): valid there too.
+            om = client.get("/metrics", headers={"accept": "application/openmetrics-text; version=1.0.0"})
+            assert {f.name for f in openmetrics_families(om.text)} >= {
+                "evald_webhook_failures",
+                "evald_last_result_timestamp_seconds",
+            }
+    finally:
+        database.dispose()
+    stamps = _of(samples, "evald_last_result_timestamp_seconds")
+    assert stamps == {
+        (("run", "toy"), ("task", "arith")): stored["toy"].timestamp(),
+        (("run", "recent"), ("task", "arith")): stored["recent"].timestamp(),
+    }
+    now = datetime.now(UTC).timestamp()
+    assert 30 * day - 120 < now - stamps[(("run", "toy"), ("task", "arith"))] < 30 * day + 120
+    assert 0 < now - stamps[(("run", "recent"), ("task", "arith"))] < 600
+    # "old" (not configured, newest result 2 days back, window 1 day) is in no run-labelled family.
+    assert _of(samples, "evald_metric_value") == {
+        (("metric", "accuracy"), ("run", "recent"), ("stage", "full"), ("task", "arith")): 0.25,
+        (("metric", "accuracy"), ("run", "toy"), ("stage", "full"), ("task", "arith")): 0.5,
+    }
+    assert _of(samples, "evald_checkpoint_step") == {(("run", "recent"),): 10.0, (("run", "toy"),): 10.0}
+    assert set(_of(samples, "evald_alerts_firing")) == {(("run", "recent"),), (("run", "toy"),)}
+    # Failed attempts: ops had 500, no answer, 400, 400, 503; chat none; the configured quiet one 0.
+    assert _of(samples, "evald_webhook_failures_total") == {
+        (("endpoint", "chat"),): 0.0,
+        (("endpoint", "ops"),): 5.0,
+        (("endpoint", "quiet"),): 0.0,
+    }
+    messages = _of(samples, "evald_webhook_messages")
+    assert {
+        state: messages[(("endpoint", "ops"), ("state", state))]
+        for state in ("pending", "delivered", "failed", "disabled")
+    } == {"pending": 1.0, "delivered": 1.0, "failed": 1.0, "disabled": 0.0}
+    assert messages[(("endpoint", "quiet"), ("state", "pending"))] == 0.0
+    help_text = next(
+        line for line in response.text.splitlines() if line.startswith("# HELP evald_metric_value")
+    )
+    assert "own unit" in help_text and "seconds for *_s" in help_text
+
+
+def test_window_zero_lists_only_the_configured_runs(database_url: str, tmp_path: Path) -> None:
+    database = upgraded(database_url)
+    config = write_config(tmp_path, database_url, dataset=write_dataset(tmp_path / "d.jsonl", 1))
+    config.write_text(config.read_text() + "\n[web]\nmetrics_window_secs = 0\n")
+    try:
+        _result(database, "toy", 10, [queries.MetricRow("accuracy", 0.5, 10, 0.1)], age_s=5.0)
+        _result(database, "other", 10, [queries.MetricRow("accuracy", 0.7, 10, 0.1)], age_s=5.0)
+        with TestClient(_app(config, database)) as client:
+            samples = _scrape(client)
+    finally:
+        database.dispose()
+    assert {dict(k)["run"] for k in _of(samples, "evald_metric_value")} == {"toy"}
+    assert set(_of(samples, "evald_last_result_timestamp_seconds")) == {(("run", "toy"), ("task", "arith"))}

@@ -5,7 +5,12 @@ turns their rows into metric families, so what Prometheus sees is what ``evald r
 and ``evald alerts`` show at that moment. Families (names and labels by Prometheus' conventions):
 
 ``evald_metric_value{run,task,stage,metric}``
-    gauge: the value stored at the newest evaluated step of each series (NaN stays NaN).
+    gauge: the value stored at the newest evaluated step of each series, in the metric's own unit (the
+    README's metric table: fractions 0..1 for accuracy and rates, seconds for ``*_s``, tokens for
+    lengths); NaN stays NaN, a metric with no samples (n = 0, or no value) is left out.
+``evald_last_result_timestamp_seconds{run,task}``
+    gauge: Unix time at which the newest result of the run's task was stored (for "no evaluation in N
+    hours": ``time() - evald_last_result_timestamp_seconds > 3 * 3600``).
 ``evald_checkpoint_step{run}``
     gauge: the newest step a job of the run succeeded on.
 ``evald_jobs{state}``
@@ -15,6 +20,16 @@ and ``evald alerts`` show at that moment. Families (names and labels by Promethe
     gauge: alerts firing now, every known run listed (0 when none).
 ``evald_job_duration_seconds{task,state}``
     histogram of finished jobs' durations (succeeded and failed), its cumulative buckets counted in SQL.
+``evald_webhook_failures_total{endpoint}``
+    counter: delivery attempts that failed (no answer, or a status other than 2xx), every configured
+    endpoint listed (0 when none failed).
+``evald_webhook_messages{endpoint,state}``
+    gauge: outbox messages by state: ``pending`` (not yet delivered, retried), ``failed`` (given up),
+    ``disabled`` (its endpoint answered 410), ``delivered``.
+
+Runs: the families labelled by run list the configured runs and any other whose newest result is at most
+``[web] metrics_window_secs`` old (default 7 days), so the label does not grow with every run the
+database keeps; ``evald_jobs`` and the histogram count every job.
 
 A scrape that cannot read the database raises; the route answers 503, and Prometheus records the target
 as down (``up == 0``) rather than stale numbers.
@@ -22,28 +37,58 @@ as down (``up == 0``) rather than stale numbers.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from storage import alerting, queries
 from storage.database import Database
+from storage.queries import monitoring
 
 #: Upper bounds (seconds) of the job duration buckets: from a quick subset on a small model to a full
 #: evaluation of a large one.
 DURATION_BUCKETS: tuple[float, ...] = (1, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400)
 
 
+@dataclass(frozen=True)
+class Scope:
+    """Which runs the run-labelled families list, and which webhook endpoints are always listed."""
+
+    #: The configured (watched) runs: always listed.
+    watched: frozenset[str] = frozenset()
+    #: Other runs are listed while their newest result is at most this old; None: every run.
+    window_secs: float | None = None
+    #: The configured webhook endpoints: listed with zeros before anything failed.
+    endpoints: tuple[str, ...] = ()
+
+    def runs(self, last: Sequence[monitoring.LastResult], now: datetime) -> set[str] | None:
+        """The runs to list (None: all): the watched ones and those with a result inside the window."""
+        if self.window_secs is None:
+            return None
+        since = now - timedelta(seconds=self.window_secs)
+        return set(self.watched) | {r.run for r in last if r.at >= since}
+
+
 class DatabaseCollector(Collector):
     """Reads the families above from ``database`` on each :meth:`collect`."""
 
-    def __init__(self, database: Database, buckets: Sequence[float] = DURATION_BUCKETS) -> None:
+    def __init__(
+        self, database: Database, buckets: Sequence[float] = DURATION_BUCKETS, scope: Scope | None = None
+    ) -> None:
         if list(buckets) != sorted(set(buckets)) or not buckets:
             raise ValueError(f"duration buckets must be increasing and distinct, got {list(buckets)}")
         self._database = database
         self._buckets = tuple(float(b) for b in buckets)
+        self._scope = scope or Scope()
 
     def describe(self) -> Iterator[Metric]:
         # Nothing to describe up front: registering must not query the database.
@@ -56,21 +101,40 @@ class DatabaseCollector(Collector):
             states = queries.job_state_counts(session)
             firing = alerting.firing_counts(session)
             durations = queries.job_durations(session, self._buckets)
+            last = monitoring.last_results(session)
+            webhooks = monitoring.webhook_standing(session, self._scope.endpoints)
+        shown = self._scope.runs(last, datetime.now(UTC))
+
+        def listed(run: str) -> bool:
+            return shown is None or run in shown
 
         value = GaugeMetricFamily(
             "evald_metric_value",
-            "Value of each metric at the newest step evaluated for it",
+            "Value of each metric at the newest step evaluated for it, in the metric's own unit "
+            "(fractions 0..1 for accuracy and rates, seconds for *_s, tokens for lengths: README, Metrics)",
             labels=["run", "task", "stage", "metric"],
         )
         for row in latest:
-            value.add_metric([row.run, row.task, row.stage, row.metric], row.value)
+            # No samples, no number (a mean over nothing is not 0); NaN, a real outcome, stays.
+            if listed(row.run) and row.value is not None and row.n != 0:
+                value.add_metric([row.run, row.task, row.stage, row.metric], row.value)
         yield value
+
+        stamp = GaugeMetricFamily(
+            "evald_last_result_timestamp_seconds",
+            "Unix time the newest result of the run's task was stored",
+            labels=["run", "task"],
+        )
+        for newest in last:
+            if listed(newest.run):
+                stamp.add_metric([newest.run, newest.task], newest.at.timestamp())
+        yield stamp
 
         step = GaugeMetricFamily(
             "evald_checkpoint_step", "Newest checkpoint step a job of the run succeeded on", labels=["run"]
         )
         for run in runs:
-            if run.evaluated_step is not None:
+            if run.evaluated_step is not None and listed(run.name):
                 step.add_metric([run.name], run.evaluated_step)
         yield step
 
@@ -81,8 +145,27 @@ class DatabaseCollector(Collector):
 
         alerts = GaugeMetricFamily("evald_alerts_firing", "Alerts firing now, by run", labels=["run"])
         for name, count in sorted(firing.items()):
-            alerts.add_metric([name], count)
+            if listed(name):
+                alerts.add_metric([name], count)
         yield alerts
+
+        failures = CounterMetricFamily(
+            "evald_webhook_failures",
+            "Webhook delivery attempts that failed (no answer, or a status other than 2xx)",
+            labels=["endpoint"],
+        )
+        messages = GaugeMetricFamily(
+            "evald_webhook_messages",
+            "Webhook outbox messages by state (pending: not delivered yet; failed: given up; "
+            "disabled: endpoint answered 410)",
+            labels=["endpoint", "state"],
+        )
+        for standing in webhooks:
+            failures.add_metric([standing.endpoint], standing.failed_attempts)
+            for state, count in standing.messages.items():
+                messages.add_metric([standing.endpoint, state], count)
+        yield failures
+        yield messages
 
         duration = HistogramMetricFamily(
             "evald_job_duration_seconds",
@@ -100,8 +183,13 @@ def _bound(value: float) -> str:
     return f"{value:g}" if value != int(value) else f"{int(value)}.0"
 
 
-def registry(database: Database) -> CollectorRegistry:
+def registry(database: Database, scope: Scope | None = None) -> CollectorRegistry:
     """A registry of its own (not the process-wide default) holding only the database collector."""
     found = CollectorRegistry(auto_describe=False)
-    found.register(DatabaseCollector(database))
+    found.register(DatabaseCollector(database, scope=scope))
     return found
+
+
+def scope_of(watched: Collection[str], window_secs: float, endpoints: Collection[str]) -> Scope:
+    """The scope of a config's runs, ``[web] metrics_window_secs`` and webhook names."""
+    return Scope(frozenset(watched), window_secs, tuple(endpoints))

@@ -15,7 +15,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from daemon.web.context import context
-from daemon.web.metrics import registry
+from daemon.web.metrics import registry, scope_of
 from storage.errors import StorageError
 
 log = structlog.get_logger("daemon.web")
@@ -25,7 +25,13 @@ async def metrics(request: Request) -> Response:
     # The text format 0.0.4, or OpenMetrics when the scraper asks for it (Prometheus does).
     encoder, content_type = choose_encoder(request.headers.get("accept", ""))
     # A registry per scrape costs nothing (it holds no state); the collector reads the database.
-    found = registry(context(request).database)
+    web = context(request)
+    scope = scope_of(
+        [r.name for r in web.config.runs],
+        web.config.web.metrics_window_secs,
+        [w.name for w in web.config.webhooks],
+    )
+    found = registry(web.database, scope)
     try:
         # The queries block: off the event loop, so a slow scrape does not stall the API.
         body = await run_in_threadpool(encoder, found)
