@@ -18,7 +18,8 @@ from daemon.running.runner import JobRunner
 from storage import queries
 from storage.models import CheckpointState
 from tests.conftest import ToyRun
-from tests.harness import upgraded
+from tests.harness import evald, upgraded
+from tests.lm_eval_tasks import colliding_python_task, colliding_yaml
 
 # Starts real worker processes (the config tests are quick, the runner test is not).
 pytestmark = pytest.mark.slow
@@ -57,6 +58,107 @@ def test_a_yaml_that_does_not_parse_is_named(tmp_path: Path) -> None:
         'kind = "lm_eval"\nlm_eval_task = "bad"\nlm_eval_include_path = "tasks"', tmp_path
     )
     assert "unknown lm-eval task 'bad'" in problems and "bad.yaml does not load" in problems
+
+
+COLLISION = (
+    "lm-eval keys 'exact_match,boxed-digits' and 'exact_match,boxed_digits' (filters 'boxed-digits' and "
+    "'boxed_digits' of metric 'exact_match') both map to evald metric 'exact_match_boxed_digits'"
+)
+
+
+def test_filters_that_map_to_one_metric_name_are_refused_naming_the_task_both_filters_and_the_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tasks = colliding_yaml(tmp_path / "tasks")
+    problems = _config_error(
+        'kind = "lm_eval"\nlm_eval_task = "arith_boxed"\nlm_eval_include_path = "tasks"', tmp_path
+    )
+    assert f"lm_eval_task: lm-eval task 'arith_boxed' ({tasks / 'arith_boxed.yaml'}): {COLLISION}" in problems
+    # A group is refused for its member, and config check (as evald run's start-up) says so and exits 2.
+    (tasks / "suite.yaml").write_text("group: boxed_suite\ntask:\n  - arith_boxed\n")
+    toml = tmp_path / "evald.toml"
+    toml.write_text(
+        f'[[runs]]\nname = "r"\nroot = "{tmp_path}"\n\n[[tasks]]\nname = "good"\nkind = "lm_eval"\n'
+        f'lm_eval_task = "arith"\nlm_eval_include_path = "{TOY_TASKS}"\n\n[[tasks]]\nname = "suite"\n'
+        f'kind = "lm_eval"\nlm_eval_task = "boxed_suite"\nlm_eval_include_path = "{tasks}"\n'
+    )
+    assert main(["config", "check", str(toml)]) == 2
+    error = capsys.readouterr().err
+    assert "tasks[1]: lm_eval_task: lm-eval task 'arith_boxed'" in error and COLLISION in error
+    assert "tasks[0]" not in error
+    started = evald("--config", str(toml), "run", timeout=120)
+    assert started.returncode == 2 and COLLISION in started.stderr
+
+
+def test_an_inline_group_member_and_a_function_metric_are_checked_too(tmp_path: Path) -> None:
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    # An inline task over a clean one, adding a filter "strict" beside "strict-match" (short name: strict).
+    (tasks / "suite.yaml").write_text(
+        "group: suite\ntask:\n  - task: arith\n    filter_list:\n"
+        "      - name: strict-match\n        filter: [{function: take_first}]\n"
+        "      - name: strict\n        filter: [{function: take_first}]\n"
+    )
+    (tasks / "arith.yaml").write_text((TOY_TASKS / "arith.yaml").read_text())
+    problems = _config_error(
+        'kind = "lm_eval"\nlm_eval_task = "suite"\nlm_eval_include_path = "tasks"', tmp_path
+    )
+    assert "'exact_match,strict-match' and 'exact_match,strict'" in problems
+    assert "evald metric 'exact_match_strict'" in problems
+    # A metric given as a !function is named by its function: score_x beside score with filter "x".
+    (tasks / "suite.yaml").unlink()
+    (tasks / "fn.yaml").write_text(
+        "task: fn\ndataset_path: json\noutput_type: generate_until\ndoc_to_text: q\ndoc_to_target: a\n"
+        "filter_list:\n  - name: none\n    filter: [{function: take_first}]\n"
+        "  - name: x\n    filter: [{function: take_first}]\n"
+        "metric_list:\n  - metric: !function utils.score_x\n  - metric: score\n"
+    )
+    problems = _config_error(
+        'kind = "lm_eval"\nlm_eval_task = "fn"\nlm_eval_include_path = "tasks"', tmp_path
+    )
+    assert "'score_x,none' and 'score,x'" in problems and "evald metric 'score_x'" in problems
+
+
+def test_the_shipped_toy_tasks_have_no_colliding_names(tmp_path: Path) -> None:
+    for name in ("arith", "arith_ppl", "arith_suite"):
+        source = (
+            f'[[runs]]\nname = "r"\nroot = "{tmp_path}"\n\n[[tasks]]\nname = "t"\nkind = "lm_eval"\n'
+            f'lm_eval_task = "{name}"\nlm_eval_include_path = "{TOY_TASKS}"\n'
+        )
+        parse_config(tomllib.loads(source), base_dir=tmp_path, source="evald.toml")
+
+
+def test_metric_values_refuses_two_keys_of_one_name() -> None:
+    from inference.errors import TaskInvalid
+    from inference.harness.report import metric_values
+
+    good = {"results": {"arith": {"alias": "arith", "acc,none": 0.5, "acc_stderr,none": 0.1}}}
+    assert [m.name for m in metric_values(good)] == ["acc"]
+    both = {"results": {"arith": {"exact_match,boxed-digits": 1.0, "exact_match,boxed_digits": 0.0}}}
+    with pytest.raises(TaskInvalid) as caught:
+        metric_values(both)
+    assert caught.value.message == f"lm-eval task 'arith': {COLLISION}, so one result would be lost: " + (
+        "rename one in the task's YAML"
+    )
+
+
+def test_eval_command_fails_a_task_whose_code_adds_colliding_filters(
+    toy_run: ToyRun, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # config check cannot see a Python task's filters: lm-eval runs, and the mapping refuses its results.
+    tasks = colliding_python_task(tmp_path / "tasks")
+    toml = tmp_path / "evald.toml"
+    toml.write_text(
+        f'[database]\nurl = "sqlite:///{tmp_path / "e.db"}"\n\n[[runs]]\nname = "r"\nroot = "{tmp_path}"\n\n'
+        '[inference]\nengine = "hf"\nthreads = 1\n\n[[tasks]]\nname = "coded"\nkind = "lm_eval"\n'
+        f'lm_eval_task = "arith_boxed_py"\nlm_eval_include_path = "{tasks}"\nlimit = 2\nbatch_size = 2\n'
+    )
+    assert main(["config", "check", str(toml)]) == 0
+    capsys.readouterr()
+    assert main(["--config", str(toml), "eval", str(toy_run.last_checkpoint), "--format", "json"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert f"task 'coded': lm-eval task 'arith_boxed_py': {COLLISION}" in captured.err
 
 
 def test_an_lm_eval_task_may_run_on_a_worker_group(tmp_path: Path) -> None:

@@ -189,7 +189,11 @@ def run_harness(spec: JobSpec, group: WorkerGroup) -> JobResult | None:
         return None
     if results is None:
         raise TaskInvalid(f"task {task.name!r}: lm-eval returned no results for {harness.task!r}")
-    metrics = metric_values(results)
+    try:
+        metrics = metric_values(results)
+    except TaskInvalid as exc:
+        # Two keys of one name: the job fails naming both, never stores one and drops the other.
+        raise TaskInvalid(f"task {task.name!r}: {exc.message}") from exc
     if not metrics:
         raise TaskInvalid(f"task {task.name!r}: lm-eval reported no metric for {harness.task!r}")
     tokenizer = loaded.tokenizer

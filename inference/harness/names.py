@@ -7,6 +7,10 @@ filter not in it, the filter's name with every run of characters other than lett
 ``_``. A job that runs several lm-eval tasks (a group, or a task with subtasks) prefixes each name with its
 task: ``mmlu_anatomy/acc``.
 
+Two keys may become one name (filters ``boxed-digits`` and ``boxed_digits``, or ``strict-match`` beside a
+filter named ``strict``): :func:`collisions` finds them, and such a task is refused (by ``config check``
+where its YAML can be read, else by the job, naming both keys) rather than one result dropped.
+
 =====================================  ===================
 lm-eval key                            evald metric
 =====================================  ===================
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 NO_FILTER = "none"
 
@@ -76,6 +81,40 @@ def evald_name(metric: str, filter_name: str, task: str | None = None) -> str:
     """The evald metric for lm-eval's ``metric,filter`` (of ``task``, when the job ran several)."""
     name = metric if filter_name == NO_FILTER else f"{metric}_{filter_suffix(filter_name)}"
     return name if task is None else f"{task}/{name}"
+
+
+@dataclass(frozen=True)
+class Collision:
+    """Two lm-eval ``(metric, filter)`` keys that map to one evald metric ``name``."""
+
+    name: str
+    first: tuple[str, str]
+    second: tuple[str, str]
+
+    def describe(self) -> str:
+        (metric, one), (other_metric, two) = self.first, self.second
+        what = (
+            f"filters {one!r} and {two!r} of metric {metric!r}"
+            if metric == other_metric
+            else f"metric {metric!r} with filter {one!r} and metric {other_metric!r} with filter {two!r}"
+        )
+        return (
+            f"lm-eval keys '{metric},{one}' and '{other_metric},{two}' ({what}) both map to evald metric "
+            f"{self.name!r}, so one result would be lost: rename one in the task's YAML"
+        )
+
+
+def collisions(keys: Iterable[tuple[str, str]], task: str | None = None) -> tuple[Collision, ...]:
+    """Every pair among ``keys`` (lm-eval ``(metric, filter)``, of ``task`` when prefixed) that map to one
+    evald name: the first key seen for a name against each later one."""
+    seen: dict[str, tuple[str, str]] = {}
+    found: list[Collision] = []
+    for key in keys:
+        name = evald_name(*key, task)
+        first = seen.setdefault(name, key)
+        if first != key:
+            found.append(Collision(name, first, key))
+    return tuple(found)
 
 
 def stderr_key(metric: str, filter_name: str) -> str:

@@ -12,7 +12,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from inference.harness.names import NO_FILTER, evald_name, split_key, stderr_key
+from inference.errors import TaskInvalid
+from inference.harness.names import NO_FILTER, Collision, evald_name, split_key, stderr_key
 from inference.samples import cut_text
 from inference.spec import MetricValue, SampleOutput
 
@@ -40,10 +41,12 @@ def documents(task: str, results: Mapping[str, Any]) -> int | None:
 
 def metric_values(results: Mapping[str, Any]) -> tuple[MetricValue, ...]:
     """Every metric lm-eval reported, with its standard error and n; names prefixed by their task when
-    the job ran more than one task (a group's subtasks, say)."""
+    the job ran more than one task (a group's subtasks, say). Two keys that map to one name raise
+    :class:`TaskInvalid` naming both: storing one of them would silently drop the other."""
     per_task: Mapping[str, Mapping[str, Any]] = results.get("results", {})
     prefixed = len(per_task) > 1
     values: list[MetricValue] = []
+    keys: dict[str, tuple[str, str]] = {}
     for task, reported in per_task.items():
         n = documents(task, results)
         for key, raw in reported.items():
@@ -52,10 +55,14 @@ def metric_values(results: Mapping[str, Any]) -> tuple[MetricValue, ...]:
             if parts is None or value is None:
                 continue
             metric, filter_name = parts
+            name = evald_name(metric, filter_name, task if prefixed else None)
+            first = keys.setdefault(name, parts)
+            if first != parts:
+                raise TaskInvalid(f"lm-eval task {task!r}: {Collision(name, first, parts).describe()}")
             stderr = _number(reported.get(stderr_key(metric, filter_name)))
             values.append(
                 MetricValue(
-                    name=evald_name(metric, filter_name, task if prefixed else None),
+                    name=name,
                     value=value,
                     n=n,
                     stderr=stderr if stderr is not None and math.isfinite(stderr) else None,
