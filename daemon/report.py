@@ -400,7 +400,11 @@ def alert_json(row: alerting.AlertRow) -> dict[str, Any]:
         "rule": row.rule,
         "severity": row.severity,
         "state": row.state,
-        "step": row.step,
+        # ``step`` is the onset (kept for readers written before ``first_step``).
+        "step": row.first_step,
+        "first_step": row.first_step,
+        "last_step": row.last_step,
+        "resolved_step": row.resolved_step,
         "value": row.value,
         "baseline": row.baseline,
         "best_step": row.best_step,
@@ -425,7 +429,7 @@ def alerts_text(rows: Sequence[alerting.AlertRow]) -> str:
         "metric",
         "sev",
         "state",
-        "step",
+        "steps",
         "value",
         "baseline",
         "best",
@@ -442,7 +446,7 @@ def alerts_text(rows: Sequence[alerting.AlertRow]) -> str:
             row.metric or "-",
             row.severity,
             row.state,
-            "-" if row.step is None else row.step,
+            alert_steps(row),
             "-" if row.value is None else f"{row.value:.4g}",
             "-" if row.baseline is None else f"{row.baseline:.4g}",
             "-" if row.best_step is None else row.best_step,
@@ -453,6 +457,20 @@ def alerts_text(rows: Sequence[alerting.AlertRow]) -> str:
         for row in rows
     ]
     return table(header, body)
+
+
+def alert_steps(row: alerting.AlertRow) -> str:
+    """``840`` (fired once), ``840..960`` (onset to the latest step it fired at), ``840..960 ok@1080``
+    (resolved by step 1080's result)."""
+    if row.first_step is None:
+        steps = "-" if row.last_step is None else f"?..{row.last_step}"
+    elif row.last_step is None or row.last_step == row.first_step:
+        steps = str(row.first_step)
+    else:
+        steps = f"{row.first_step}..{row.last_step}"
+    if row.resolved_step is not None:
+        steps += f" ok@{row.resolved_step}"
+    return steps
 
 
 COMPARISON_FIELDS = (

@@ -257,7 +257,14 @@ class AlertRow:
     rule: str
     severity: str
     state: str
-    step: int | None
+    #: The onset: the earliest step it fired at in its latest episode (None: a run-level event, or an
+    #: alert resolved before evald kept onsets).
+    first_step: int | None
+    #: The latest step it fired at in that episode.
+    last_step: int | None
+    #: The step whose result resolved it (None while firing).
+    resolved_step: int | None
+    #: Of the latest finding (``last_step``), as the message.
     value: float | None
     baseline: float | None
     best_step: int | None
@@ -269,6 +276,11 @@ class AlertRow:
     #: Outbox messages of this alert: delivered and all.
     delivered: int
     queued: int
+
+    @property
+    def step(self) -> int | None:
+        """The step shown by default: the onset, where a person rolls back from."""
+        return self.first_step
 
 
 def alert_rows(session: Session, *, run: str | None = None, state: str | None = None) -> list[AlertRow]:
@@ -296,7 +308,9 @@ def alert_rows(session: Session, *, run: str | None = None, state: str | None = 
             rule=a.rule,
             severity=a.severity,
             state=a.state.value,
-            step=a.step,
+            first_step=a.first_step,
+            last_step=a.last_step,
+            resolved_step=a.resolved_step,
             value=a.value,
             baseline=a.baseline,
             best_step=a.best_step,

@@ -329,8 +329,13 @@ class Alert(Base):
     rule: Mapped[str] = mapped_column(String(64))
     severity: Mapped[str] = mapped_column(String(16))
     state: Mapped[AlertState] = mapped_column(_enum(AlertState, "alert_state"))
-    #: The checkpoint step of the latest finding (None for a run-level event).
-    step: Mapped[int | None] = mapped_column(Integer)
+    #: The onset: the earliest checkpoint step it fired at since it last started firing (None for a
+    #: run-level event). Where a person rolls back from; what is shown by default.
+    first_step: Mapped[int | None] = mapped_column(Integer)
+    #: The latest checkpoint step it fired at since it last started firing.
+    last_step: Mapped[int | None] = mapped_column(Integer)
+    #: The step whose result resolved it (None while firing).
+    resolved_step: Mapped[int | None] = mapped_column(Integer)
     checkpoint: Mapped[str | None] = mapped_column(String(500))
     #: None for an alert with no value (a failed evaluation); a NaN value is NULL on SQLite too.
     value: Mapped[float | None] = mapped_column(Float)

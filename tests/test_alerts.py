@@ -134,14 +134,20 @@ def test_a_cliff_fires_once_repeats_quietly_and_resolves(database: Database, tmp
     store(database, config, alerter, 1200, 0.34)
     with database.session() as s:
         again = [a for a in alerting.alert_rows(s) if a.rule == "drop_from_best"]
-    assert len(again) == 1 and again[0].repeats == 2 and again[0].step == 1200
+    # The onset stays where the cliff was (where a person rolls back from); the latest step moves on.
+    assert len(again) == 1 and again[0].repeats == 2
+    assert (again[0].step, again[0].first_step, again[0].last_step) == (1100, 1100, 1200)
     assert len(outbox(database)) == len(fired)
 
     # Recovered: every firing alert of the run resolves, and the resolution is sent.
     for step in (1300, 1400):
         store(database, config, alerter, step, 0.61)
     with database.session() as s:
-        assert {a.state for a in alerting.alert_rows(s)} == {"resolved"}
+        rows = alerting.alert_rows(s)
+    assert {a.state for a in rows} == {"resolved"}
+    [drop] = [a for a in rows if a.rule == "drop_from_best"]
+    assert (drop.first_step, drop.last_step, drop.resolved_step) == (1100, 1200, drop.resolved_step)
+    assert drop.resolved_step in (1300, 1400)
     resolved = [row for row in outbox(database) if row[2] == "resolved"]
     assert len(resolved) == len(fired)
     assert woken
@@ -380,6 +386,165 @@ def test_evald_alerts_lists_them_as_a_user_reads_them(
     assert "drop_from_best" in out and "0/1" in out
     assert main(["--config", str(path), "alerts", "--state", "resolved"]) == 0
     assert capsys.readouterr().out.strip() == "no alerts"
+
+
+def test_the_onset_is_kept_across_repeats_and_shown_by_the_cli_and_the_api(
+    database: Database, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 20: accuracy collapsed at 1100 and stayed down at 1200 and 1300; the webhook's first notice
+    said 1100, and so must ``evald alerts`` and the API (``step``/``first_step``), with the latest step
+    beside it; after recovery the episode keeps its span and says where it resolved."""
+    from starlette.testclient import TestClient
+
+    from daemon.config import load_config
+    from daemon.web.app import create_app
+
+    config = make_config(tmp_path)
+    alerter = Alerter(config)
+    for i, value in enumerate([*PLATEAU, 0.35, 0.34, 0.33]):
+        store(database, config, alerter, (i + 1) * 100, value)
+    path = tmp_path / "evald.toml"
+    path.write_text(config_text(tmp_path) + f'\n[database]\nurl = "{database.url}"\n')
+    capsys.readouterr()
+
+    assert main(["--config", str(path), "alerts", "--format", "json", "--state", "firing"]) == 0
+    drop = next(a for a in json.loads(capsys.readouterr().out) if a["rule"] == "drop_from_best")
+    assert (drop["step"], drop["first_step"], drop["last_step"], drop["resolved_step"]) == (
+        1100,
+        1100,
+        1300,
+        None,
+    )
+    assert main(["--config", str(path), "alerts"]) == 0
+    assert "1100..1300" in capsys.readouterr().out
+    served = Database(database.url, read_only=True)
+    try:
+        with TestClient(create_app(load_config(path), database=served)) as web:
+            answer = web.get("/api/v1/alerts", params={"run": "grpo", "state": "firing"})
+    finally:
+        served.dispose()
+    assert answer.status_code == 200, answer.text
+    api = next(a for a in answer.json()["items"] if a["rule"] == "drop_from_best")
+    assert {k: api[k] for k in ("step", "first_step", "last_step")} == {
+        "step": 1100,
+        "first_step": 1100,
+        "last_step": 1300,
+    }
+    first_notice = json.loads(_bodies(database)[0])
+    assert (first_notice["step"], first_notice["first_step"], first_notice["last_step"]) == (1100, 1100, 1100)
+
+    for step in (1400, 1500):
+        store(database, config, alerter, step, 0.61)
+    with database.session() as s:
+        [done] = [a for a in alerting.alert_rows(s) if a.rule == "drop_from_best"]
+    assert (done.state, done.first_step, done.last_step, done.resolved_step) == ("resolved", 1100, 1300, 1400)
+    resolved = json.loads(_bodies(database)[-1])
+    assert (resolved["state"], resolved["step"], resolved["first_step"], resolved["resolved_step"]) == (
+        "resolved",
+        1400,
+        1100,
+        1400,
+    )
+
+    # It fires again later: a new episode with its own onset.
+    store(database, config, alerter, 1600, 0.30)
+    with database.session() as s:
+        [again] = [a for a in alerting.alert_rows(s) if a.rule == "drop_from_best"]
+    assert (again.state, again.first_step, again.last_step, again.resolved_step) == (
+        "firing",
+        1600,
+        1600,
+        None,
+    )
+
+
+def test_a_late_result_for_an_older_step_moves_the_onset_back_not_the_latest_finding(
+    database: Database, tmp_path: Path
+) -> None:
+    """The backlog runs newest first: 1200's collapse is stored before 1100's. The onset is the earliest
+    step the alert fired at (1100); its value and message stay those of the newest finding (1200)."""
+    config = make_config(tmp_path)
+    alerter = Alerter(config)
+    for i, value in enumerate(PLATEAU):
+        store(database, config, alerter, (i + 1) * 100, value)
+    store(database, config, alerter, 1200, 0.30)
+    with database.session() as s:
+        [newest] = [a for a in alerting.alert_rows(s) if a.rule == "drop_from_best"]
+    store(database, config, alerter, 1100, 0.35)
+    with database.session() as s:
+        [alert] = [a for a in alerting.alert_rows(s) if a.rule == "drop_from_best"]
+    assert (alert.first_step, alert.last_step, alert.step) == (1100, 1200, 1100)
+    assert (alert.value, alert.message) == (newest.value, newest.message) and alert.value == 0.30
+
+
+def _bodies(database: Database) -> list[str]:
+    from sqlalchemy import select
+
+    from storage.models import OutboxMessage
+
+    with database.session() as s:
+        return list(s.scalars(select(OutboxMessage.body).order_by(OutboxMessage.id)))
+
+
+def test_upgrading_keeps_what_old_alert_rows_knew_of_their_steps(database_url: str) -> None:
+    """Migration 0008: a firing alert's one ``step`` (its latest finding, the earliest step still known)
+    becomes its first and last step; a resolved alert's was where it resolved (its onset was overwritten:
+    left unknown, not filled with a step that is not the onset). Downgrading puts ``step`` back."""
+    import sqlalchemy as sa
+
+    from storage import migrations
+
+    db = Database(database_url)
+    migrations.upgrade(db, "0007")
+    t0 = utcnow()
+    alerts = sa.table(
+        "alerts",
+        *(sa.column(c) for c in ("id", "fingerprint", "run_id", "rule", "severity", "state", "step")),
+        *(sa.column(c) for c in ("message", "fired_at", "updated_at", "repeats")),
+    )
+    with db.session() as s:
+        s.execute(
+            sa.text("INSERT INTO runs (id, name, root, created_at) VALUES (1, 'old', '/r', :t)"), {"t": t0}
+        )
+        for i, (state, step) in enumerate([("firing", 960), ("resolved", 1080), ("firing", None)], start=1):
+            s.execute(
+                sa.insert(alerts).values(
+                    id=i,
+                    fingerprint=f"fp{i}",
+                    run_id=1,
+                    rule="drop_from_best",
+                    severity="critical",
+                    state=state,
+                    step=step,
+                    message="m",
+                    fired_at=t0,
+                    updated_at=t0,
+                    repeats=2,
+                )
+            )
+    migrations.upgrade(db)
+    with db.session() as s:
+        rows = {r.id: r for r in alerting.alert_rows(s)}
+    assert [(rows[i].first_step, rows[i].last_step, rows[i].resolved_step) for i in (1, 2, 3)] == [
+        (960, 960, None),
+        (None, None, 1080),
+        (None, None, None),
+    ]
+    _downgrade(db, "0007")
+    with db.engine.connect() as conn:
+        back = dict(conn.execute(sa.text("SELECT id, step FROM alerts ORDER BY id")).all())
+    assert back == {1: 960, 2: 1080, 3: None}
+    db.dispose()
+
+
+def _downgrade(db: Database, revision: str) -> None:
+    from alembic import command
+    from storage import migrations
+
+    config = migrations._config()
+    with db.engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.downgrade(config, revision)
 
 
 def test_evald_webhook_test_sends_a_signed_test_alert(

@@ -30,6 +30,8 @@ def _message(**changes: Any) -> AlertMessage:
         "run": "grpo-7",
         "checkpoint": "global_step1200",
         "step": 1200,
+        "first_step": 1200,
+        "last_step": 1200,
         "task": "gsm8k",
         "metric": "accuracy",
         "rule": "drop_from_best",
@@ -91,6 +93,8 @@ def test_generic_carries_every_field() -> None:
         "run": "grpo-7",
         "checkpoint": "global_step1200",
         "step": 1200,
+        "first_step": 1200,
+        "last_step": 1200,
         "task": "gsm8k",
         "metric": "accuracy",
         "rule": "drop_from_best",
@@ -105,7 +109,53 @@ def test_generic_carries_every_field() -> None:
         "links": LINKS,
         "starts_at": "2025-03-14T09:26:53Z",
         "ends_at": None,
+        "resolved_step": None,
     }
+
+
+def test_an_alert_seen_again_shows_its_onset_and_its_latest_step_in_every_format() -> None:
+    """The onset (step 840, where the collapse began) is the step shown; the checkpoint named is the
+    latest finding's (step 960), said as such, never as if it were the onset."""
+    message = _message(step=840, first_step=840, last_step=960, checkpoint="global_step960")
+    generic = _strict_json(render("generic", message))
+    assert (generic["step"], generic["first_step"], generic["last_step"], generic["resolved_step"]) == (
+        840,
+        840,
+        960,
+        None,
+    )
+    slack = _strict_json(render("slack", message))
+    assert slack["text"].startswith(
+        "🔴 critical drop_from_best firing: grpo-7 gsm8k/accuracy at step 840 (still at step 960) — "
+    )
+    facts = slack["blocks"][1]["text"]["text"].split("\n")
+    assert "*Checkpoint:* global_step960 (step 960)" in facts
+    assert "*Onset:* step 840" in facts
+    annotations = _strict_json(render("alertmanager", message))["alerts"][0]["annotations"]
+    assert (annotations["step"], annotations["first_step"], annotations["last_step"]) == ("840", "840", "960")
+    assert annotations["summary"].endswith("at step 840 (still at step 960)")
+
+
+def test_a_resolved_alert_names_its_onset_its_last_step_and_the_step_that_resolved_it() -> None:
+    message = _resolved(
+        step=1080, first_step=840, last_step=960, resolved_step=1080, checkpoint="global_step960"
+    )
+    slack = _strict_json(render("slack", message))
+    facts = slack["blocks"][1]["text"]["text"].split("\n")
+    assert "*Checkpoint:* global_step960 (step 960)" in facts
+    assert "*Onset:* step 840" in facts
+    assert "*Resolved at:* step 1080" in facts
+    assert "still at" not in slack["text"]
+    generic = _strict_json(render("generic", message))
+    assert (generic["first_step"], generic["last_step"], generic["resolved_step"]) == (840, 960, 1080)
+
+
+def test_a_message_stored_before_onsets_were_kept_still_renders() -> None:
+    message = _message(first_step=None, last_step=None)
+    generic = _strict_json(render("generic", message))
+    assert (generic["step"], generic["first_step"], generic["last_step"]) == (1200, None, None)
+    facts = _strict_json(render("slack", message))["blocks"][1]["text"]["text"]
+    assert "*Checkpoint:* global_step1200 (step 1200)" in facts and "Onset" not in facts
 
 
 def test_generic_resolved_has_its_end_in_utc() -> None:
@@ -262,6 +312,8 @@ def test_alertmanager_firing_is_a_version_4_payload() -> None:
         "value": "0.412",
         "baseline": "0.537",
         "step": "1200",
+        "first_step": "1200",
+        "last_step": "1200",
         "best_step": "900",
         "rollback_step": "1100",
         "checkpoint": "global_step1200",
@@ -332,7 +384,15 @@ def test_alertmanager_resolved_ends_and_keeps_the_group() -> None:
 
 def test_alertmanager_leaves_out_empty_labels_and_annotations() -> None:
     message = _message(
-        task=None, metric=None, checkpoint=None, step=None, value=None, baseline=None, best_step=None
+        task=None,
+        metric=None,
+        checkpoint=None,
+        step=None,
+        first_step=None,
+        last_step=None,
+        value=None,
+        baseline=None,
+        best_step=None,
     )
     document = _strict_json(
         render("alertmanager", dataclasses.replace(message, rollback_step=None, links={}))

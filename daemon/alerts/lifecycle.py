@@ -238,27 +238,34 @@ class Alerter:
     ) -> Notice | None:
         alert = alerting.by_fingerprint(session, fp)
         cooldown = timedelta(seconds=self._config.alerts.cooldown_secs)
+        metric_rule = bool(finding.metric)
+        step = finding.step if metric_rule or finding.step else None
         if alert is None:
             metric = finding.metric or None
             alert = Alert(fingerprint=fp, run_id=run_id, task=task, metric=metric, rule=finding.rule)
             session.add(alert)
             notify, alert.repeats, alert.fired_at = True, 1, now
+            newest = _start_episode(alert, step)
         elif alert.state is AlertState.RESOLVED:
             notify, alert.repeats, alert.fired_at, alert.resolved_at = True, 1, now, None
+            newest = _start_episode(alert, step)
         else:
             alert.repeats += 1
             escalated = SEVERITY_RANK[finding.severity] > SEVERITY_RANK.get(alert.severity, 0)
             notify = escalated or alert.notified_at is None or now - alert.notified_at >= cooldown
+            newest = _extend_episode(alert, step)
         alert.state = AlertState.FIRING
-        alert.severity = finding.severity
-        metric_rule = bool(finding.metric)
-        alert.step = finding.step if metric_rule or finding.step else None
-        alert.checkpoint = checkpoint
-        alert.value = finding.value if metric_rule else None
-        alert.baseline = finding.baseline
-        alert.best_step = best.step if best else None
-        alert.rollback_step = back
-        alert.message = finding.message
+        if newest or SEVERITY_RANK[finding.severity] > SEVERITY_RANK.get(alert.severity, 0):
+            alert.severity = finding.severity
+        if newest:
+            # What the alert says (value, message, checkpoint) is its latest finding; a late result for
+            # an older step (the backlog runs newest first) may move the onset back, not the story.
+            alert.checkpoint = checkpoint
+            alert.value = finding.value if metric_rule else None
+            alert.baseline = finding.baseline
+            alert.best_step = best.step if best else None
+            alert.rollback_step = back
+            alert.message = finding.message
         alert.updated_at = now
         session.flush()
         if not notify:
@@ -275,7 +282,8 @@ class Alerter:
             if alert.rule in METRIC_RULES
             else f"{alert.rule} cleared: task {job.task} stored a result at step {job.step}"
         )
-        alert.step = job.step
+        # The episode's first and last steps stay: where it started and how long it lasted.
+        alert.resolved_step = job.step
         return Notice(alert.id, job.run, self._body(job.run, alert, ends_at=now), alert.severity)
 
     def _body(self, run: str, alert: Alert, ends_at: datetime | None) -> dict[str, Any]:
@@ -283,7 +291,11 @@ class Alerter:
             "fingerprint": alert.fingerprint,
             "run": run,
             "checkpoint": alert.checkpoint,
-            "step": alert.step,
+            # The step a receiver shows: the onset while it fires, the step that resolved it after.
+            "step": alert.resolved_step if ends_at is not None else alert.first_step,
+            "first_step": alert.first_step,
+            "last_step": alert.last_step,
+            "resolved_step": alert.resolved_step if ends_at is not None else None,
             "task": alert.task,
             "metric": alert.metric,
             "rule": alert.rule,
@@ -342,7 +354,9 @@ class Alerter:
                     "rule": a.rule,
                     "metric": a.metric,
                     "task": a.task,
-                    "step": a.step,
+                    "step": a.first_step,
+                    "first_step": a.first_step,
+                    "last_step": a.last_step,
                     "severity": a.severity,
                     "message": a.message,
                     "rollback_step": a.rollback_step,
@@ -363,6 +377,24 @@ class Alerter:
                     # A full disk must not stop evaluations: the alerts are stored and sent regardless.
                     log.error("alerts.status_unwritten", run=run, directory=str(directory), error=str(exc))
         self._wake()
+
+
+def _start_episode(alert: Alert, step: int | None) -> bool:
+    """A new firing episode begins at ``step``: its onset and its latest step so far."""
+    alert.first_step = alert.last_step = step
+    alert.resolved_step = None
+    return True
+
+
+def _extend_episode(alert: Alert, step: int | None) -> bool:
+    """A repeat at ``step`` of a firing alert widens its episode; True when ``step`` is its newest."""
+    if step is None:
+        return True
+    alert.first_step = step if alert.first_step is None else min(alert.first_step, step)
+    newest = alert.last_step is None or step >= alert.last_step
+    if newest:
+        alert.last_step = step
+    return newest
 
 
 def write_status(directory: Path, run: str, status: Mapping[str, Any]) -> Path:

@@ -75,6 +75,12 @@ class AlertMessage:
     starts_at: datetime
     #: When the alert resolved; ``None`` while it fires.
     ends_at: datetime | None
+    #: The alert's onset, the latest step it fired at, and the step that resolved it (None: unknown, or a
+    #: message stored before evald kept them). ``step`` is the onset while it fires, the resolving step
+    #: once resolved.
+    first_step: int | None = None
+    last_step: int | None = None
+    resolved_step: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("id", "fingerprint", "run", "rule"):
@@ -147,7 +153,17 @@ def _summary(message: AlertMessage) -> str:
         where += " " + "/".join(part for part in (message.task, message.metric) if part)
     if message.step is not None:
         where += f" at step {message.step}"
+    later = _last_seen(message)
+    if later is not None:
+        where += f" (still at step {later})"
     return f"{message.severity} {message.rule} {message.state}: {where}"
+
+
+def _last_seen(message: AlertMessage) -> int | None:
+    """The latest step a firing alert fired at, when that is not its onset (the step shown)."""
+    if message.state != "firing" or message.last_step is None or message.last_step == message.step:
+        return None
+    return message.last_step
 
 
 def _generic(message: AlertMessage) -> dict[str, Any]:
@@ -164,6 +180,9 @@ def _generic(message: AlertMessage) -> dict[str, Any]:
         "run": message.run,
         "checkpoint": message.checkpoint,
         "step": message.step,
+        "first_step": message.first_step,
+        "last_step": message.last_step,
+        "resolved_step": message.resolved_step,
         "task": message.task,
         "metric": message.metric,
         "rule": message.rule,
@@ -211,11 +230,17 @@ def _escape(text: str) -> str:
 
 def _slack_facts(message: AlertMessage) -> str:
     lines = [f"*Run:* {_escape(message.run)}"]
-    if message.checkpoint is not None or message.step is not None:
+    # The checkpoint named is the latest finding's: its step is the last step it fired at.
+    at = message.last_step if message.last_step is not None else message.step
+    if message.checkpoint is not None or at is not None:
         where = _escape(message.checkpoint) if message.checkpoint is not None else ""
-        if message.step is not None:
-            where = f"{where} (step {message.step})" if where else f"step {message.step}"
+        if at is not None:
+            where = f"{where} (step {at})" if where else f"step {at}"
         lines.append(f"*Checkpoint:* {where}")
+    if message.first_step is not None and message.first_step != at:
+        lines.append(f"*Onset:* step {message.first_step}")
+    if message.resolved_step is not None:
+        lines.append(f"*Resolved at:* step {message.resolved_step}")
     if message.task is not None:
         lines.append(f"*Task:* {_escape(message.task)}")
     if message.metric is not None:
@@ -284,6 +309,9 @@ def _alertmanager_annotations(message: AlertMessage) -> dict[str, str]:
         annotations["baseline"] = _exact_text(message.baseline)
     for name, number in (
         ("step", message.step),
+        ("first_step", message.first_step),
+        ("last_step", message.last_step),
+        ("resolved_step", message.resolved_step),
         ("best_step", message.best_step),
         ("rollback_step", message.rollback_step),
     ):

@@ -1,0 +1,44 @@
+"""alert onset: an alert keeps the step it first fired at, the last step it fired at, and where it
+resolved, instead of one ``step`` overwritten by every repeat (the onset, where a person rolls back to,
+was lost)
+
+Old rows: a firing alert's ``step`` was its latest finding, the earliest step still known, so it fills
+``first_step`` and ``last_step``; a resolved alert's ``step`` was the step it recovered at, so it fills
+``resolved_step`` (its onset was overwritten: left NULL rather than a step that is not the onset).
+
+Revision ID: 0008
+Revises: 0007
+Create Date: 2026-12-01
+"""
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+
+from alembic import op
+
+revision: str = "0008"
+down_revision: str | None = "0007"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("alerts", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("first_step", sa.Integer(), nullable=True))
+        batch_op.add_column(sa.Column("last_step", sa.Integer(), nullable=True))
+        batch_op.add_column(sa.Column("resolved_step", sa.Integer(), nullable=True))
+    op.execute("UPDATE alerts SET first_step = step, last_step = step WHERE state = 'firing'")
+    op.execute("UPDATE alerts SET resolved_step = step WHERE state = 'resolved'")
+    with op.batch_alter_table("alerts", schema=None) as batch_op:
+        batch_op.drop_column("step")
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("alerts", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("step", sa.Integer(), nullable=True))
+    op.execute("UPDATE alerts SET step = COALESCE(resolved_step, last_step)")
+    with op.batch_alter_table("alerts", schema=None) as batch_op:
+        batch_op.drop_column("resolved_step")
+        batch_op.drop_column("last_step")
+        batch_op.drop_column("first_step")
