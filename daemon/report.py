@@ -94,9 +94,11 @@ def status(
     runs: Sequence[str],
     plans: Sequence[PlanRow] = (),
     schedules: Mapping[str, Mapping[str, Any]] | None = None,
+    max_attempts: int | None = None,
 ) -> dict[str, Any]:
     """Per run: counts by state, the frequency and when the next checkpoint is due, the queue by
-    priority, and every deferred job, waiting and skipped checkpoint with its reason."""
+    priority, every deferred job, waiting and skipped checkpoint with its reason, and every job that is
+    being retried or failed with its attempts (of ``max_attempts``) and its last error."""
     out: dict[str, Any] = {}
     for run in runs:
         run_checkpoints = [c for c in checkpoints if c.run == run]
@@ -117,6 +119,7 @@ def status(
                     "task": j.task,
                     "stage": j.stage,
                     "attempt": j.attempts,
+                    "max_attempts": max_attempts,
                     "held_by": j.claimed_by,
                     "started_at": _jsonable(j.started_at),
                     "heartbeat_at": _jsonable(j.heartbeat_at),
@@ -128,6 +131,22 @@ def status(
                 {"job": j.id, "step": j.step, "task": j.task, "stage": j.stage, "reason": j.wait_reason}
                 for j in run_jobs
                 if j.state == "deferred"
+            ],
+            # Jobs whose last attempt failed and that will run again: the retry queue is the database.
+            "retrying": [
+                {
+                    "job": j.id,
+                    "step": j.step,
+                    "task": j.task,
+                    "stage": j.stage,
+                    "state": j.state,
+                    "attempts": j.attempts,
+                    "max_attempts": max_attempts,
+                    "kind": j.error_kind,
+                    "error": j.error,
+                }
+                for j in run_jobs
+                if j.state in RETRYING_STATES and j.attempts > 0 and j.error is not None
             ],
             "waiting": [_plan(p) for p in run_plans if p.plan == "waiting"],
             "skipped": [_plan(p) for p in run_plans if p.plan == "skipped"],
@@ -146,6 +165,7 @@ def status(
                     "job": j.id,
                     "kind": j.error_kind,
                     "attempts": j.attempts,
+                    "max_attempts": max_attempts,
                 }
                 for j in run_jobs
                 if j.state == "failed"
@@ -162,6 +182,14 @@ def status(
             ],
         }
     return out
+
+
+#: States of a job that runs again after a failed attempt (its error stays until it succeeds).
+RETRYING_STATES = ("pending", "deferred", "running")
+
+
+def _attempts(done: int, most: int | None) -> str:
+    return f"{done} of {most} attempt(s)" if most is not None else f"{done} attempt(s)"
 
 
 def _jsonable_deep(value: Any) -> Any:
@@ -214,6 +242,8 @@ def resources_text(check: Check | None) -> str:
 
 #: How many skipped checkpoints the text status lists (the JSON lists all).
 SKIPPED_SHOWN = 10
+#: How much of a retrying job's last error the text status shows.
+RETRY_ERROR_CHARS = 200
 
 
 def status_text(summary: Mapping[str, Any]) -> str:
@@ -247,6 +277,13 @@ def status_text(summary: Mapping[str, Any]) -> str:
             lines.append(
                 f"  deferred:    step {_cell(job['step'])} [{job['task']}/{job['stage']}]: {job['reason']}"
             )
+        for job in info.get("retrying", []):
+            where = f"step {_cell(job['step'])} [{job['task']}/{job['stage']}] (job {job['job']})"
+            error = one_line(job["error"], RETRY_ERROR_CHARS)
+            lines.append(
+                f"  retrying:    {where}: {job['state']}, {_attempts(job['attempts'], job['max_attempts'])} "
+                f"so far; last error {job['kind']}: {error}"
+            )
         for plan in info.get("waiting", []):
             lines.append(f"  waiting:     {plan['checkpoint']}: {plan['reason']}")
         skipped = info.get("skipped", [])
@@ -258,7 +295,11 @@ def status_text(summary: Mapping[str, Any]) -> str:
             )
         for problem in info["problems"]:
             what = problem["checkpoint"] + (f" [{problem['task']}]" if "task" in problem else "")
-            job = f" (job {problem['job']}, {problem['attempts']} attempt(s))" if "job" in problem else ""
+            job = (
+                f" (job {problem['job']}, {_attempts(problem['attempts'], problem.get('max_attempts'))})"
+                if "job" in problem
+                else ""
+            )
             lines.append(f"  {problem['state']}: {what}{job}: {problem['reason']}")
         for found in info.get("tp_disagreements", []):
             lines.append(

@@ -5,6 +5,16 @@ pass of the main loop is one retryable unit: a :class:`DatabaseUnreachable` anyw
 the loop waits (backing off) and tries again, and the first pass that gets through rescans and looks at
 the queue, so what happened meanwhile is caught up. Workers keep running through an outage and what they
 return is stored when the database is back (see :class:`JobRunner`).
+
+Every other error is asked whose it is. One job's, checkpoint's or run's error becomes that item's state
+(the runner fails the job, the planner leaves the run) and the loop goes on with the rest; a bug in a piece
+of the pass is logged once with its traceback, then counted (:class:`RepeatedErrors`), and the rest of the
+pass still runs. The watchdog is pinged only by a pass that got to its end, or by the loop waiting out an
+outage: a loop that no longer turns stops pinging, and systemd restarts it.
+
+Leases are judged on the database's clock, and only once this daemon has been connected for a whole
+lease since its last outage: a holder cut off by the same outage then had the same time to beat again
+before anyone takes its job.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ from datetime import UTC, datetime, timedelta
 from types import FrameType
 
 import structlog
+from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
 from daemon.alerts.errors import AlertError
@@ -31,6 +42,7 @@ from daemon.config import Config, RunConfig
 from daemon.errors import ConfigError, EvaldError
 from daemon.notify import SystemdNotifier
 from daemon.outage import Outage
+from daemon.repeats import RepeatedErrors
 from daemon.running import workers
 from daemon.running.runner import JobRunner
 from daemon.scheduling import resources
@@ -39,9 +51,12 @@ from daemon.scheduling.timers import Timers
 from daemon.watching import filesystem
 from daemon.watching.discovery import Discovery, WatchedRun
 from daemon.watching.watcher import Watcher
+from inference.spec import JobSpec
 from storage import migrations, queries
 from storage.database import Database, describe_url, is_outage, reason
 from storage.errors import DatabaseUnreachable, StorageError
+from storage.models import utcnow
+from storage.queries.jobs import Orphan, attempt_recorded, fail_orphan
 
 log = structlog.get_logger("evald.service")
 
@@ -172,6 +187,11 @@ class Service:
         self.timers = Timers()
         self.parts: Parts | None = None
         self.runner: JobRunner | None = None
+        #: Errors of the loop's own passes, logged once with their traceback and then counted.
+        self.errors = RepeatedErrors(log)
+        #: Since when passes get through (the start, or the end of the last outage): a lease is judged
+        #: only once this daemon has been connected for one, so that the holder had the same chance.
+        self._connected_since = time.monotonic()
 
     def request_stop(self, signum: int, _frame: FrameType | None = None) -> None:
         log.info("daemon.stopping", signal=signal.Signals(signum).name)
@@ -206,28 +226,93 @@ class Service:
             first = max(anchor_at + timedelta(seconds=secs), datetime.now(UTC))
             self.timers.every(f"time:{run}", secs, self._time_trigger(run), first=first)
 
+    def _leases_judged(self) -> bool:
+        """Whether other daemons' leases may be judged now: on SQLite always (the instance lock proves
+        that no other daemon lives), on PostgreSQL once this daemon has been connected for a whole lease
+        since its last outage (a holder cut off by the same outage is beating again by then)."""
+        if self.database.is_sqlite:
+            return True
+        return time.monotonic() - self._connected_since >= self.config.scheduling.lease_secs
+
     def _recover(self) -> None:
         """Requeue the jobs of daemons that died, or adopt those whose worker had already written its
-        result into this daemon's state folder (a restart after a crash: nothing is evaluated twice)."""
+        result into this daemon's state folder (a restart after a crash: nothing is evaluated twice).
+
+        The dead daemon's worker run gets its history row (``lost``), written here. A job that has spent
+        its ``max_attempts`` fails instead of running again: one that kills its daemon would otherwise take
+        every daemon down in turn, forever.
+        """
         assert self.runner is not None  # created by _start before the first pass
+        if not self._leases_judged():
+            return  # the recover timer comes back
         lease = timedelta(seconds=self.config.scheduling.lease_secs)
         state_dir = self.config.daemon.state_dir
+        max_attempts = self.config.inference.max_attempts
         adopted = []
+        requeued: list[int] = []
+        failed: list[Orphan] = []
         with self.database.session() as session:
             found = queries.orphans(
                 session, lease=lease, every_running=self.database.is_sqlite, keep=self.runner.own_jobs
             )
-            for job_id, attempts in found:
-                finished = workers.finished_result(state_dir, job_id, attempts)
+            for orphan in found:
+                finished = workers.finished_result(state_dir, orphan.id, orphan.attempts)
                 if finished is not None:
-                    adopted.append((queries.take_over(session, job_id, self.owner), *finished))
-            taken = {job.id for job, _, _ in adopted}
-            requeued = [job_id for job_id, _ in found if job_id not in taken]
+                    adopted.append((queries.take_over(session, orphan.id, self.owner), *finished))
+                    continue
+                spent = orphan.attempts >= max_attempts
+                error = f"its daemon ({orphan.claimed_by or 'unknown'}) stopped while it ran; " + (
+                    f"failed by {self.owner}: attempt {orphan.attempts} of {max_attempts}"
+                    if spent
+                    else f"requeued by {self.owner}"
+                )
+                if orphan.attempts > 0 and not attempt_recorded(session, orphan.id, orphan.attempts):
+                    queries.record_attempt(session, self._lost_attempt(orphan, error))
+                if spent:
+                    fail_orphan(session, orphan.id, kind="lost", error=error)
+                    failed.append(orphan)
+                else:
+                    requeued.append(orphan.id)
             queries.requeue_orphans(session, requeued)
         if requeued:
             log.warning("job.recovered", job_ids=requeued, reason="its daemon stopped while it ran")
+        for orphan in failed:
+            log.error(
+                "job.failed",
+                job_id=orphan.id,
+                task=orphan.task,
+                attempt=orphan.attempts,
+                kind="lost",
+                error=f"its daemon stopped while it ran, and its {max_attempts} attempt(s) are spent",
+            )
         for job, spec, outcome in adopted:
             self.runner.adopt(job, spec, outcome)
+
+    def _lost_attempt(self, orphan: Orphan, error: str) -> queries.AttemptRow:
+        """The history row of a worker run whose daemon died: as its spec in the state folder says where
+        this daemon can read it (the same host), else as this daemon's config would have run it."""
+        spec: JobSpec | None = workers.attempt_spec(self.config.daemon.state_dir, orphan.id, orphan.attempts)
+        inference = spec.inference if spec is not None else self.config.inference.spec()
+        task = self.config.task(orphan.task)
+        batch_size = spec.task.batch_size if spec is not None else task.batch_size if task is not None else 0
+        now = utcnow()
+        started = orphan.started_at or now
+        # Its daemon's last sign of life is as near to when the worker stopped as anyone knows.
+        ended = max(started, min(orphan.heartbeat_at or now, now))
+        return queries.AttemptRow(
+            job_id=orphan.id,
+            attempt=orphan.attempts,
+            engine=inference.engine,
+            tp=inference.tp,
+            dp=inference.dp,
+            batch_size=batch_size,
+            outcome="lost",
+            error_kind="daemon_lost",
+            error=error,
+            started_at=started,
+            finished_at=ended,
+            duration_s=(ended - started).total_seconds(),
+        )
 
     def _arm_timers(self, anchors: Mapping[str, datetime]) -> None:
         scheduling = self.config.scheduling
@@ -242,14 +327,15 @@ class Service:
             self.arm_time_trigger(run, anchor_at)
 
     def _guarded(self, name: str, action: Callable[[], object]) -> object:
-        """One pass of timed work; a failure is logged with the pass's name and the loop goes on. The
-        database being away is not this pass's failure: it ends the whole pass (see :meth:`run`)."""
+        """One piece of a pass; a failure is logged with the piece's name (its traceback once, then
+        counted) and the rest of the pass goes on. The database being away is not this piece's failure:
+        it ends the whole pass (see :meth:`run`)."""
         try:
             return action()
         except DatabaseUnreachable:
             raise
         except Exception as exc:
-            log.exception("scheduler.pass_failed", job=name, error=repr(exc))
+            self.errors.failed("scheduler.pass_failed", exc, job=name)
             return None
 
     def _assemble(self, config: Config) -> Parts:
@@ -351,7 +437,11 @@ class Service:
             assert parts is not None
         planner, discovery, watcher = parts.planner, parts.discovery, parts.watcher
         # Workers first: collecting them needs no database, so timeouts hold through an outage.
-        freed = runner.poll()
+        freed = self._guarded("poll", runner.poll)
+        if self.outage.active:
+            # Whoever saw the outage (this loop, the relay), only a pass that reached the database ends
+            # it: an idle pass touches none, and would report it over while the server is still down.
+            self._probe()
         if self._rescan_due.is_set() or watcher.overflowed.is_set():
             self._rescan_due.clear()
             watcher.overflowed.clear()
@@ -378,13 +468,19 @@ class Service:
             self._housekeeping_due.clear()
             self._retried(self._housekeeping_due, lambda: self._housekeeping(runner, planner))
         for run_name, path in watcher.drain():
-            discovery.hint(run_name, path)
-        discovery.tick()
+            self._guarded(f"hint:{run_name}", functools.partial(discovery.hint, run_name, path))
+        self._guarded("tick", discovery.tick)
         # Idle, the loop touches no database: the queue is read only when something may have changed.
         if freed or discovery.enqueued or self._queue_due.is_set():
             discovery.enqueued = 0
             self._queue_due.clear()
-            self._retried(self._queue_due, lambda: self._claim_all(runner))
+            self._retried(self._queue_due, lambda: self._guarded("claim", lambda: self._claim_all(runner)))
+
+    def _probe(self) -> None:
+        """One transaction on the database (on SQLite it takes the write lock): raises
+        :class:`DatabaseUnreachable` while the database is still away."""
+        with self.database.session() as session:
+            session.execute(text("SELECT 1"))
 
     def _housekeeping(self, runner: JobRunner, planner: Planner) -> None:
         self._guarded("housekeeping", runner.report_stuck)
@@ -429,6 +525,7 @@ class Service:
                 self.stop_requested.wait(self.outage.failed(exc, where="start"))
                 continue
             self.outage.succeeded()
+            self._connected_since = time.monotonic()
             return True
         return False
 
@@ -455,14 +552,17 @@ class Service:
                     self.stop_requested.wait(self.outage.failed(exc, where="loop"))
                     continue
                 except Exception as exc:
-                    # A bug in one pass must not end a week-long run's evaluations: say so and go on.
-                    log.exception("daemon.pass_failed", error=repr(exc))
+                    # A bug in one pass must not end a week-long run's evaluations: say so (once with its
+                    # traceback, then counted) and go on. No watchdog ping: this pass did not get through.
+                    self.errors.failed("daemon.pass_failed", exc)
+                    self._queue_due.set()
                     self.stop_requested.wait(PASS_FAILED_WAIT_SECS)
                     continue
                 # A whole pass got through, the work that failed included (its flag was raised again):
                 # only that ends an outage. A read that succeeds while writes still fail (a full disk)
                 # does not.
                 if self.outage.succeeded():
+                    self._connected_since = time.monotonic()
                     self._caught_up()
                 notifier.watchdog()
                 self.wake.wait(self.config.scheduling.tick_secs)

@@ -7,6 +7,13 @@ transaction, so a job is either wholly stored or not at all (and then runs again
 A worker that runs out of memory is started again at once with half the batch size, down to 1; one that
 crashes (a rank dies) or times out gives its job back to the queue until ``max_attempts`` tries are
 spent; a rejected input fails the job at once. Every worker run is kept in the job's history.
+
+An error of one job is that job's, never the runner's: storing a result the database refuses (a
+constraint, a trigger), a spec that cannot be built, a worker that cannot be started fail that job (kind
+``store_failed``, ``setup``) in a fresh transaction, with its alert, and the others go on. Only the
+database being away holds a job in memory, to be stored when it answers. Each claim's attempt number is
+its fencing token: a result, a failure or a heartbeat is written only under the claim that holds the job,
+so a daemon whose lease ran out can never double a result (its attempt is recorded as ``fenced``).
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from inference.launcher import worker_command
 from inference.spec import PARENT_PID_ENV, Consistency, JobResult, JobSpec
 from storage import queries
 from storage import scheduling as store
-from storage.database import Database
+from storage.database import Database, reason
 from storage.errors import DatabaseUnreachable
 from storage.models import CheckpointState, JobState, utcnow
 
@@ -48,6 +55,9 @@ SCRATCH_PAUSE_MAX_SECS = 60.0
 
 #: Failures another try may cure: a rank that died, a hung worker. A rejected input fails at once.
 RETRYABLE = frozenset({"crash", "timeout"})
+
+#: How much of a poisoned job's error (the database's own words) is kept on the job.
+POISON_ERROR_CHARS = 2000
 
 #: How many of a stored result's problems its ``job.problems`` warning quotes (``evald samples`` lists all),
 #: and how much of each.
@@ -349,14 +359,35 @@ class JobRunner:
         except JobSetupError as exc:
             self._fail(job, "setup", f"could not start worker: {exc}", None)
             return True
+        except Exception as exc:
+            # A spec the config cannot build for this job (a bug, a value no check foresaw): this job's.
+            self._setup_failed(job, exc)
+            return True
         self._launch(job, spec)
         return True
+
+    def _setup_failed(self, job: queries.ClaimedJob, exc: Exception) -> None:
+        message = f"could not start worker: {type(exc).__name__}: {reason(exc)}"
+        try:
+            self._fail(job, "setup", message, None)
+        except DatabaseUnreachable:
+            raise
+        except Exception as again:
+            log.error(
+                "job.unrecordable",
+                job_id=job.id,
+                run=job.run,
+                step=job.step,
+                error=message,
+                also=f"{type(again).__name__}: {reason(again)}",
+                action="left running: its lease (or the next start) gives it back, within max_attempts",
+            )
 
     def _scratch_full(self, job: queries.ClaimedJob, exc: OSError) -> None:
         """The state folder cannot take a job's files: the job goes back to the queue without spending an
         attempt, and claiming pauses (longer each time, up to a minute) until there is room again."""
         with self._db.session() as session:
-            queries.requeue_job(session, job_id=job.id, owner=self._owner)
+            queries.requeue_job(session, job_id=job.id, owner=self._owner, attempt=job.attempts)
         self._scratch_failures += 1
         pause = min(SCRATCH_PAUSE_MAX_SECS, 2.0 ** (self._scratch_failures - 1))
         self._paused_until = time.monotonic() + pause
@@ -400,6 +431,9 @@ class JobRunner:
                 return
             self._fail(job, "setup", f"could not start worker: {exc}", None)
             return
+        except Exception as exc:
+            self._setup_failed(job, exc)
+            return
         self.running[job.id] = RunningJob(job, spec, worker, config, started=since or time.monotonic())
         if self._scratch_failures:
             log.info("scratch.writable", state_dir=str(config.daemon.state_dir), after=self._scratch_failures)
@@ -442,23 +476,113 @@ class JobRunner:
                 continue
             del self.running[job_id]
             running.finish()
-            self._finished.append((running, read_outcome(running.spec, code, running.worker.log_path)))
+            self._finished.append((running, self._outcome(running, code)))
         while self._finished:
             running, outcome = self._finished[0]
-            self._end(running, outcome)
+            try:
+                self._end(running, outcome)
+            except DatabaseUnreachable:
+                raise  # kept, in order, for the next call
+            except Exception as exc:
+                # This job's, not the loop's: it fails, and the ones behind it are stored.
+                self._poisoned(running, exc)
             self._finished.pop(0)
         self._heartbeats(now)
         return before - len(self.running) - len(self._finished)
 
+    @staticmethod
+    def _outcome(running: RunningJob, code: int) -> Outcome:
+        assert running.worker is not None
+        try:
+            return read_outcome(running.spec, code, running.worker.log_path)
+        except Exception as exc:
+            # Files no reader expected (a result that is not a file, say): the job's problem.
+            return Outcome(error_kind="result_unreadable", error=f"reading the worker's files: {exc!r}")
+
+    def _poisoned(self, running: RunningJob, exc: Exception, *, doing: str = "storing its result") -> None:
+        """The job whose outcome could not be stored (the database refused it, or a bug on the way) fails
+        with the database's own words, in a fresh transaction, with its ``eval_failed`` alert: one
+        ``job.failed`` line, and the loop goes on. Raises only :class:`DatabaseUnreachable` (the job is
+        then tried again, from the start, when the database answers)."""
+        job = running.job
+        kind = "store_failed"
+        message = report.one_line(f"{doing} failed: {type(exc).__name__}: {reason(exc)}", POISON_ERROR_CHARS)
+        duration = (running.ended or time.monotonic()) - running.started
+        try:
+            with self._db.session() as session:
+                if not running.recorded:
+                    self._record_in(session, running, "failed", Outcome(error_kind=kind, error=message))
+                ours = self._fail_in(session, job, kind, message, duration, retry=False)
+            running.recorded = True
+        except DatabaseUnreachable:
+            raise
+        except Exception as again:
+            # The history row or the alert is what the database refuses: the job's state alone, then.
+            try:
+                with self._db.session() as session:
+                    ours = queries.fail_job(
+                        session,
+                        job_id=job.id,
+                        owner=self._owner,
+                        kind=kind,
+                        error=message,
+                        duration_s=duration,
+                        attempt=job.attempts,
+                    )
+            except DatabaseUnreachable:
+                raise
+            except Exception as last:
+                log.error(
+                    "job.unrecordable",
+                    job_id=job.id,
+                    run=job.run,
+                    step=job.step,
+                    task=job.task,
+                    error=message,
+                    also=f"{type(last).__name__}: {reason(last)}",
+                    result=str(running.spec.result_path),
+                    action="left running: its lease (or the next start) gives it back, within max_attempts",
+                    exc_info=exc,
+                )
+                return
+            message = f"{message} (and recording it: {type(again).__name__}: {reason(again)})"
+        if self._alerter is not None:
+            self._alerter.after_commit()
+        log.error(
+            "job.failed",
+            job_id=job.id,
+            run=job.run,
+            step=job.step,
+            task=job.task,
+            attempt=job.attempts,
+            kind=kind,
+            error=message,
+            held=ours,
+            exc_info=exc,
+        )
+
     def _heartbeats(self, now: float) -> None:
-        for job_id, running in self.running.items():
+        for job_id, running in list(self.running.items()):
             if now - running.last_heartbeat < running.config.scheduling.heartbeat_secs:
                 continue
             # A beat that fails ends the pass and is tried again in the next one: the daemon's loop
             # spaces those out while the database is away.
             with self._db.session() as session:
-                queries.heartbeat(session, job_id, self._owner)
+                held = queries.heartbeat(session, job_id, self._owner, running.job.attempts)
             running.last_heartbeat = now
+            if not held:
+                self._lost(running)
+
+    def _lost(self, running: RunningJob) -> None:
+        """The job was taken from this daemon (its lease ran out and another claim holds it): the worker
+        is stopped, its attempt is recorded as ``fenced``, and nothing it returns is stored."""
+        job = running.job
+        del self.running[job.id]
+        running.kill()
+        running.finish()
+        note = "its lease ran out and another claim holds the job; the worker was stopped"
+        self._record(running, "fenced", Outcome(error_kind="lost_lease", error=note))
+        log.warning("job.lost_lease", job_id=job.id, run=job.run, step=job.step, attempt=job.attempts)
 
     def _end(self, running: RunningJob, outcome: Outcome) -> None:
         """Store, retry or fail the job whose worker ended with ``outcome``; the run goes into its history."""
@@ -466,15 +590,14 @@ class JobRunner:
         duration = (running.ended or time.monotonic()) - running.started
         batch = spec.task.batch_size
         if outcome.result is not None:
-            self._record(running, "succeeded", outcome)
-            self._store(job, outcome.result, duration)
+            self._store(running, outcome, outcome.result, duration)
             return
         kind = outcome.error_kind or "crash"
         if kind == "out_of_memory" and batch > 1 and self._stopping:
             # Shutting down: the rerun would only be killed; the next claim starts it again.
             self._record(running, "requeued", outcome)
             with self._db.session() as session:
-                queries.requeue_job(session, job_id=job.id, owner=self._owner)
+                queries.requeue_job(session, job_id=job.id, owner=self._owner, attempt=job.attempts)
             return
         if kind == "out_of_memory" and batch > 1:
             self._record(running, "out_of_memory", outcome)
@@ -496,29 +619,37 @@ class JobRunner:
     def _record(self, running: RunningJob, outcome: str, ended: Outcome) -> None:
         if running.recorded:
             return
-        spec = running.spec
-        now = running.ended_at or utcnow()
         with self._db.session() as session:
-            queries.record_attempt(
-                session,
-                queries.AttemptRow(
-                    job_id=running.job.id,
-                    attempt=running.job.attempts,
-                    engine=spec.inference.engine,
-                    tp=spec.inference.tp,
-                    dp=spec.inference.dp,
-                    batch_size=spec.task.batch_size,
-                    outcome=outcome,
-                    error_kind=ended.error_kind,
-                    error=ended.error or None,
-                    started_at=running.started_at,
-                    finished_at=now,
-                    duration_s=(now - running.started_at).total_seconds(),
-                ),
-            )
+            self._record_in(session, running, outcome, ended)
         running.recorded = True
 
-    def _store(self, job: queries.ClaimedJob, result: JobResult, duration: float) -> None:
+    @staticmethod
+    def _record_in(session: Session, running: RunningJob, outcome: str, ended: Outcome) -> None:
+        """The worker run's history row, in the caller's transaction."""
+        spec = running.spec
+        now = running.ended_at or utcnow()
+        queries.record_attempt(
+            session,
+            queries.AttemptRow(
+                job_id=running.job.id,
+                attempt=running.job.attempts,
+                engine=spec.inference.engine,
+                tp=spec.inference.tp,
+                dp=spec.inference.dp,
+                batch_size=spec.task.batch_size,
+                outcome=outcome,
+                error_kind=ended.error_kind,
+                error=ended.error or None,
+                started_at=running.started_at,
+                finished_at=now,
+                duration_s=(now - running.started_at).total_seconds(),
+            ),
+        )
+
+    def _store(self, running: RunningJob, outcome: Outcome, result: JobResult, duration: float) -> None:
+        """The results, samples, ``succeeded`` and the worker run's history row, in one transaction; under
+        a claim no longer ours (a stale token) nothing is stored and the run is recorded ``fenced``."""
+        job = running.job
         metrics = [queries.MetricRow(m.name, m.value, m.n, m.stderr) for m in result.metrics]
         samples = [queries.SampleRow(**s.model_dump()) for s in result.samples]
         problems = [queries.ProblemRow(**p.model_dump()) for p in result.problems]
@@ -535,7 +666,16 @@ class JobRunner:
                 load_s=load_s,
                 tp_disagreements=None if consistency is None else len(consistency.disagreements),
                 problems=problems,
+                attempt=job.attempts,
             )
+            if not running.recorded:
+                fenced = Outcome(
+                    error_kind="lost_lease",
+                    error="finished after its lease ran out and another claim took the job: not stored",
+                )
+                self._record_in(
+                    session, running, "succeeded" if stored else "fenced", outcome if stored else fenced
+                )
             disagreed = consistency is not None and bool(consistency.disagreements)
             if stored and consistency is not None and disagreed:
                 self._report_disagreements(session, job, consistency)
@@ -543,6 +683,7 @@ class JobRunner:
                 self._planner.after_result(session, job, metrics)
             if stored and self._alerter is not None:
                 self._alerter.after_result(session, job, tp_disagreed=disagreed)
+        running.recorded = True
         if stored and self._alerter is not None:
             self._alerter.after_commit()
         if stored and not Path(job.checkpoint_path).is_dir():
@@ -559,7 +700,14 @@ class JobRunner:
                 "job.succeeded", job_id=job.id, run=job.run, step=job.step, task=job.task, metrics=values
             )
         else:
-            log.warning("job.lost_lease", job_id=job.id, run=job.run, step=job.step)
+            log.warning(
+                "job.lost_lease",
+                job_id=job.id,
+                run=job.run,
+                step=job.step,
+                attempt=job.attempts,
+                stored=False,
+            )
 
     def _report_problems(self, job: queries.ClaimedJob, problems: list[queries.ProblemRow]) -> None:
         """Inputs left out of the metrics do not fail the job, so a warning is the only place they surface
@@ -607,28 +755,7 @@ class JobRunner:
         self, job: queries.ClaimedJob, kind: str, message: str, duration: float | None, *, retry: bool = False
     ) -> None:
         with self._db.session() as session:
-            ours = queries.fail_job(
-                session,
-                job_id=job.id,
-                owner=self._owner,
-                kind=kind,
-                error=message,
-                duration_s=duration,
-                retry=retry,
-            )
-            if kind == "checkpoint_vanished":
-                queries.mark_checkpoint(session, job.checkpoint_id, CheckpointState.VANISHED, message)
-            # A vanished checkpoint is the trainer rotating it away, not a problem to page anyone about.
-            # Only for a job still ours: after a lost lease another daemon owns it and its outcome.
-            if ours and not retry and kind != "checkpoint_vanished" and self._alerter is not None:
-                self._alerter.operational(
-                    session,
-                    job,
-                    rule="eval_failed",
-                    severity="warning",
-                    message=f"job {job.id} ({job.task}/{job.stage} at step {job.step}) failed after "
-                    f"{job.attempts} attempt(s): {kind}: {report.one_line(message, 300)}",
-                )
+            self._fail_in(session, job, kind, message, duration, retry=retry)
         if not retry and self._alerter is not None:
             self._alerter.after_commit()
         event = "job.retrying" if retry else "job.failed"
@@ -642,6 +769,43 @@ class JobRunner:
             kind=kind,
             error=message,
         )
+
+    def _fail_in(
+        self,
+        session: Session,
+        job: queries.ClaimedJob,
+        kind: str,
+        message: str,
+        duration: float | None,
+        *,
+        retry: bool,
+    ) -> bool:
+        """Fail (or with ``retry`` requeue) the job in the caller's transaction, with its alert; False if
+        the claim is no longer ours."""
+        ours = queries.fail_job(
+            session,
+            job_id=job.id,
+            owner=self._owner,
+            kind=kind,
+            error=message,
+            duration_s=duration,
+            retry=retry,
+            attempt=job.attempts,
+        )
+        if kind == "checkpoint_vanished":
+            queries.mark_checkpoint(session, job.checkpoint_id, CheckpointState.VANISHED, message)
+        # A vanished checkpoint is the trainer rotating it away, not a problem to page anyone about.
+        # Only for a job still ours: after a lost lease another daemon owns it and its outcome.
+        if ours and not retry and kind != "checkpoint_vanished" and self._alerter is not None:
+            self._alerter.operational(
+                session,
+                job,
+                rule="eval_failed",
+                severity="warning",
+                message=f"job {job.id} ({job.task}/{job.stage} at step {job.step}) failed after "
+                f"{job.attempts} attempt(s): {kind}: {report.one_line(message, 300)}",
+            )
+        return ours
 
     def shutdown(self, grace_secs: float) -> None:
         """Let running jobs finish within ``grace_secs``, then kill and requeue the rest.
@@ -661,7 +825,9 @@ class JobRunner:
             try:
                 self._record(running, "requeued", Outcome(error_kind="shutdown", error="daemon stopped"))
                 with self._db.session() as session:
-                    queries.requeue_job(session, job_id=job_id, owner=self._owner)
+                    queries.requeue_job(
+                        session, job_id=job_id, owner=self._owner, attempt=running.job.attempts
+                    )
             except DatabaseUnreachable as exc:
                 log.error("job.not_requeued", job_id=job_id, run=running.job.run, error=str(exc))
                 continue

@@ -161,21 +161,44 @@ def read_outcome(spec: JobSpec, code: int, log_path: Path) -> Outcome:
     )
 
 
-def finished_result(state_dir: Path, job_id: int, attempts: int) -> tuple[JobSpec, Outcome] | None:
-    """The spec and successful outcome of job ``job_id``'s worker run number ``attempts``, if that worker
-    wrote its result before its daemon died; None otherwise. A worker's folder is ``jobs/ID-ATTEMPTS``,
-    or ``jobs/ID-ATTEMPTS-batchN`` for its reruns at a halved batch size (the newest counts)."""
+def _attempt_folders(state_dir: Path, job_id: int, attempts: int) -> list[Path]:
+    """Job ``job_id``'s worker folders of claim ``attempts``, newest first: ``jobs/ID-ATTEMPTS``, and
+    ``jobs/ID-ATTEMPTS-batchN`` for its reruns at a halved batch size."""
     name = f"{job_id}-{attempts}"
     folders = [
         p for p in (state_dir / "jobs").glob(f"{name}*") if p.name == name or p.name.startswith(f"{name}-")
     ]
-    for folder in sorted(folders, key=lambda p: p.stat().st_mtime, reverse=True):
-        spec_path = folder / "spec.json"
-        if not (folder / "result.json").is_file() or not spec_path.is_file():
+    return sorted(folders, key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+def _spec(folder: Path) -> JobSpec | None:
+    try:
+        return JobSpec.model_validate_json((folder / "spec.json").read_bytes())
+    except (OSError, ValueError):
+        return None
+
+
+def attempt_spec(state_dir: Path, job_id: int, attempts: int) -> JobSpec | None:
+    """The spec the newest worker of claim ``attempts`` ran under, if its folder is readable here."""
+    try:
+        folders = _attempt_folders(state_dir, job_id, attempts)
+    except OSError:
+        return None
+    for folder in folders:
+        spec = _spec(folder)
+        if spec is not None:
+            return spec
+    return None
+
+
+def finished_result(state_dir: Path, job_id: int, attempts: int) -> tuple[JobSpec, Outcome] | None:
+    """The spec and successful outcome of job ``job_id``'s worker run number ``attempts``, if that worker
+    wrote its result before its daemon died; None otherwise (the newest folder counts)."""
+    for folder in _attempt_folders(state_dir, job_id, attempts):
+        if not (folder / "result.json").is_file():
             continue
-        try:
-            spec = JobSpec.model_validate_json(spec_path.read_bytes())
-        except (OSError, ValueError):
+        spec = _spec(folder)
+        if spec is None:
             continue
         outcome = read_outcome(spec, 0, folder / "worker.log")
         if outcome.result is not None and spec.result_path.parent == folder:

@@ -28,7 +28,8 @@ from inference import layouts
 from inference.metrics import higher_is_better
 from storage import queries
 from storage import scheduling as store
-from storage.database import Database
+from storage.database import Database, reason
+from storage.errors import DatabaseUnreachable
 from storage.models import CheckpointState, Plan, utcnow
 
 log = structlog.get_logger("evald.planner")
@@ -182,8 +183,15 @@ class Planner:
         """Decide every ready checkpoint not yet planned; returns how many jobs were created."""
         created = 0
         for policy in self.policies.values():
-            with self._db.session() as session:
-                created += self._plan_run(session, policy)
+            try:
+                with self._db.session() as session:
+                    created += self._plan_run(session, policy)
+            except DatabaseUnreachable:
+                raise
+            except Exception as exc:
+                # One run's planning refused (its transaction undone): its checkpoints stay unplanned in
+                # the database, tried again at the next plan; the other runs are planned.
+                log.error("planner.run_failed", run=policy.name, error=f"{type(exc).__name__}: {reason(exc)}")
         return created
 
     def _plan_run(self, session: Session, policy: RunPolicy) -> int:

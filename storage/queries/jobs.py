@@ -276,8 +276,18 @@ def claim_next_job(
     return None
 
 
+def database_now(session: Session) -> datetime:
+    """The database's clock: leases are judged on it, so daemons whose hosts' clocks disagree still agree
+    on how old a heartbeat is. SQLite has one daemon (and no clock of its own worth asking)."""
+    if session.get_bind().dialect.name == "postgresql":
+        now = session.scalar(select(func.now()))
+        assert isinstance(now, datetime)
+        return now.astimezone(UTC)
+    return utcnow()
+
+
 def _claim(session: Session, job: EvalJob, owner: str) -> ClaimedJob:
-    now = utcnow()
+    now = database_now(session)
     checkpoint = job.checkpoint
     session.execute(
         update(RunSchedule).where(RunSchedule.run_id == checkpoint.run_id).values(last_claimed_at=now)
@@ -287,8 +297,7 @@ def _claim(session: Session, job: EvalJob, owner: str) -> ClaimedJob:
     job.claimed_by = owner
     job.started_at = now
     job.heartbeat_at = now
-    job.error = None
-    job.error_kind = None
+    # The last attempt's error stays readable while it runs again (``evald status``: retrying).
     job.wait_reason = None
     job.deferred_at = None
     job.stuck_at = None
@@ -312,14 +321,20 @@ def _claimed(job: EvalJob) -> ClaimedJob:
     )
 
 
-def _owned_running(job_id: int, owner: str) -> ColumnElement[bool]:
-    return and_(EvalJob.id == job_id, EvalJob.state == JobState.RUNNING, EvalJob.claimed_by == owner)
+def _owned_running(job_id: int, owner: str, attempt: int | None = None) -> ColumnElement[bool]:
+    """The job is running under ``owner``, and under the claim ``attempt`` (the fencing token) if given:
+    a daemon whose lease ran out and whose job was claimed again (by anyone, itself included) holds an
+    older token, so nothing it writes afterwards can touch the new claim."""
+    held = and_(EvalJob.id == job_id, EvalJob.state == JobState.RUNNING, EvalJob.claimed_by == owner)
+    return held if attempt is None else and_(held, EvalJob.attempts == attempt)
 
 
-def heartbeat(session: Session, job_id: int, owner: str) -> bool:
-    """Refresh a running job's lease; False if the job is no longer ours."""
+def heartbeat(session: Session, job_id: int, owner: str, attempt: int | None = None) -> bool:
+    """Refresh a running job's lease; False if the job is no longer ours (under ``attempt``)."""
     result = session.execute(
-        update(EvalJob).where(_owned_running(job_id, owner)).values(heartbeat_at=utcnow())
+        update(EvalJob)
+        .where(_owned_running(job_id, owner, attempt))
+        .values(heartbeat_at=database_now(session))
     )
     return bool(getattr(result, "rowcount", 0))
 
@@ -335,13 +350,15 @@ def complete_job(
     load_s: float | None,
     tp_disagreements: int | None = None,
     problems: Sequence[ProblemRow] = (),
+    attempt: int | None = None,
 ) -> bool:
     """Store a job's results, samples and problems and mark it ``succeeded``: call inside one transaction.
 
-    Returns False (and stores nothing) if the job is no longer running under ``owner``: it was requeued
-    after a lost lease and belongs to someone else now, whose results will count instead.
+    Returns False (and stores nothing) if the job is no longer running under ``owner`` and the claim
+    ``attempt`` (its fencing token): it was requeued after a lost lease and belongs to a newer claim now,
+    whose results will count instead.
     """
-    job = session.scalar(select(EvalJob).where(_owned_running(job_id, owner)).with_for_update())
+    job = session.scalar(select(EvalJob).where(_owned_running(job_id, owner, attempt)).with_for_update())
     if job is None:
         return False
     now = utcnow()
@@ -377,6 +394,8 @@ def complete_job(
     job.load_s = load_s
     job.tp_disagreements = tp_disagreements
     job.problems = len(problems)
+    job.error = None
+    job.error_kind = None
     # The series this job adds to, for "latest of every run". Daemons sharing a database complete jobs of
     # one series at the same moment: the second insert waits for the first and then does nothing.
     insert = insert_for(session)
@@ -403,9 +422,10 @@ def fail_job(
     error: str,
     duration_s: float | None,
     retry: bool = False,
+    attempt: int | None = None,
 ) -> bool:
     """Mark a running job ``failed``, or with ``retry`` give it back to the queue to be claimed again
-    (its error stays readable until then)."""
+    (its error stays readable until then); False if it is no longer ours under ``attempt``."""
     values: dict[str, Any] = {
         "error_kind": kind,
         "error": error,
@@ -416,7 +436,7 @@ def fail_job(
         values.update(state=JobState.PENDING, claimed_by=None, heartbeat_at=None)
     else:
         values.update(state=JobState.FAILED)
-    result = session.execute(update(EvalJob).where(_owned_running(job_id, owner)).values(**values))
+    result = session.execute(update(EvalJob).where(_owned_running(job_id, owner, attempt)).values(**values))
     return bool(getattr(result, "rowcount", 0))
 
 
@@ -440,6 +460,14 @@ def record_attempt(session: Session, row: AttemptRow) -> None:
     session.add(JobAttempt(**asdict(row)))
 
 
+def attempt_recorded(session: Session, job_id: int, attempt: int) -> bool:
+    """Whether claim ``attempt`` of the job has a history row already."""
+    found = session.scalar(
+        select(JobAttempt.id).where(JobAttempt.job_id == job_id, JobAttempt.attempt == attempt).limit(1)
+    )
+    return found is not None
+
+
 def job_history(session: Session, job_id: int) -> list[AttemptRow]:
     attempts = session.scalars(select(JobAttempt).where(JobAttempt.job_id == job_id).order_by(JobAttempt.id))
     return [
@@ -461,11 +489,11 @@ def job_history(session: Session, job_id: int) -> list[AttemptRow]:
     ]
 
 
-def requeue_job(session: Session, *, job_id: int, owner: str) -> bool:
+def requeue_job(session: Session, *, job_id: int, owner: str, attempt: int | None = None) -> bool:
     """Give a running job back to the queue (shutdown): it runs again, and its attempt is not a failure."""
     result = session.execute(
         update(EvalJob)
-        .where(_owned_running(job_id, owner))
+        .where(_owned_running(job_id, owner, attempt))
         .values(
             state=JobState.PENDING,
             claimed_by=None,
@@ -476,30 +504,49 @@ def requeue_job(session: Session, *, job_id: int, owner: str) -> bool:
     return bool(getattr(result, "rowcount", 0))
 
 
+@dataclass(frozen=True)
+class Orphan:
+    """A running job whose daemon is taken for dead, as its claim stands."""
+
+    id: int
+    #: Its claim number: the attempt the dead daemon ran (and the fencing token of its result).
+    attempts: int
+    claimed_by: str | None
+    started_at: datetime | None
+    heartbeat_at: datetime | None
+    task: str
+
+
 def orphans(
     session: Session, *, lease: timedelta, every_running: bool, keep: Collection[int] = ()
-) -> list[tuple[int, int]]:
-    """(id, attempts) of running jobs whose daemon died, locked until the transaction ends.
+) -> list[Orphan]:
+    """Running jobs whose daemon died, locked until the transaction ends.
 
     ``every_running`` is right for SQLite, where the instance lock proves no other daemon is alive. On a
-    shared PostgreSQL queue only jobs whose heartbeat is older than ``lease`` are orphans. ``keep`` are
-    the caller's own live jobs: after a database outage longer than the lease their heartbeats are old,
-    but their daemon is alive and about to store them.
+    shared PostgreSQL queue only jobs whose heartbeat is older than ``lease`` by the database's clock are
+    orphans. ``keep`` are the caller's own live jobs: after a database outage longer than the lease their
+    heartbeats are old, but their daemon is alive and about to store them.
     """
     condition = EvalJob.state == JobState.RUNNING
     if keep:
         condition = and_(condition, EvalJob.id.not_in(list(keep)))
     if not every_running:
-        condition = and_(
-            condition, or_(EvalJob.heartbeat_at.is_(None), EvalJob.heartbeat_at < utcnow() - lease)
-        )
+        cutoff = database_now(session) - lease
+        condition = and_(condition, or_(EvalJob.heartbeat_at.is_(None), EvalJob.heartbeat_at < cutoff))
     found = session.execute(
-        select(EvalJob.id, EvalJob.attempts)
+        select(
+            EvalJob.id,
+            EvalJob.attempts,
+            EvalJob.claimed_by,
+            EvalJob.started_at,
+            EvalJob.heartbeat_at,
+            EvalJob.task,
+        )
         .where(condition)
         .order_by(EvalJob.id)
         .with_for_update(skip_locked=True)
     )
-    return [(job_id, attempts) for job_id, attempts in found]
+    return [Orphan(*row) for row in found]
 
 
 def requeue_orphans(session: Session, ids: Collection[int]) -> None:
@@ -511,12 +558,22 @@ def requeue_orphans(session: Session, ids: Collection[int]) -> None:
         )
 
 
+def fail_orphan(session: Session, job_id: int, *, kind: str, error: str) -> None:
+    """An orphan that has spent its attempts fails instead of running again (a job that kills its
+    daemon would otherwise bring down every daemon that claims it, forever)."""
+    session.execute(
+        update(EvalJob)
+        .where(EvalJob.id == job_id, EvalJob.state == JobState.RUNNING)
+        .values(state=JobState.FAILED, error_kind=kind, error=error, finished_at=utcnow())
+    )
+
+
 def take_over(session: Session, job_id: int, owner: str) -> ClaimedJob:
     """Make an orphan (locked by :func:`orphans`) ``owner``'s, as it stands: its dead daemon's worker
     finished, and the new owner stores what it wrote instead of running it again."""
     job = session.get_one(EvalJob, job_id)
     job.claimed_by = owner
-    job.heartbeat_at = utcnow()
+    job.heartbeat_at = database_now(session)
     session.flush()
     return _claimed(job)
 
@@ -525,7 +582,7 @@ def recover_orphans(
     session: Session, *, lease: timedelta, every_running: bool, keep: Collection[int] = ()
 ) -> list[int]:
     """Requeue running jobs whose daemon died (see :func:`orphans`); returns their ids."""
-    ids = [job_id for job_id, _ in orphans(session, lease=lease, every_running=every_running, keep=keep)]
+    ids = [o.id for o in orphans(session, lease=lease, every_running=every_running, keep=keep)]
     requeue_orphans(session, ids)
     return ids
 

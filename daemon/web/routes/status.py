@@ -39,7 +39,8 @@ def status(request: Request) -> JSON:
         for r in web.config.runs
         if r.name in stored and r.name in names
     }
-    return JSON({"runs": report.status(checkpoints, jobs, names, plans, schedules)})
+    max_attempts = web.config.inference.max_attempts
+    return JSON({"runs": report.status(checkpoints, jobs, names, plans, schedules, max_attempts)})
 
 
 def jobs(request: Request) -> JSON:
