@@ -462,7 +462,7 @@ def evaluate_now(
     inference: InferenceSpec | None = None,
 ) -> list[tuple[str, JobResult]]:
     """Run the worker (group) on one checkpoint for each task, with no daemon and no database."""
-    from daemon.running.runner import worker_environment
+    from daemon.running.environment import worker_environment
     from daemon.running.workers import WorkerProcess, read_outcome
 
     try:

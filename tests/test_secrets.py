@@ -18,7 +18,7 @@ from sqlalchemy.engine import make_url
 from daemon.alerts.receiver import WebhookReceiver
 from daemon.alerts.signing import Secret
 from daemon.config import load_config
-from daemon.running.runner import worker_environment
+from daemon.running.environment import worker_environment
 from tests.checkpoints import copy_checkpoint
 from tests.conftest import ToyRun
 from tests.harness import (

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -33,14 +32,15 @@ from sqlalchemy.orm import Session
 
 from daemon import report
 from daemon.alerts.lifecycle import Alerter
-from daemon.config import Config, env_overrides
+from daemon.config import Config
 from daemon.errors import JobSetupError
+from daemon.running.environment import worker_environment
 from daemon.running.workers import Outcome, WorkerProcess, read_outcome
 from daemon.scheduling import stages
 from daemon.scheduling.planner import Planner
 from daemon.scheduling.resources import ResourceProbe
 from inference.launcher import worker_command
-from inference.spec import PARENT_PID_ENV, Consistency, JobResult, JobSpec
+from inference.spec import Consistency, JobResult, JobSpec
 from storage import queries
 from storage import scheduling as store
 from storage.database import Database, reason
@@ -89,49 +89,6 @@ def build_spec(config: Config, job: queries.ClaimedJob, job_dir: Path) -> JobSpe
         max_samples=config.inference.max_samples,
         max_text_chars=config.inference.max_text_chars,
     )
-
-
-#: Set by a launcher for its ranks; inherited by the daemon (started from a training job's shell, say),
-#: they would make a worker think it is one rank of a group that does not exist.
-LAUNCHER_VARIABLES = frozenset(
-    {
-        "RANK",
-        "LOCAL_RANK",
-        "WORLD_SIZE",
-        "LOCAL_WORLD_SIZE",
-        "LOCAL_SIZE",
-        "GROUP_RANK",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-    }
-)
-
-
-def secret_variables(config: Config) -> frozenset[str]:
-    """Variables that hold the daemon's secrets (webhook secrets, the database URL with its password,
-    the web token): a worker needs none of them, and any process can read another's
-    ``/proc/PID/environ`` when it runs as the same user."""
-    names = {hook.secret_env for hook in config.webhooks if hook.secret_env}
-    # EVALD_<SECTION>_<FIELD> overrides (EVALD_DATABASE_URL with its password) are the daemon's config:
-    # the worker gets all it needs in its spec file.
-    names.update(env_overrides())
-    return frozenset(names)
-
-
-def worker_environment(config: Config) -> dict[str, str]:
-    """The daemon's environment less its secrets, plus the tie to this process and the GPUs evaluations
-    may use."""
-    hidden = LAUNCHER_VARIABLES | secret_variables(config)
-    env = {k: v for k, v in os.environ.items() if k not in hidden}
-    env[PARENT_PID_ENV] = str(os.getpid())
-    if not config.inference.device.startswith("cuda"):
-        # DeepSpeed's launcher picks its accelerator at import, as the workers do (they set this too).
-        env.setdefault("DS_ACCELERATOR", "cpu")
-    gpus = config.scheduling.resources.gpus
-    if gpus is not None and config.inference.device.startswith("cuda"):
-        # The configured indices are NVML's, which follow the PCI bus order.
-        env.update(CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=",".join(map(str, gpus)))
-    return env
 
 
 def halved(spec: JobSpec, job_dir: Path) -> JobSpec:
