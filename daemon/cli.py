@@ -10,7 +10,7 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -356,15 +356,38 @@ def cmd_export_tensorboard(args: argparse.Namespace) -> int:
     try:
         with database.session() as session:
             rows = _run_results(session, args.run)
+            alerts = alerting.alert_rows(session, run=args.run)
+            jobs = sorted({(r.step, r.task, r.stage) for r in rows if r.step is not None})
+
+            def job_samples() -> Iterator[queries.JobSamples]:
+                # One job at a time, rendered and dropped before the next is read (a run's samples
+                # together could be gigabytes).
+                for step, task, stage in jobs:
+                    try:
+                        found = queries.job_samples(session, run=args.run, step=step, task=task, stage=stage)
+                    except queries.SamplesUnavailable:
+                        continue
+                    if found.samples or found.problems:
+                        yield found
+
+            try:
+                exported = write_events(
+                    curves.curves(rows),
+                    run=args.run,
+                    out=Path(args.out),
+                    replace=args.replace,
+                    samples=job_samples(),
+                    alerts=alerts,
+                )
+            except OSError as exc:
+                raise EvaldError(f"{args.out}: cannot write event files: {exc.strerror or exc}") from exc
     finally:
         database.dispose()
-    try:
-        exported = write_events(curves.curves(rows), run=args.run, out=Path(args.out), replace=args.replace)
-    except OSError as exc:
-        raise EvaldError(f"{args.out}: cannot write event files: {exc.strerror or exc}") from exc
     print(
-        f"{exported.folder}: {exported.tags} scalar tag(s), {exported.points} point(s) in "
-        f"{len(exported.files)} event file(s); view with: tensorboard --logdir {args.out}"
+        f"{exported.folder}: {exported.tags} scalar tag(s), {exported.points} point(s), "
+        f"{exported.bands} stderr margin chart(s), {exported.sample_texts} sample text(s), "
+        f"{exported.alert_texts} alert text(s) in {len(exported.files)} event file(s); "
+        f"view with: tensorboard --logdir {args.out}"
     )
     return 0
 
