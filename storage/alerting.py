@@ -57,7 +57,8 @@ def run_series(session: Session, *, run_id: int, task: str, stage: str) -> dict[
     )
     series: dict[str, list[SeriesRow]] = {}
     for metric, step, value, n, stderr, name in rows:
-        if step is not None:
+        # n = 0 is a metric over no samples: no value, whatever number was stored (none is since 0008).
+        if step is not None and n != 0:
             series.setdefault(metric, []).append(SeriesRow(step, value, n, stderr, name))
     return series
 

@@ -477,6 +477,42 @@ def test_a_late_result_for_an_older_step_moves_the_onset_back_not_the_latest_fin
     assert (alert.value, alert.message) == (newest.value, newest.message) and alert.value == 0.30
 
 
+def test_the_detectors_never_see_a_metric_over_no_samples(database: Database, tmp_path: Path) -> None:
+    """A worker of another version (or lm-eval) that still reports 0.0 with n = 0: the series the
+    detectors read leaves it out, so a plateau with such a point raises nothing."""
+    config = make_config(tmp_path)
+    alerter = Alerter(config)
+    for i, value in enumerate(PLATEAU):
+        store(database, config, alerter, (i + 1) * 100, value)
+    with database.session() as s:
+        run_id = queries.ensure_run(s, "grpo", str(config.runs[0].root))
+        checkpoint = queries.record_checkpoint(
+            s,
+            run_id=run_id,
+            path="/runs/grpo/step_1100",
+            name="step_1100",
+            step=1100,
+            epoch=None,
+            layout="hf",
+            state=CheckpointState.READY,
+        )
+        queries.enqueue_jobs(s, checkpoint_id=checkpoint, step=1100, tasks=("math",))
+    with database.session() as s:
+        job = queries.claim_next_job(s, "test:1")
+        assert job is not None
+    with database.session() as s:
+        rows = [queries.MetricRow("accuracy", 0.0, 0, None), queries.MetricRow("wall_s", 1.0, None, None)]
+        assert queries.complete_job(
+            s, job_id=job.id, owner="test:1", metrics=rows, samples=[], duration_s=1.0, load_s=None
+        )
+        alerter.after_result(s, job)
+        series = alerting.run_series(s, run_id=run_id, task="math", stage=job.stage)
+    assert [r.step for r in series["accuracy"]] == [(i + 1) * 100 for i in range(len(PLATEAU))]
+    assert [r.step for r in series["wall_s"]] == [1100]
+    with database.session() as s:
+        assert alerting.alert_rows(s) == []
+
+
 def _bodies(database: Database) -> list[str]:
     from sqlalchemy import select
 
@@ -522,7 +558,32 @@ def test_upgrading_keeps_what_old_alert_rows_knew_of_their_steps(database_url: s
                     repeats=2,
                 )
             )
+    # A result stored before 0008 with a metric over no samples (0.0 with n = 0): not a value, deleted.
+    with db.session() as s:
+        checkpoint = queries.record_checkpoint(
+            s,
+            run_id=1,
+            path="/r/step_5",
+            name="step_5",
+            step=5,
+            epoch=None,
+            layout="hf",
+            state=CheckpointState.READY,
+        )
+        queries.enqueue_jobs(s, checkpoint_id=checkpoint, step=5, tasks=("math",))
+    with db.session() as s:
+        job = queries.claim_next_job(s, "test:1")
+        assert job is not None
+    with db.session() as s:
+        empty = queries.MetricRow("response_length_correct", 0.0, 0, None)
+        kept = [queries.MetricRow("accuracy", 0.0, 50, 0.02), queries.MetricRow("wall_s", 2.0, None, None)]
+        assert queries.complete_job(
+            s, job_id=job.id, owner="test:1", metrics=[empty, *kept], samples=[], duration_s=1.0, load_s=None
+        )
     migrations.upgrade(db)
+    with db.engine.connect() as conn:
+        stored = conn.execute(sa.text("SELECT metric, value, n FROM results ORDER BY metric")).all()
+    assert [tuple(r) for r in stored] == [("accuracy", 0.0, 50), ("wall_s", 2.0, None)]
     with db.session() as s:
         rows = {r.id: r for r in alerting.alert_rows(s)}
     assert [(rows[i].first_step, rows[i].last_step, rows[i].resolved_step) for i in (1, 2, 3)] == [

@@ -36,9 +36,14 @@ def record(*samples: tuple[bool, int, bool], generation_s: float = 2.0) -> EvalR
 RUN = record((True, 10, False), (False, 12, False), (True, 11, False), (False, 32, True))
 
 
-def value(name: str, run: EvalRecord = RUN, *, n_samples: int = 8) -> MetricValue:
+def computed(name: str, run: EvalRecord = RUN, *, n_samples: int = 8) -> tuple[MetricValue, ...]:
+    """What a job would report for ``name``: one value, or none when it was computed over nothing."""
     kind: TaskKind = "likelihood" if run.documents else "generate"
-    (result,) = compute_metrics(resolve_metrics([name], kind=kind, n_samples=n_samples), run)
+    return compute_metrics(resolve_metrics([name], kind=kind, n_samples=n_samples), run)
+
+
+def value(name: str, run: EvalRecord = RUN, *, n_samples: int = 8) -> MetricValue:
+    (result,) = computed(name, run, n_samples=n_samples)
     return result
 
 
@@ -74,7 +79,8 @@ def test_response_length_of_correct_and_incorrect_answers() -> None:
     assert (correct.value, correct.n) == (10.5, 2)
     assert correct.stderr == pytest.approx(math.sqrt(0.5 / 2))
     assert (incorrect.value, incorrect.n) == (22.0, 2)
-    assert value("response_length_incorrect", record((True, 3, False))).n == 0
+    # Every answer correct: no wrong answer to measure, so no value at all (not a mean of 0 over n = 0).
+    assert computed("response_length_incorrect", record((True, 3, False))) == ()
 
 
 def test_truncation_rate() -> None:
@@ -93,7 +99,8 @@ def test_timing_metrics() -> None:
     assert value("tokens_per_s") == MetricValue(name="tokens_per_s", value=65 / 2.0, n=4, stderr=None)
     assert value("wall_s") == MetricValue(name="wall_s", value=4.0, n=None, stderr=None)
     assert value("load_s") == MetricValue(name="load_s", value=1.5, n=None, stderr=None)
-    assert value("tokens_per_s", record((True, 3, False), generation_s=0.0)).value == 0.0
+    # No time in the model: no rate (0 tokens/s would be a fake collapse).
+    assert computed("tokens_per_s", record((True, 3, False), generation_s=0.0)) == ()
 
 
 def test_batch_latency_percentiles_and_peak_memory() -> None:
@@ -102,24 +109,58 @@ def test_batch_latency_percentiles_and_peak_memory() -> None:
     assert value("latency_p50_s", run) == MetricValue(name="latency_p50_s", value=3.0, n=5)
     # Position 0.95 * 4 = 3.8 between 4 and 10: 4 + 0.8 * 6.
     assert value("latency_p95_s", run).value == pytest.approx(8.8)
-    assert value("latency_p95_s", EvalRecord()).n == 0
+    assert computed("latency_p95_s", EvalRecord()) == ()
     assert value("peak_memory_mb", run) == MetricValue(name="peak_memory_mb", value=812.5)
+    # Not measured: absent, not 0 MiB.
+    assert computed("peak_memory_mb", EvalRecord(batch_latencies_s=(1.0,))) == ()
 
 
-def test_no_samples_gives_zero_n_not_a_crash() -> None:
+EMPTY_SENSITIVE = (
+    "accuracy",
+    "response_length",
+    "response_length_correct",
+    "reward",
+    "reward_std",
+    "reward_p50",
+    "entropy",
+    "pass@2",
+    "maj@2",
+    "group_reward_std",
+    "group_zero_spread",
+    "truncation_rate",
+    "bleu",
+    "exact_match",
+    "tokens_per_s",
+    "latency_p50_s",
+)
+
+
+@pytest.mark.parametrize("name", EMPTY_SENSITIVE)
+def test_a_metric_over_no_samples_is_absent_never_a_number(name: str) -> None:
+    """Issue 20: ``response_length_correct`` was stored as 0 with n = 0 when no answer was correct (a fake
+    cliff on every chart). Computed over nothing, a metric is NaN with n = 0 and left out of the job."""
     empty = record()
 
-    assert value("accuracy", empty) == MetricValue(name="accuracy", value=0.0, n=0, stderr=None)
-    for name in (
-        "response_length",
-        "reward",
-        "entropy",
-        "pass@2",
-        "group_zero_spread",
-        "bleu",
-        "exact_match",
-    ):
-        assert value(name, empty).n == 0, name
+    assert computed(name, empty) == ()
+    [metric] = resolve_metrics([name], n_samples=8)
+    alone = metric.compute(empty)
+    assert alone.n == 0 and math.isnan(alone.value), alone
+
+
+def test_likelihood_metrics_over_no_scored_tokens_are_absent() -> None:
+    nothing = EvalRecord(documents=(DocumentRecord(nll=0.0, tokens=0, words=0, bytes=0),))
+    for name in ("perplexity", "nll", "word_perplexity", "byte_perplexity", "bits_per_byte"):
+        assert computed(name, nothing) == (), name
+
+
+def test_the_metrics_that_have_samples_are_kept_beside_the_empty_ones() -> None:
+    every_correct = record((True, 4, False), (True, 6, False))
+    names = ["accuracy", "response_length_correct", "response_length_incorrect", "tokens_per_s"]
+
+    found = compute_metrics(resolve_metrics(names), every_correct)
+
+    assert [m.name for m in found] == ["accuracy", "response_length_correct", "tokens_per_s"]
+    assert found[1] == MetricValue(name="response_length_correct", value=5.0, n=2, stderr=1.0)
 
 
 def test_pass_at_k_averages_the_unbiased_estimator_over_prompts() -> None:
@@ -336,3 +377,38 @@ def test_a_proportion_at_zero_or_one_still_has_noise() -> None:
     # q = 2 / 504: a first truncated answer is not an infinitely significant change.
     assert none.stderr == pytest.approx(math.sqrt(2 / 504 * 502 / 504 / 504))
     assert every.stderr == pytest.approx(none.stderr)
+
+
+def test_one_rule_per_kind_a_0_1_reward_is_a_proportion_like_accuracy() -> None:
+    """Issue 20: ``accuracy`` and ``reward`` of the same 0/1 grade had standard errors 0.01347 and 0 at
+    1.0 (Agresti–Coull against the sample std). A mean of 0/1 values is a proportion: one rule."""
+    for grades in ([True] * 500, [True, False, True, True, False] * 20, [False] * 50):
+        run = sampled([[(c, float(c))] for c in grades])
+        accuracy, reward, pass1 = (
+            value("accuracy", run),
+            value("reward", run),
+            value("pass@1", run, n_samples=1),
+        )
+        assert reward == accuracy.model_copy(update={"name": "reward"})
+        assert pass1 == accuracy.model_copy(update={"name": "pass@1"})
+    every = value("reward", sampled([[(True, 1.0)]] * 500))
+    assert every.stderr == pytest.approx(math.sqrt(502 / 504 * 2 / 504 / 504))
+
+
+def test_a_graded_reward_keeps_the_mean_rule() -> None:
+    run = sampled([[(True, 0.0)], [(True, 0.5)], [(True, 1.0)]])
+    assert value("reward", run).stderr == pytest.approx(0.5 / math.sqrt(3))
+
+
+def test_a_clustered_proportion_at_one_keeps_the_agresti_coull_floor() -> None:
+    # Every completion of every prompt correct: the clustered error alone would be 0.
+    run = sampled([[(True, 1.0)] * 4] * 50)
+    accuracy, reward = value("accuracy", run), value("reward", run)
+
+    q = 202 / 204
+    assert accuracy.stderr == pytest.approx(math.sqrt(q * (1 - q) / 204))
+    assert reward.stderr == accuracy.stderr
+
+
+def test_the_spread_of_one_reward_is_absent() -> None:
+    assert computed("reward_std", sampled([[(True, 1.0)]])) == ()

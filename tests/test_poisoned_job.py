@@ -84,7 +84,9 @@ def test_a_job_with_five_poisoned_rows_grades_the_other_995(toy_run: ToyRun, tmp
     metrics = {m.name: m for m in result.metrics}
     for name in ("accuracy", "exact_match", "reward", "entropy", "truncation_rate"):
         assert metrics[name].n == 995, name
-    assert (metrics["response_length_correct"].n or 0) + (metrics["response_length_incorrect"].n or 0) == 995
+    # A side with no answers is absent (never a mean of 0 over n = 0); together they count every sample.
+    split = [metrics[m] for m in ("response_length_correct", "response_length_incorrect") if m in metrics]
+    assert sum(m.n or 0 for m in split) == 995 and all(m.n for m in split)
     assert [(p.where, p.prompt_id) for p in result.problems] == [
         (f"{dataset}:100", None),
         (f"{dataset}:300", None),

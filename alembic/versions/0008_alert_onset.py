@@ -1,10 +1,16 @@
-"""alert onset: an alert keeps the step it first fired at, the last step it fired at, and where it
+"""alert onset, and no results over zero samples
+
+An alert keeps the step it first fired at, the last step it fired at, and where it
 resolved, instead of one ``step`` overwritten by every repeat (the onset, where a person rolls back to,
 was lost)
 
 Old rows: a firing alert's ``step`` was its latest finding, the earliest step still known, so it fills
 ``first_step`` and ``last_step``; a resolved alert's ``step`` was the step it recovered at, so it fills
 ``resolved_step`` (its onset was overwritten: left NULL rather than a step that is not the onset).
+
+A metric computed over no samples (``response_length_correct`` when no answer was correct) was stored as
+0.0 with n = 0: a fake cliff in every chart and export. Such a metric is now absent; the rows stored so
+far are deleted (n = 0 never counted anything; downgrading does not bring them back).
 
 Revision ID: 0008
 Revises: 0007
@@ -32,6 +38,7 @@ def upgrade() -> None:
     op.execute("UPDATE alerts SET resolved_step = step WHERE state = 'resolved'")
     with op.batch_alter_table("alerts", schema=None) as batch_op:
         batch_op.drop_column("step")
+    op.execute("DELETE FROM results WHERE n = 0")
 
 
 def downgrade() -> None:

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from inference.errors import TaskInvalid
 from inference.harness.names import direction as harness_direction
 from inference.metrics.accuracy import Accuracy, ExactMatch
-from inference.metrics.base import DocumentRecord, EvalRecord, Metric, SampleRecord
+from inference.metrics.base import DocumentRecord, EvalRecord, Metric, SampleRecord, present
 from inference.metrics.bleu import Bleu
 from inference.metrics.entropy import Entropy
 from inference.metrics.length import (
@@ -125,7 +125,9 @@ def resolve_metrics(
 
 
 def compute_metrics(metrics: Iterable[Metric], record: EvalRecord) -> tuple[MetricValue, ...]:
-    return tuple(metric.compute(record) for metric in metrics)
+    """Every metric's value; one computed over nothing (``response_length_correct`` when no answer was
+    correct) is left out, never reported as a number."""
+    return tuple(value for value in (metric.compute(record) for metric in metrics) if present(value))
 
 
 __all__ = [

@@ -86,11 +86,32 @@ class Metric(ABC):
     def compute(self, record: EvalRecord) -> MetricValue: ...
 
 
+def no_value(name: str) -> MetricValue:
+    """What a metric computed over nothing gives (a mean over zero samples, a rate over no time): ``n = 0``
+    and no number. It is NaN, not 0, so that it can never pass for a value, and :func:`present` leaves it
+    out of a job's results: a metric with no samples is absent, never stored, plotted or exported."""
+    return MetricValue(name=name, value=math.nan, n=0, stderr=None)
+
+
+def present(value: MetricValue) -> bool:
+    """Whether ``value`` is a value at all (``n = 0``: computed over nothing, see :func:`no_value`)."""
+    return value.n != 0
+
+
+def is_binary(values: Sequence[float]) -> bool:
+    """Every value is 0 or 1: their mean is a proportion (a 0/1 reward is the same grade as accuracy)."""
+    return bool(values) and all(v == 0.0 or v == 1.0 for v in values)
+
+
 def mean_with_stderr(name: str, values: Sequence[float]) -> MetricValue:
-    """Mean, with the standard error from the sample standard deviation (none below two values)."""
+    """Mean, with the standard error from the sample standard deviation (none below two values). A mean of
+    0/1 values is a proportion and gets the proportion rule (:func:`proportion_with_stderr`): one rule
+    per kind of metric, whatever the metric is called."""
     n = len(values)
     if n == 0:
-        return MetricValue(name=name, value=0.0, n=0, stderr=None)
+        return no_value(name)
+    if is_binary(values):
+        return proportion_with_stderr(name, [v == 1.0 for v in values])
     mean = math.fsum(values) / n
     if n < 2:
         return MetricValue(name=name, value=mean, n=n, stderr=None)
@@ -109,7 +130,7 @@ def proportion_with_stderr(name: str, hits: Sequence[bool]) -> MetricValue:
     truncated answer (0 → 0.2%) an infinitely significant change; the two agree away from the edges."""
     n = len(hits)
     if n == 0:
-        return MetricValue(name=name, value=0.0, n=0, stderr=None)
+        return no_value(name)
     p = sum(hits) / n
     q = (sum(hits) + 2) / (n + 4)
     return MetricValue(name=name, value=p, n=n, stderr=math.sqrt(q * (1.0 - q) / (n + 4)))
@@ -121,7 +142,8 @@ def ratio_with_stderr(name: str, numerators: Sequence[float], denominators: Sequ
     n = len(numerators)
     total = math.fsum(denominators)
     if n == 0 or total <= 0:
-        return MetricValue(name=name, value=0.0, n=n, stderr=None)
+        # Nothing to divide by (no tokens scored): no value, not 0.
+        return no_value(name)
     ratio = math.fsum(numerators) / total
     if n < 2:
         return MetricValue(name=name, value=ratio, n=n, stderr=None)
@@ -179,7 +201,11 @@ class SampleMetric(Metric):
         result = self.aggregate(scores)
         if result.stderr is None or all(len(group) == 1 for group in by_group.values()):
             return result
-        return result.model_copy(update={"stderr": clustered_stderr(list(by_group.values()))})
+        clustered = clustered_stderr(list(by_group.values()))
+        if clustered is not None and is_binary(scores):
+            # A proportion keeps the Agresti–Coull floor: the clustered error of an all-correct run is 0.
+            clustered = max(clustered, result.stderr)
+        return result.model_copy(update={"stderr": clustered})
 
 
 class GroupMetric(Metric):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from inference.metrics.base import EvalRecord, Metric
+from inference.metrics.base import EvalRecord, Metric, no_value
 from inference.spec import MetricValue
 
 
@@ -18,7 +18,7 @@ class Bleu(Metric):
 
     def compute(self, record: EvalRecord) -> MetricValue:
         if not record.samples:
-            return MetricValue(name=self.name, value=0.0, n=0)
+            return no_value(self.name)
         import sacrebleu
 
         hypotheses = [sample.response for sample in record.samples]

@@ -15,7 +15,14 @@ import math
 from collections.abc import Callable
 from typing import ClassVar
 
-from inference.metrics.base import LIKELIHOOD, DocumentRecord, EvalRecord, Metric, ratio_with_stderr
+from inference.metrics.base import (
+    LIKELIHOOD,
+    DocumentRecord,
+    EvalRecord,
+    Metric,
+    no_value,
+    ratio_with_stderr,
+)
 from inference.spec import MetricValue, TaskKind
 
 
@@ -43,7 +50,7 @@ class Perplexity(Metric):
     def compute(self, record: EvalRecord) -> MetricValue:
         nll = _nll(record)
         if nll.n == 0:
-            return MetricValue(name=self.name, value=0.0, n=0)
+            return no_value(self.name)
         value = math.exp(nll.value)
         # Delta method: d exp(x) = exp(x) dx.
         stderr = None if nll.stderr is None else value * nll.stderr
@@ -57,7 +64,7 @@ def _per_unit(name: str, record: EvalRecord, unit: Callable[[DocumentRecord], in
 
 def _exp(name: str, nll: MetricValue) -> MetricValue:
     if nll.n == 0:
-        return MetricValue(name=name, value=0.0, n=0)
+        return no_value(name)
     value = math.exp(nll.value)
     return MetricValue(
         name=name, value=value, n=nll.n, stderr=None if nll.stderr is None else value * nll.stderr
@@ -92,5 +99,7 @@ class BitsPerByte(Metric):
 
     def compute(self, record: EvalRecord) -> MetricValue:
         nats = _per_unit(self.name, record, lambda d: d.bytes)
+        if nats.n == 0:
+            return no_value(self.name)
         stderr = None if nats.stderr is None else nats.stderr / math.log(2)
         return MetricValue(name=self.name, value=nats.value / math.log(2), n=nats.n, stderr=stderr)

@@ -14,6 +14,7 @@ from inference.metrics.base import (
     GroupMetric,
     SampleMetric,
     SampleRecord,
+    no_value,
     percentile,
     proportion_with_stderr,
     sample_std,
@@ -39,8 +40,10 @@ class RewardStd(SampleMetric):
         return sample.reward
 
     def aggregate(self, scores: Sequence[float]) -> MetricValue:
-        spread = sample_std(scores) if len(scores) > 1 else 0.0
-        return MetricValue(name=self.name, value=spread, n=len(scores))
+        if len(scores) < 2:
+            # One reward has no spread to measure (0 would claim they all agreed).
+            return no_value(self.name)
+        return MetricValue(name=self.name, value=sample_std(scores), n=len(scores))
 
 
 class RewardPercentile(SampleMetric):
@@ -57,8 +60,9 @@ class RewardPercentile(SampleMetric):
         return sample.reward
 
     def aggregate(self, scores: Sequence[float]) -> MetricValue:
-        value = percentile(scores, self.q) if scores else 0.0
-        return MetricValue(name=self.name, value=value, n=len(scores))
+        if not scores:
+            return no_value(self.name)
+        return MetricValue(name=self.name, value=percentile(scores, self.q), n=len(scores))
 
 
 def _rewards(group: Sequence[SampleRecord]) -> list[float] | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from inference.metrics.base import EvalRecord, RunMetric, percentile
+from inference.metrics.base import EvalRecord, RunMetric, no_value, percentile
 from inference.spec import MetricValue
 
 
@@ -15,8 +15,10 @@ class TokensPerSecond(RunMetric):
 
     def compute(self, record: EvalRecord) -> MetricValue:
         tokens = sum(s.tokens for s in record.samples) + sum(d.tokens for d in record.documents)
-        rate = tokens / record.generation_s if record.generation_s > 0 else 0.0
-        return MetricValue(name=self.name, value=rate, n=len(record.samples) or len(record.documents))
+        n = len(record.samples) or len(record.documents)
+        if n == 0 or record.generation_s <= 0:
+            return no_value(self.name)
+        return MetricValue(name=self.name, value=tokens / record.generation_s, n=n)
 
 
 class BatchLatency(RunMetric):
@@ -31,8 +33,9 @@ class BatchLatency(RunMetric):
 
     def compute(self, record: EvalRecord) -> MetricValue:
         latencies = record.batch_latencies_s
-        value = percentile(latencies, self.q) if latencies else 0.0
-        return MetricValue(name=self.name, value=value, n=len(latencies))
+        if not latencies:
+            return no_value(self.name)
+        return MetricValue(name=self.name, value=percentile(latencies, self.q), n=len(latencies))
 
 
 class PeakMemory(RunMetric):
@@ -43,7 +46,10 @@ class PeakMemory(RunMetric):
     )
 
     def compute(self, record: EvalRecord) -> MetricValue:
-        return MetricValue(name=self.name, value=record.peak_memory_mb or 0.0)
+        if record.peak_memory_mb is None:
+            # Not measured here: absent, not 0 MiB.
+            return no_value(self.name)
+        return MetricValue(name=self.name, value=record.peak_memory_mb)
 
 
 class WallTime(RunMetric):
