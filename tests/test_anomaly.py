@@ -54,6 +54,22 @@ def test_a_cliff_fires_robust_z_and_drop_from_best_with_the_best_step() -> None:
     assert "step" in found["drop_from_best"].message
 
 
+def test_drop_from_best_says_its_baseline_is_a_smoothed_best_and_gives_the_raw_best() -> None:
+    """Issue 20: the text said "best 0.97 (step 720)" while the chart's ring said best 1 at 720. The
+    baseline is the best of a running median: the message says so and names the raw best beside it."""
+    values = [0.6, 0.9, 0.95, 0.97, 0.96, 1.0, 0.97]
+    points = [Point(120 * (i + 1), v, 100, 0.02) for i, v in enumerate(values)]
+    points.append(Point(960, 0.2, 100, 0.04))
+
+    found = drop_from_best("accuracy", points, True, S)
+
+    assert found is not None and found.baseline == pytest.approx(0.97)
+    assert found.message == (
+        "accuracy 0.2 is 0.77 worse than its smoothed best 0.97 (median of 3 checkpoints ending at step "
+        "720); best raw 1 at step 720"
+    )
+
+
 def test_the_good_direction_is_not_an_anomaly() -> None:
     up = series([*PLATEAU, 0.90])
 

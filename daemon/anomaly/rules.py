@@ -48,7 +48,11 @@ def threshold(
     )
 
 
-def smoothed(points: Sequence[Point], width: int = 3) -> list[tuple[Point, float]]:
+#: Points the best is smoothed over (a rolling median): one lucky point is not a best.
+BEST_WIDTH = 3
+
+
+def smoothed(points: Sequence[Point], width: int = BEST_WIDTH) -> list[tuple[Point, float]]:
     """Each point with the median of it and the ``width - 1`` before it: one lucky point is not a best."""
     return [
         (p, statistics.median(q.value for q in points[max(0, i - width + 1) : i + 1]))
@@ -60,7 +64,11 @@ def drop_from_best(
     metric: str, points: Sequence[Point], higher_is_better: bool | None, s: Settings
 ) -> Finding | None:
     """The newest point is worse than the best so far (smoothed) by more than ``drop_sigmas`` standard
-    errors of the difference; the baseline is that best, and its step is where to roll back to."""
+    errors of the difference; the baseline is that best, and its step is where to roll back to.
+
+    The message calls the baseline what it is, a smoothed best (the median of the ``BEST_WIDTH`` points
+    ending at its step), and gives the best raw value beside it: a chart's best ring marks the raw one,
+    and "best 0.97" beside a ring at 1 reads as a wrong number."""
     current = points[-1]
     history = finite(points[:-1])
     if higher_is_better is None or len(history) < s.min_history or not math.isfinite(current.value):
@@ -68,7 +76,11 @@ def drop_from_best(
     if current.stderr is None:
         # No noise model (a timing): "worse than the best" would page on every slow machine.
         return None
-    best_point, best = max(smoothed(history), key=lambda pair: pair[1] if higher_is_better else -pair[1])
+    at, (best_point, best) = max(
+        enumerate(smoothed(history)), key=lambda item: item[1][1] if higher_is_better else -item[1][1]
+    )
+    width = min(BEST_WIDTH, at + 1)
+    raw = max(history, key=lambda p: p.value if higher_is_better else -p.value)
     drop = worse(current.value - best, higher_is_better)
     noise = difference_noise(current, [best_point])
     floor = max(s.drop_sigmas * noise, s.relative_floor * abs(best) * s.drop_sigmas, s.absolute_floor)
@@ -82,7 +94,8 @@ def drop_from_best(
         baseline=best,
         severity="critical" if drop > 2 * floor else "warning",
         message=(
-            f"{metric} {current.value:.4g} is {drop:.4g} worse than its best {best:.4g} "
-            f"(step {best_point.step})"
+            f"{metric} {current.value:.4g} is {drop:.4g} worse than its smoothed best {best:.4g} "
+            f"(median of {width} checkpoints ending at step {best_point.step}); "
+            f"best raw {raw.value:.4g} at step {raw.step}"
         ),
     )
