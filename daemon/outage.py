@@ -46,10 +46,21 @@ class Outage:
         self._lock = threading.Lock()
         self._since: float | None = None
         self._failures = 0
+        #: When the database last came back (or this record was made): how long it has been up.
+        self._up_since = clock()
 
     @property
     def active(self) -> bool:
         return self._since is not None
+
+    @property
+    def up_secs(self) -> float:
+        """How long the database has answered since the last outage ended (0 during one): what a lease
+        is judged against, since nobody could beat while it was away."""
+        with self._lock:
+            if self._since is not None:
+                return 0.0
+            return self._clock() - self._up_since
 
     def failed(self, error: BaseException, *, where: str) -> float:
         """Note a failure (logged if it starts an outage); returns how long to wait before trying again."""
@@ -69,4 +80,5 @@ class Outage:
             log.info("db.recovered", outage_secs=round(lasted, 2), failed_tries=self._failures)
             self._since = None
             self._failures = 0
+            self._up_since = self._clock()
             return True

@@ -189,9 +189,6 @@ class Service:
         self.runner: JobRunner | None = None
         #: Errors of the loop's own passes, logged once with their traceback and then counted.
         self.errors = RepeatedErrors(log)
-        #: Since when passes get through (the start, or the end of the last outage): a lease is judged
-        #: only once this daemon has been connected for one, so that the holder had the same chance.
-        self._connected_since = time.monotonic()
 
     def request_stop(self, signum: int, _frame: FrameType | None = None) -> None:
         log.info("daemon.stopping", signal=signal.Signals(signum).name)
@@ -232,7 +229,7 @@ class Service:
         since its last outage (a holder cut off by the same outage is beating again by then)."""
         if self.database.is_sqlite:
             return True
-        return time.monotonic() - self._connected_since >= self.config.scheduling.lease_secs
+        return self.outage.up_secs >= self.config.scheduling.lease_secs
 
     def _recover(self) -> None:
         """Requeue the jobs of daemons that died, or adopt those whose worker had already written its
@@ -525,7 +522,6 @@ class Service:
                 self.stop_requested.wait(self.outage.failed(exc, where="start"))
                 continue
             self.outage.succeeded()
-            self._connected_since = time.monotonic()
             return True
         return False
 
@@ -562,7 +558,6 @@ class Service:
                 # only that ends an outage. A read that succeeds while writes still fail (a full disk)
                 # does not.
                 if self.outage.succeeded():
-                    self._connected_since = time.monotonic()
                     self._caught_up()
                 notifier.watchdog()
                 self.wake.wait(self.config.scheduling.tick_secs)
