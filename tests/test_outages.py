@@ -11,7 +11,9 @@ import random
 import sqlite3
 import subprocess
 import threading
+import time
 from collections import Counter
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -221,3 +223,42 @@ def test_a_daemon_started_before_its_database_waits_for_it(
             daemon.process.kill()
     names = [e["event"] for e in _log_events(tmp_path / "daemon.log")]
     assert names.index("db.unavailable") < names.index("db.recovered") < names.index("daemon.ready")
+
+
+@pytest.mark.postgres
+def test_one_outage_seen_first_by_the_relay_is_one_pair_of_lines_ended_only_once_the_server_is_back(
+    private_cluster: PrivateCluster, private_database: str, tmp_path: Path
+) -> None:
+    """The relay thread shares the outage record: it may see the outage first, while the idle main loop
+    touches no database. A pass that reached no database must not end the outage (it used to, and the
+    relay's next failure started a second one): one db.unavailable, one db.recovered after the restart."""
+    data = write_dataset(tmp_path / "arith.jsonl", 4)
+    upgraded(private_database).dispose()
+    # Nothing is ever sent (no alert fires): the relay only polls its outbox, once a second.
+    hook = '[[webhooks]]\nname = "oncall"\nurl = "http://127.0.0.1:9/hook"\n'
+    config = write_config(tmp_path, private_database, dataset=data)
+    config.write_text(config.read_text() + "\n" + hook)
+    daemon = DaemonProcess(config, tmp_path / "daemon.log", env=OUTAGE_ENV)
+    try:
+        daemon.wait_ready()
+        private_cluster.stop("fast")
+        wait_for(lambda: b"db.unavailable" in daemon.log.read_bytes() or None, 30, "db.unavailable")
+        # Long enough for many idle passes and several relay polls while the server is down.
+        threading.Event().wait(5)
+        back = time.time()
+        private_cluster.start()
+        wait_for(
+            lambda: b"db.recovered" in daemon.log.read_bytes() or None, 30, "db.recovered", daemon.process
+        )
+        threading.Event().wait(3)  # any second outage would have started by now
+        assert daemon.stop() == 0
+    finally:
+        if not private_cluster.is_up():
+            private_cluster.start()
+        if daemon.process.poll() is None:
+            daemon.process.kill()
+    events = _log_events(tmp_path / "daemon.log")
+    names = [e["event"] for e in events]
+    assert (names.count("db.unavailable"), names.count("db.recovered")) == (1, 1)
+    (recovered,) = [e for e in events if e["event"] == "db.recovered"]
+    assert datetime.fromisoformat(str(recovered["timestamp"])).timestamp() >= back
