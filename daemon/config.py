@@ -12,9 +12,10 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -439,6 +440,15 @@ def hostfile_slots(path: Path) -> int:
     return total
 
 
+def _worker_env_name(name: str) -> str:
+    from daemon.running.environment import refused_extra
+
+    why = refused_extra(name)
+    if why is not None:
+        raise ValueError(why)
+    return name
+
+
 class InferenceConfig(_Section):
     #: ``deepspeed`` (AutoTP, any tp) or ``hf`` (plain transformers, tp = 1).
     engine: Engine = "deepspeed"
@@ -455,6 +465,9 @@ class InferenceConfig(_Section):
     launcher_args: tuple[str, ...] = ()
     #: Interpreter that runs workers; defaults to the daemon's own.
     python: Path | None = None
+    #: Environment variables a worker inherits beyond those it needs (daemon/running/environment.py
+    #: lists them: PATH, HOME, CUDA_*, HF_*, ...), e.g. a reward function's settings.
+    worker_env: tuple[Annotated[str, AfterValidator(_worker_env_name)], ...] = ()
     #: A worker still running after this long is killed and its job failed.
     job_timeout_secs: float = Field(default=3600.0, gt=0)
     #: A job whose worker crashes or times out is tried this many times in all before it stays failed.
@@ -750,6 +763,15 @@ class Config(_Section):
         for i, run in enumerate(self.runs):
             if run.adaptive is not None:
                 problems.extend(self._adaptive_problems(f"runs[{i}].adaptive", run))
+        secrets = {self.web.token_env: "web.token_env"} | {
+            w.secret_env: f"webhooks[{j}].secret_env" for j, w in enumerate(self.webhooks) if w.secret_env
+        }
+        for i, name in enumerate(self.inference.worker_env):
+            if name in secrets:
+                problems.append(
+                    f"inference.worker_env[{i}]: {name} holds the daemon's secret ({secrets[name]}): "
+                    "a worker must not inherit it"
+                )
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -1,14 +1,29 @@
-"""What a worker process inherits from the daemon: its environment, less what would mislead or leak.
+"""What a worker process inherits from the daemon: an allow-list, not the daemon's whole environment.
 
 A worker gets everything it needs to evaluate in its spec file; its environment carries only what the
-process itself needs (the GPUs, the libraries' settings) and the tie to the daemon that started it.
+process itself needs, and any process of the same user can read it in ``/proc/PID/environ``. So a
+variable reaches a worker only if it is
+
+- one a worker needs by name (:data:`WORKER_NAMES`: PATH, HOME, USER, LANG, TZ, TMPDIR, LD_LIBRARY_PATH,
+  the compilers DeepSpeed's and Triton's JIT builds look for, the fault injections of
+  :mod:`inference.faults`) or by prefix (:data:`WORKER_PREFIXES`: locale, Python, CUDA/NVIDIA/NCCL/ROCm,
+  torch/DeepSpeed/Triton, the thread pools, Hugging Face, XDG, the CA bundle), unless its name says it is
+  a credential (``HF_TOKEN``: the worker runs offline);
+- or listed in ``[inference] worker_env`` (a reward function's settings, say);
+
+and never one of the daemon's secrets (the dashboard token named by ``[web] token_env``, the webhooks'
+``secret_env``, ``EVALD_<SECTION>_<FIELD>`` overrides such as the database URL) nor a launcher's rank
+variables. Then the daemon adds the tie to itself and the GPUs evaluations may use.
 """
 
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Mapping
 
 from daemon.config import Config, env_overrides
+from inference.faults import DIVERGE_ENV, OOM_ABOVE_ENV
 from inference.spec import PARENT_PID_ENV
 
 #: Set by a launcher for its ranks; inherited by the daemon (started from a training job's shell, say),
@@ -26,23 +41,133 @@ LAUNCHER_VARIABLES = frozenset(
     }
 )
 
+#: Variables a worker needs, by name.
+WORKER_NAMES = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "LANG",
+        "LANGUAGE",
+        "TZ",
+        "TMPDIR",
+        "LD_LIBRARY_PATH",
+        # DeepSpeed's and Triton's JIT builds of their ops (the CPU shared-memory all-reduce, kernels).
+        "CC",
+        "CXX",
+        "MAX_JOBS",
+        # Faults a test injects into a real worker (the daemon never sets them).
+        OOM_ABOVE_ENV,
+        DIVERGE_ENV,
+    }
+)
+
+#: Variables a worker needs, by prefix: the libraries it runs and the hardware they drive.
+WORKER_PREFIXES = (
+    "LC_",
+    "PYTHON",
+    "CUDA_",
+    "NVIDIA_",
+    "NCCL_",
+    "GLOO_",
+    "CUBLAS_",
+    "CUDNN_",
+    "HIP_",
+    "ROCR_",
+    "HSA_",
+    "TORCH_",
+    "TORCHINDUCTOR_",
+    "PYTORCH_",
+    "DS_",
+    "TRITON_",
+    "OMP_",
+    "KMP_",
+    "MKL_",
+    "OPENBLAS_",
+    "HF_",
+    "TRANSFORMERS_",
+    "TOKENIZERS_",
+    "XDG_",
+    "SSL_CERT_",
+)
+
+#: A name whose ``_``-separated parts include one of these holds a credential: left out even under an
+#: allowed prefix (``HF_TOKEN``), unless ``worker_env`` lists it. ``TOKENIZERS_PARALLELISM`` is no token.
+CREDENTIAL_PARTS = frozenset(
+    {"TOKEN", "SECRET", "SECRETS", "PASSWORD", "PASSWD", "PASS", "CREDENTIAL", "CREDENTIALS", "KEY", "APIKEY"}
+)
+
+#: libpq's connection settings, the password among them: the daemon's, never a worker's.
+LIBPQ_VARIABLES = frozenset(
+    {
+        "PGHOST",
+        "PGHOSTADDR",
+        "PGPORT",
+        "PGDATABASE",
+        "PGUSER",
+        "PGPASSWORD",
+        "PGPASSFILE",
+        "PGSERVICE",
+        "PGSERVICEFILE",
+        "PGOPTIONS",
+        "PGAPPNAME",
+        "PGSSLMODE",
+        "PGSSLCERT",
+        "PGSSLKEY",
+        "PGSSLROOTCERT",
+    }
+)
+
+#: The variables the daemon itself reads: its own configuration, never a worker's.
+DAEMON_PREFIX = "EVALD_"
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def needed(name: str) -> bool:
+    """Whether a worker inherits ``name`` without being told (the allow-list above)."""
+    if name in WORKER_NAMES:
+        return True
+    if not name.startswith(WORKER_PREFIXES):
+        return False
+    return not CREDENTIAL_PARTS.intersection(name.upper().split("_"))
+
+
+def refused_extra(name: str) -> str | None:
+    """Why ``[inference] worker_env`` may not list ``name`` (None when it may)."""
+    if not _NAME.match(name):
+        return f"{name!r} is not an environment variable name (letters, digits and _, not first a digit)"
+    if name in LAUNCHER_VARIABLES:
+        return f"{name} is set by the launcher for each rank: an inherited one would break the worker group"
+    if name.startswith(DAEMON_PREFIX) and name not in WORKER_NAMES:
+        return f"{name} is the daemon's own configuration: a worker gets its settings in its spec file"
+    if name in LIBPQ_VARIABLES:
+        return f"{name} is a PostgreSQL client setting (the daemon's): a worker never opens the database"
+    return None
+
 
 def secret_variables(config: Config) -> frozenset[str]:
     """Variables that hold the daemon's secrets (webhook secrets, the database URL with its password,
     the web token): a worker needs none of them, and any process can read another's
     ``/proc/PID/environ`` when it runs as the same user."""
     names = {hook.secret_env for hook in config.webhooks if hook.secret_env}
+    if config.web.token_env:
+        names.add(config.web.token_env)
     # EVALD_<SECTION>_<FIELD> overrides (EVALD_DATABASE_URL with its password) are the daemon's config:
     # the worker gets all it needs in its spec file.
     names.update(env_overrides())
     return frozenset(names)
 
 
-def worker_environment(config: Config) -> dict[str, str]:
-    """The daemon's environment less its secrets, plus the tie to this process and the GPUs evaluations
-    may use."""
+def worker_environment(config: Config, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What a worker inherits of ``environ`` (the daemon's own by default): the allow-list and
+    ``[inference] worker_env``, less the daemon's secrets; plus the tie to this process and the GPUs
+    evaluations may use."""
+    source = os.environ if environ is None else environ
     hidden = LAUNCHER_VARIABLES | secret_variables(config)
-    env = {k: v for k, v in os.environ.items() if k not in hidden}
+    extra = frozenset(config.inference.worker_env)
+    env = {k: v for k, v in source.items() if k not in hidden and (k in extra or needed(k))}
     env[PARENT_PID_ENV] = str(os.getpid())
     if not config.inference.device.startswith("cuda"):
         # DeepSpeed's launcher picks its accelerator at import, as the workers do (they set this too).
