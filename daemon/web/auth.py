@@ -22,11 +22,14 @@ log = structlog.get_logger("daemon.web.auth")
 
 COOKIE = "evald_token"
 LOGIN = "/login"
+#: The login page's stylesheet: the one other path open without the token (it holds only the form's styles).
+LOGIN_STYLES = "/login.css"
 #: A login form body is a token and nothing else: anything larger is refused unread.
 MAX_LOGIN_BYTES = 4096
 
 LOGIN_PAGE = """<!doctype html><html lang="en"><head><meta charset="utf-8"><title>evald: sign in</title>
-<link rel="stylesheet" href="/static/dashboard.css"></head><body class="login">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<link rel="stylesheet" href="/login.css"></head><body class="login">
 <form method="post" action="/login"><h1>evald</h1><p>{message}</p>
 <label>Token <input type="password" name="token" autofocus autocomplete="current-password"></label>
 <button type="submit">Open the dashboard</button></form></body></html>"""
@@ -68,6 +71,9 @@ class BearerAuth:
         path: str = scope["path"]
         if path == LOGIN:
             await self._login(scope, receive, send)
+            return
+        if path == LOGIN_STYLES:
+            await self.app(scope, receive, send)
             return
         bearer, cookie = _presented(scope)
         if _matches(bearer, self.token) or _matches(cookie, self.token):

@@ -20,6 +20,11 @@ def index(_request: Request) -> Response:
     return FileResponse(STATIC / "index.html", headers={"cache-control": "no-cache"})
 
 
+def login_styles(_request: Request) -> Response:
+    # Open without the token (daemon.web.auth lets this one path through): the login form's own styles.
+    return FileResponse(STATIC / "login.css", headers={"cache-control": "no-cache"})
+
+
 def favicon(_request: Request) -> Response:
     return RedirectResponse("/static/favicon.svg", status_code=308)
 
@@ -28,5 +33,6 @@ def routes() -> list[BaseRoute]:
     return [
         Route("/", index),
         Route("/favicon.ico", favicon),
+        Route("/login.css", login_styles),
         Mount("/static", app=StaticFiles(directory=STATIC, follow_symlink=False), name="static"),
     ]

@@ -1,18 +1,34 @@
 // evald dashboard: plain SVG charts over the read-only JSON API, no library and no build step.
 //
-// One chart per (task, stage, metric); every selected run is a line on it, with its standard-error band,
-// the raw curve faint behind the smoothed one (smoothing is computed by the server, daemon/smoothing.py,
-// the same function as `evald compare`), alert markers at their steps (red: firing, grey: resolved) and
-// the best checkpoint ringed. Clicking a point opens that checkpoint's metrics and samples. The page polls
-// /api/v1/changes every 2 s and reloads its data when the database moved.
+// One chart per (task, stage, metric) in sections (pinned, quality, length and behaviour, system); every
+// selected run is a line on it with its standard-error band, the raw curve faint behind the smoothed one
+// (smoothing is computed by the server, daemon/smoothing.py, the same function as `evald compare`), alert
+// markers at their onset (red: firing, grey: resolved) and the best checkpoint ringed. Runs can be grouped
+// (by name without its seed suffix, a name pattern or a config key) into a mean line with a ± 1 std band
+// across the group's runs. The x axis is the step, the wall time or the time since a run's first result;
+// the y axis linear or log, optionally scaled without outliers. Drag to zoom, double-click to reset; hover
+// lists every run at that x; a click opens that checkpoint's metrics and samples. The page polls
+// /api/v1/changes every 2 s and reloads its data when the database moved. The view is kept in the URL.
 "use strict";
+
+import { fmt } from "./axis.js";
+import { drawChart } from "./chart.js";
+import { downloads, saveCsv, savePng, saveSvg } from "./export.js";
 
 const POLL_MS = 2000;
 const FIRST_WAIT_MS = 3000; // the longest the first chart holds back the rest of the first load
-const MARKERS_MAX = 200; // above this many points a line has no clickable dots; a click takes the nearest
-const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"];
-const SVG = "http://www.w3.org/2000/svg";
-const W = 600, H = 220, M = { left: 52, right: 12, top: 10, bottom: 24 }, PAD = 10;
+const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#d62728", "#7f7f7f"];
+const DEFAULTS = { smooth: "none", x: "step", y: "linear", group: "none" };
+const SECTIONS = [
+  ["pinned", "Pinned"],
+  ["quality", "Quality"],
+  ["behaviour", "Length and behaviour"],
+  ["system", "System"],
+];
+const X_TITLES = { step: "step", wall: "wall time (when the result was stored, local)", relative: "time since the run's first result" };
+// A seed suffix: -s1, _seed42, .rep3, -r2 ... (the name without it is the group).
+const SEED_SUFFIX = /[-_.](?:seed|s|rep|r|run)[-_]?\d+$/i;
+const PINS_KEY = "evald.pins";
 
 const state = {
   runs: [],          // every run the API lists
@@ -21,20 +37,35 @@ const state = {
   alerts: {},        // run -> alert list
   version: null,     // /changes version last loaded
   detail: null,      // {run, step}
-  smooth: "none",
+  smooth: DEFAULTS.smooth,
   filter: "",
+  x: DEFAULTS.x,     // step | wall | relative
+  y: DEFAULTS.y,     // linear | log
+  outliers: false,   // ignore outliers in the y scale
+  group: DEFAULTS.group, // none | seed | re:PATTERN | config:KEY
+  pins: [],          // chart keys shown first
+  zoom: {},          // chart key -> {x: [a, b], y: [a, b] | null}
+  folded: {},        // section -> true when folded
+  notices: [],       // what was wrong with the URL, shown until dismissed
+  drawn: {},         // chart key -> what was drawn (domains, tick labels)
+  downloads,         // charts saved: {name, type, size}
   lastOk: null,
+  loadError: null,
   complete: false,   // every curve of the selected runs has been loaded once (the first chart is not needed)
 };
 window.evald = state; // the browser test reads what was drawn from here and from the DOM
 
 const $ = (id) => document.getElementById(id);
 
+class ApiFailure extends Error {
+  constructor(message, parameter) { super(message); this.parameter = parameter; }
+}
+
 async function api(path) {
   const response = await fetch(path, { headers: { Accept: "application/json" }, credentials: "same-origin" });
   if (response.status === 401) { window.location.href = "/login"; throw new Error("token required"); }
   const body = await response.json();
-  if (!response.ok) throw new Error(body.error || response.statusText);
+  if (!response.ok) throw new ApiFailure(body.error || response.statusText, body.parameter);
   return body;
 }
 
@@ -55,61 +86,103 @@ function showError(message) {
   box.hidden = !message;
 }
 
-function el(tag, attrs = {}, parent = null, ns = SVG) {
-  const node = document.createElementNS(ns, tag);
-  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
-  if (parent) parent.appendChild(node);
-  return node;
-}
-
 function html(tag, attrs = {}, text = null, parent = null) {
   const node = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
+  for (const [k, v] of Object.entries(attrs)) if (v !== undefined && v !== null) node.setAttribute(k, v);
   if (text !== null) node.textContent = text;
   if (parent) parent.appendChild(node);
   return node;
 }
 
-function fmt(v) {
-  if (v === null || v === undefined) return "–";
-  if (typeof v !== "number") return String(v);
-  if (v !== 0 && (Math.abs(v) >= 1e5 || Math.abs(v) < 1e-3)) return v.toExponential(3);
-  return Number(v.toPrecision(4)).toString();
+function swatch(color, parent) {
+  const sw = html("span", { class: "sw" }, null, parent);
+  sw.style.background = color; // CSSOM: allowed by the page's CSP, where a style attribute is not
+  return sw;
 }
 
-function niceTicks(lo, hi, count) {
-  if (!(hi > lo)) { const d = Math.abs(lo) || 1; lo -= d * 0.05; hi += d * 0.05; }
-  const raw = (hi - lo) / count;
-  const mag = Math.pow(10, Math.floor(Math.log10(raw)));
-  const step = [1, 2, 2.5, 5, 10].map((f) => f * mag).find((s) => s >= raw) || raw;
-  const ticks = [];
-  for (let t = Math.ceil(lo / step) * step; t <= hi + step * 1e-9; t += step) ticks.push(Number(t.toPrecision(12)));
-  return { lo, hi, ticks };
+// ---- state in the URL: #runs=a,b&smooth=ema:0.6&filter=acc&x=step&y=log&outliers=1&group=seed&pins=k1,k2
+function smoothProblem(spec) {
+  const [kind, arg, extra] = spec.split(":");
+  if (spec === "none") return null;
+  if (extra !== undefined) return "it has more than one ':'";
+  if (kind === "ema") {
+    const w = Number(arg);
+    if (arg === undefined || arg.trim() === "" || !Number.isFinite(w)) return `the EMA weight “${arg ?? ""}” is not a number`;
+    return w >= 0 && w < 1 ? null : `the EMA weight must be at least 0 and below 1, not ${arg}`;
+  }
+  if (kind === "window") {
+    const n = Number(arg);
+    return Number.isInteger(n) && n >= 1 && n % 2 === 1 && n <= 999 ? null : `the window width must be an odd whole number from 1 to 999, not “${arg ?? ""}”`;
+  }
+  return "smoothing is none, ema:W (0 ≤ W < 1) or window:N (N odd)";
 }
 
-// ---- state in the URL: #runs=a,b&smooth=ema:0.6&filter=acc
+function groupProblem(spec) {
+  if (spec === "none" || spec === "seed" || /^config:.+/.test(spec)) return null;
+  if (spec.startsWith("re:")) {
+    try { new RegExp(spec.slice(3)); return null; } catch (e) { return `the pattern is not a regular expression (${e.message})`; }
+  }
+  return "grouping is none, seed, re:PATTERN or config:KEY";
+}
+
 function readHash() {
   const params = new URLSearchParams(window.location.hash.slice(1));
+  const notices = [];
+  const take = (name, problem, fallback, label) => {
+    if (!params.has(name)) return fallback;
+    const value = params.get(name);
+    const why = problem(value);
+    if (why === null) return value;
+    notices.push(`This link's ${label} “${value}” is not valid: ${why}. Showing ${label} “${fallback}” instead.`);
+    return fallback;
+  };
   if (params.get("runs")) state.selected = params.get("runs").split(",").filter(Boolean);
-  if (params.get("smooth")) state.smooth = params.get("smooth");
+  state.smooth = take("smooth", smoothProblem, DEFAULTS.smooth, "smoothing");
+  state.x = take("x", (v) => (v in X_TITLES ? null : "the x axis is step, wall or relative"), DEFAULTS.x, "x axis");
+  state.y = take("y", (v) => (v === "linear" || v === "log" ? null : "the y scale is linear or log"), DEFAULTS.y, "y scale");
+  state.group = take("group", groupProblem, DEFAULTS.group, "grouping");
+  state.outliers = params.get("outliers") === "1";
   if (params.get("filter")) state.filter = params.get("filter");
+  if (params.has("pins")) state.pins = params.get("pins").split(",").filter(Boolean);
+  else {
+    try { state.pins = JSON.parse(localStorage.getItem(PINS_KEY) || "[]").filter((k) => typeof k === "string"); } catch { state.pins = []; }
+  }
+  state.notices = notices;
 }
 
 function writeHash() {
   const params = new URLSearchParams();
   params.set("runs", state.selected.join(","));
   params.set("smooth", state.smooth);
+  if (state.x !== DEFAULTS.x) params.set("x", state.x);
+  if (state.y !== DEFAULTS.y) params.set("y", state.y);
+  if (state.outliers) params.set("outliers", "1");
+  if (state.group !== DEFAULTS.group) params.set("group", state.group);
   if (state.filter) params.set("filter", state.filter);
+  params.set("pins", state.pins.join(","));
   history.replaceState(null, "", "#" + params.toString());
+  try { localStorage.setItem(PINS_KEY, JSON.stringify(state.pins)); } catch { /* private mode: the URL keeps them */ }
 }
 
-function syncSmoothControls() {
+function showNotices() {
+  const box = $("notice");
+  const text = $("notice-text");
+  text.replaceChildren(...state.notices.map((n) => html("p", {}, n)));
+  box.hidden = !state.notices.length;
+}
+
+function syncControls() {
   const [kind, arg] = state.smooth.split(":");
   $("smooth-kind").value = kind;
   if (kind === "ema") { $("ema-weight").value = arg; $("ema-value").textContent = arg; }
   if (kind === "window") $("window-width").value = arg;
   $("ema-label").hidden = kind !== "ema";
   $("window-label").hidden = kind !== "window";
+  $("x-axis").value = state.x;
+  $("y-scale").value = state.y;
+  $("outliers").checked = state.outliers;
+  $("filter").value = state.filter;
+  syncGroupControl();
 }
 
 function smoothFromControls() {
@@ -123,28 +196,44 @@ function smoothFromControls() {
   return "none";
 }
 
-// ---- loading
-async function loadRuns() {
-  state.runs = await pages("/api/v1/runs?limit=1000");
-  const names = state.runs.map((r) => r.name);
-  state.selected = state.selected.filter((n) => names.includes(n));
-  if (!state.selected.length && names.length) state.selected = [names[0]];
-  const box = $("runs");
-  box.replaceChildren(html("legend", {}, "Runs"));
-  state.runs.forEach((run, i) => {
-    const label = html("label", { title: `${run.root}\nlatest step ${run.latest_step}` }, null, box);
-    const input = html("input", { type: "checkbox", value: run.name, "data-run": run.name }, null, label);
-    input.checked = state.selected.includes(run.name);
-    input.addEventListener("change", () => {
-      state.selected = state.runs.map((r) => r.name).filter((n) => box.querySelector(`input[value="${CSS.escape(n)}"]`).checked);
-      writeHash();
-      loadData().catch((e) => showError(e.message));
-    });
-    const sw = html("span", { class: "swatch" }, null, label);
-    sw.setAttribute("data-color", i);
-    label.append(run.name + (run.firing_alerts ? ` (${run.firing_alerts} firing)` : ""));
-  });
-  paintSwatches();
+// ---- runs, their config and their groups
+function flatConfig(config, prefix = "", out = {}) {
+  for (const [k, v] of Object.entries(config || {})) {
+    if (v !== null && typeof v === "object" && !Array.isArray(v)) flatConfig(v, `${prefix}${k}.`, out);
+    else out[prefix + k] = Array.isArray(v) ? v.join(", ") : v;
+  }
+  return out;
+}
+
+function configKeys() {
+  const keys = new Set();
+  for (const run of state.runs) {
+    for (const [k, v] of Object.entries(flatConfig(run.config))) if (v !== null && v !== "") keys.add(k);
+  }
+  return [...keys];
+}
+
+function groupOf(name) {
+  const g = state.group;
+  if (g === "none") return null;
+  if (g === "seed") return name.replace(SEED_SUFFIX, "");
+  if (g.startsWith("re:")) {
+    const m = new RegExp(g.slice(3)).exec(name);
+    return m ? (m[1] ?? m[0]) : name;
+  }
+  const key = g.slice("config:".length);
+  const run = state.runs.find((r) => r.name === name);
+  const value = run ? flatConfig(run.config)[key] : undefined;
+  return `${key}=${value === undefined || value === null || value === "" ? "unset" : value}`;
+}
+
+function groupNames() {
+  const names = [];
+  for (const run of state.selected) {
+    const g = groupOf(run);
+    if (g !== null && !names.includes(g)) names.push(g);
+  }
+  return names;
 }
 
 function colorOf(run) {
@@ -152,14 +241,75 @@ function colorOf(run) {
   return COLORS[(i < 0 ? 0 : i) % COLORS.length];
 }
 
-function paintSwatches() {
-  // CSP forbids inline styles; an SVG square carries the colour instead.
-  document.querySelectorAll("#runs .swatch").forEach((sw) => {
-    const run = sw.parentElement.querySelector("input").value;
-    const svg = el("svg", { width: 10, height: 10, viewBox: "0 0 10 10" });
-    el("rect", { width: 10, height: 10, rx: 2, fill: colorOf(run) }, svg);
-    sw.replaceChildren(svg);
-  });
+function groupColor(name) {
+  return COLORS[Math.max(0, groupNames().indexOf(name)) % COLORS.length];
+}
+
+function syncGroupControl() {
+  const select = $("group-by");
+  const options = [["none", "no grouping"], ["seed", "name without seed suffix"], ["re:", "name pattern (regex)…"]];
+  for (const key of configKeys()) options.push([`config:${key}`, `config: ${key}`]);
+  const current = state.group.startsWith("re:") ? "re:" : state.group;
+  if (state.group.startsWith("config:") && !options.some(([v]) => v === state.group)) options.push([state.group, `config: ${state.group.slice(7)}`]);
+  select.replaceChildren(...options.map(([v, label]) => html("option", { value: v }, label)));
+  select.value = current;
+  $("group-pattern").hidden = current !== "re:";
+  if (current === "re:") $("group-pattern").value = state.group.slice(3);
+}
+
+function setSelected(names) {
+  state.selected = state.runs.map((r) => r.name).filter((n) => names.includes(n));
+  writeHash();
+  renderRunTable();
+  loadData().catch(loadFailed);
+}
+
+function renderRunTable() {
+  const keys = configKeys();
+  const grouping = state.group !== "none";
+  $("runs-count").textContent = `${state.selected.length} of ${state.runs.length} shown`;
+  const head = html("tr");
+  for (const h of ["", "run", ...(grouping ? ["group"] : []), "checkpoints", "latest step", "evaluated step", "firing alerts", "created", ...keys]) html("th", {}, h, head);
+  const body = document.createDocumentFragment();
+  for (const run of state.runs) {
+    const tr = html("tr", { "data-run": run.name }, null, body);
+    const pick = html("td", {}, null, tr);
+    const input = html("input", { type: "checkbox", value: run.name, "data-run": run.name, "aria-label": `show ${run.name}` }, null, pick);
+    input.checked = state.selected.includes(run.name);
+    input.addEventListener("change", () => {
+      const names = new Set(state.selected);
+      if (input.checked) names.add(run.name); else names.delete(run.name);
+      setSelected([...names]);
+    });
+    const name = html("td", { class: "name", title: run.root }, null, tr);
+    swatch(colorOf(run.name), name);
+    name.append(run.name);
+    if (grouping) html("td", { "data-key": "group" }, groupOf(run.name), tr);
+    html("td", { class: "num" }, String(run.checkpoints), tr);
+    html("td", { class: "num" }, fmt(run.latest_step), tr);
+    html("td", { class: "num" }, fmt(run.evaluated_step), tr);
+    html("td", { class: run.firing_alerts ? "num firing" : "num" }, String(run.firing_alerts), tr);
+    html("td", { class: "when" }, run.created_at ? new Date(run.created_at).toLocaleString() : "–", tr);
+    const flat = flatConfig(run.config);
+    for (const k of keys) {
+      const v = flat[k];
+      html("td", { "data-key": `config.${k}` }, v === null || v === undefined || v === "" ? "–" : String(v), tr);
+    }
+  }
+  $("run-table").replaceChildren(html("thead"), html("tbody"));
+  $("run-table").tHead.appendChild(head);
+  $("run-table").tBodies[0].appendChild(body);
+  $("runs-note").textContent = state.runs.some((r) => r.config === null) ? "– : not in this evald's config (any more)" : "";
+}
+
+// ---- loading
+async function loadRuns() {
+  state.runs = await pages("/api/v1/runs?limit=1000");
+  const names = state.runs.map((r) => r.name);
+  state.selected = state.selected.filter((n) => names.includes(n));
+  if (!state.selected.length && names.length) state.selected = [names[0]];
+  syncGroupControl();
+  renderRunTable();
 }
 
 async function loadData() {
@@ -173,9 +323,24 @@ async function loadData() {
     return [run, series.series, alerts];
   }));
   state.complete = true;
+  state.loadError = null;
   state.series = {}; state.alerts = {};
   for (const [run, series, alerts] of loaded) { state.series[run] = series; state.alerts[run] = alerts; }
   render();
+}
+
+function loadFailed(e) {
+  state.loadError = e.message;
+  if (e instanceof ApiFailure && e.parameter === "smooth" && state.smooth !== DEFAULTS.smooth) {
+    // The server refused a smoothing the page let through: say so and fall back, never a blank page.
+    state.notices.push(`The server refused smoothing “${state.smooth}”: ${e.message}. Showing “${DEFAULTS.smooth}”.`);
+    state.smooth = DEFAULTS.smooth;
+    showNotices(); syncControls(); writeHash();
+    loadData().catch(loadFailed);
+    return;
+  }
+  showError(e.message);
+  setLive();
 }
 
 // First load: one curve of the first run (found from its newest results), drawn before anything else is
@@ -201,160 +366,243 @@ async function firstCurve(run) {
   render();
 }
 
-// ---- charts
+// ---- chart models
+function sectionOf(metric) {
+  if (/^(tokens_per_s|latency_|peak_memory|wall_s|load_s)/.test(metric)) return "system";
+  if (/(length|truncation|entropy|^group_|_std$)/.test(metric)) return "behaviour";
+  return "quality";
+}
+
 function chartKeys() {
   const keys = new Map();
   for (const run of state.selected) {
     for (const s of state.series[run] || []) {
       const key = `${s.task}/${s.stage}/${s.metric}`;
-      if (!keys.has(key)) keys.set(key, { task: s.task, stage: s.stage, metric: s.metric });
+      if (!keys.has(key)) keys.set(key, { key, task: s.task, stage: s.stage, metric: s.metric });
     }
   }
   const filter = state.filter.toLowerCase();
-  return [...keys.entries()].filter(([key]) => !filter || key.toLowerCase().includes(filter));
+  return [...keys.values()].filter((m) => !filter || m.key.toLowerCase().includes(filter));
 }
 
-function render() {
-  const box = $("charts");
-  const keys = chartKeys();
-  const existing = new Map([...box.children].map((c) => [c.dataset.chart, c]));
-  const wanted = new Set(keys.map(([k]) => k));
-  for (const [key, node] of existing) if (!wanted.has(key)) node.remove();
-  if (!keys.length) {
-    box.replaceChildren(html("p", { class: "muted" }, state.selected.length ? "No results yet for the selected runs." : "No runs in the database yet."));
-    return;
-  }
-  box.querySelector("p.muted")?.remove();
-  for (const [key, meta] of keys) {
-    let card = existing.get(key);
-    if (!card) {
-      card = html("div", { class: "chart", "data-chart": key });
-      const title = html("h2", {}, meta.metric + " ", card);
-      html("span", { class: "sub" }, `${meta.task} · ${meta.stage}`, title);
-      card.appendChild(el("svg", { viewBox: `0 0 ${W} ${H}`, preserveAspectRatio: "none" }));
-      html("div", { class: "legend" }, "", card);
-    }
-    box.appendChild(card); // (re)placed in key order: a chart drawn early keeps its place among the rest
-    drawChart(card, meta);
-  }
-}
-
-function drawChart(card, meta) {
-  const svg = card.querySelector("svg");
-  svg.replaceChildren();
+function linesOf(meta) {
   const lines = [];
   for (const run of state.selected) {
     const s = (state.series[run] || []).find((x) => x.task === meta.task && x.stage === meta.stage && x.metric === meta.metric);
     if (s) lines.push({ run, s });
   }
-  let xs = [], ys = [];
-  for (const { s } of lines) {
-    const shown = s.smoothed ? s.smoothed.value : s.value;
-    const se = s.smoothed ? s.smoothed.stderr : s.stderr;
-    s.step.forEach((step, i) => {
-      xs.push(step);
-      for (const v of [s.value[i], shown[i], shown[i] !== null && se[i] !== null ? shown[i] - se[i] : null, shown[i] !== null && se[i] !== null ? shown[i] + se[i] : null]) {
-        if (v !== null && Number.isFinite(v)) ys.push(v);
-      }
-    });
-  }
-  if (!xs.length) return;
-  const xr = niceTicks(Math.min(...xs), Math.max(...xs), 6);
-  const yr = niceTicks(Math.min(...ys), Math.max(...ys), 5);
-  const x0 = Math.min(xr.lo, Math.min(...xs)), x1 = Math.max(xr.hi, Math.max(...xs));
-  const y0 = Math.min(yr.lo, Math.min(...ys)), y1 = Math.max(yr.hi, Math.max(...ys));
-  // Points sit a little inside the axes, so a ring on the first step does not cover the tick labels.
-  const px = (x) => M.left + PAD + (x1 === x0 ? 0.5 : (x - x0) / (x1 - x0)) * (W - M.left - M.right - 2 * PAD);
-  const py = (y) => H - M.bottom - (y1 === y0 ? 0.5 : (y - y0) / (y1 - y0)) * (H - M.top - M.bottom);
+  return lines;
+}
 
-  const grid = el("g", { class: "grid axis" }, svg);
-  for (const t of yr.ticks) {
-    if (t < y0 || t > y1) continue;
-    el("line", { x1: M.left, x2: W - M.right, y1: py(t), y2: py(t) }, grid);
-    el("text", { x: M.left - 4, y: py(t) + 3, "text-anchor": "end" }, grid).textContent = fmt(t);
-  }
-  for (const t of xr.ticks) {
-    if (t < x0 || t > x1) continue;
-    el("text", { x: px(t), y: H - 6, "text-anchor": "middle" }, grid).textContent = fmt(t);
-  }
+// The run's first result time: relative time counts from it.
+function startOf(run) {
+  let t0 = Infinity;
+  for (const s of state.series[run] || []) for (const t of s.time || []) if (t !== null && t < t0) t0 = t;
+  return t0;
+}
 
-  // Alerts first, under the lines: a dashed rule at the step, a triangle on top.
-  for (const { run } of lines) {
-    for (const a of state.alerts[run] || []) {
-      if (a.step === null || a.metric !== meta.metric || (a.task && a.task !== meta.task)) continue;
-      if (a.step < x0 || a.step > x1) continue;
-      const g = el("g", { class: `alert ${a.state}`, "data-step": a.step, "data-run": run }, svg);
-      el("line", { x1: px(a.step), x2: px(a.step), y1: M.top, y2: H - M.bottom }, g);
-      el("path", { d: `M${px(a.step) - 5},${M.top} h10 l-5,7 z` }, g);
-      el("title", {}, g).textContent = `${a.state}: ${a.rule} (${a.severity}) at step ${a.step}\n${a.message}`;
+const num = (v) => (v === null || v === undefined ? NaN : v);
+
+function runTrace(run, s, kind, color) {
+  const shown = s.smoothed ? s.smoothed.value : s.value;
+  const se = s.smoothed ? s.smoothed.stderr : s.stderr;
+  const t0 = state.x === "relative" ? startOf(run) : 0;
+  const xOf = (i) => (state.x === "step" ? s.step[i] : s.time && s.time[i] !== null ? s.time[i] - t0 : NaN);
+  const points = s.step.map((step, i) => {
+    const y = num(shown[i]), e = num(se[i]);
+    return { step, x: xOf(i), y, raw: num(s.value[i]), se: e, n: s.n[i], lo: y - e, hi: y + e };
+  });
+  if (state.x !== "step") points.sort((a, b) => a.x - b.x);
+  const at = s.best ? s.step.indexOf(s.best.step) : -1;
+  const best = s.best && at >= 0 ? { step: s.best.step, x: xOf(at), y: num(s.best.value) } : null;
+  return { name: run, run, kind, color, count: s.step.length, smoothed: !!s.smoothed, points, best: kind === "run" ? best : null };
+}
+
+function groupTrace(name, members) {
+  const byStep = new Map();
+  for (const m of members) {
+    for (const p of m.points) {
+      if (!Number.isFinite(p.y)) continue;
+      if (!byStep.has(p.step)) byStep.set(p.step, []);
+      byStep.get(p.step).push(p);
     }
   }
+  const points = [...byStep.entries()].map(([step, ps]) => {
+    const n = ps.length, mean = ps.reduce((a, p) => a + p.y, 0) / n;
+    // Sample standard deviation across the group's runs (n - 1); one run has none.
+    const std = n > 1 ? Math.sqrt(ps.reduce((a, p) => a + (p.y - mean) ** 2, 0) / (n - 1)) : NaN;
+    const x = ps.reduce((a, p) => a + p.x, 0) / n;
+    return { step, x, y: mean, raw: mean, std, members: n, se: NaN, n: null, lo: mean - std, hi: mean + std };
+  }).sort((a, b) => a.x - b.x || a.step - b.step);
+  return { name, kind: "group", color: groupColor(name), runs: members.map((m) => m.name), count: points.length, smoothed: false, points, best: null };
+}
 
-  const legend = [];
+function alertMarks(meta, lines) {
+  const marks = [];
   for (const { run, s } of lines) {
-    const color = colorOf(run);
-    const shown = s.smoothed ? s.smoothed.value : s.value;
-    const se = s.smoothed ? s.smoothed.stderr : s.stderr;
-    const upper = [], lower = [];
-    s.step.forEach((step, i) => {
-      if (shown[i] === null || se[i] === null) return;
-      upper.push(`${px(step)},${py(shown[i] + se[i])}`);
-      lower.unshift(`${px(step)},${py(shown[i] - se[i])}`);
-    });
-    if (upper.length > 1) el("polygon", { class: "band", fill: color, points: upper.concat(lower).join(" "), "data-run": run }, svg);
-    const pts = (vals) => s.step.map((step, i) => (vals[i] === null ? null : `${px(step)},${py(vals[i])}`)).filter(Boolean).join(" ");
-    if (s.smoothed) el("polyline", { class: "raw", stroke: color, points: pts(s.value), "data-run": run }, svg);
-    el("polyline", { class: "line", stroke: color, points: pts(shown), "data-run": run, "data-points": s.step.length }, svg);
-    if (s.step.length <= MARKERS_MAX) {
-      s.step.forEach((step, i) => {
-        if (shown[i] === null) return;
-        const dot = el("circle", { class: "pt", cx: px(step), cy: py(shown[i]), r: 3.2, fill: color, "data-run": run, "data-step": step }, svg);
-        if (state.detail && state.detail.run === run && state.detail.step === step) dot.classList.add("selected");
-        el("title", {}, dot).textContent = `${run} step ${step}: ${fmt(s.value[i])}` + (s.stderr[i] !== null ? ` ± ${fmt(s.stderr[i])}` : "");
+    for (const a of state.alerts[run] || []) {
+      if (a.metric !== meta.metric || (a.task && a.task !== meta.task)) continue;
+      // The onset (first_step) is where a person rolls back to; older rows carry only step.
+      const onset = a.first_step ?? a.step, last = a.last_step ?? a.step;
+      if (onset === null || onset === undefined) continue;
+      const xOf = (step) => {
+        if (state.x === "step") return step;
+        const i = s.step.indexOf(step);
+        return i >= 0 && s.time && s.time[i] !== null ? s.time[i] - (state.x === "relative" ? startOf(run) : 0) : NaN;
+      };
+      const span = last !== null && last !== undefined && last !== onset ? ` to step ${last}` : "";
+      marks.push({
+        run, state: a.state, step: onset, lastStep: last, x: xOf(onset), xLast: last === null ? NaN : xOf(last),
+        title: `${run} · ${a.state}: ${a.rule} (${a.severity}) from step ${onset}${span}\n${a.message}`,
       });
     }
-    if (s.best) {
-      // Ringed at its raw value: the best checkpoint is a stored result, not a smoothed one.
-      const best = el("circle", { class: "best", cx: px(s.best.step), cy: py(s.best.value), r: 6, fill: "none", stroke: color, "data-run": run, "data-step": s.best.step }, svg);
-      el("title", {}, best).textContent = `best of ${run}: step ${s.best.step} (${fmt(s.best.value)})`;
-    }
-    const last = s.value.length - 1;
-    legend.push(`${run}: ${fmt(s.value[last])} @ ${s.step[last]}` + (s.best ? ` · best ${fmt(s.best.value)} @ ${s.best.step}` : ""));
   }
-  card.querySelector(".legend").textContent = legend.join("  |  ");
+  return marks;
+}
 
-  const hover = el("g", { class: "hover" }, svg);
-  const nearest = (event) => {
-    const box = svg.getBoundingClientRect();
-    const mx = ((event.clientX - box.left) / box.width) * W, my = ((event.clientY - box.top) / box.height) * H;
-    let best = null;
-    for (const { run, s } of lines) {
-      const shown = s.smoothed ? s.smoothed.value : s.value;
-      s.step.forEach((step, i) => {
-        if (shown[i] === null) return;
-        const d = Math.abs(px(step) - mx) * 4 + Math.abs(py(shown[i]) - my);
-        if (!best || d < best.d) best = { d, run, step, i, s };
-      });
+function chartModel(meta) {
+  const lines = linesOf(meta);
+  const traces = [];
+  if (state.group === "none") {
+    for (const { run, s } of lines) traces.push(runTrace(run, s, "run", colorOf(run)));
+  } else {
+    for (const name of groupNames()) {
+      const members = lines.filter(({ run }) => groupOf(run) === name).map(({ run, s }) => ({ ...runTrace(run, s, "member", groupColor(name)), group: name }));
+      if (!members.length) continue;
+      traces.push(groupTrace(name, members), ...members);
     }
-    return best;
+  }
+  return {
+    key: meta.key, xmode: state.x, ylog: state.y === "log", outliers: state.outliers, zoom: state.zoom[meta.key] || null,
+    xTitle: X_TITLES[state.x], yTitle: meta.metric + (state.y === "log" ? " (log scale)" : ""),
+    traces, alerts: alertMarks(meta, lines), lines,
   };
-  svg.onmousemove = (event) => {
-    const hit = nearest(event);
-    hover.replaceChildren();
-    if (!hit) return;
-    el("line", { x1: px(hit.step), x2: px(hit.step), y1: M.top, y2: H - M.bottom }, hover);
-    const se = hit.s.stderr[hit.i];
-    const label = `${hit.run} · step ${hit.step}: ${fmt(hit.s.value[hit.i])}` + (se !== null ? ` ± ${fmt(se)}` : "");
-    const right = px(hit.step) > W / 2;
-    el("text", { class: "tooltip", x: px(hit.step) + (right ? -6 : 6), y: M.top + 10, "text-anchor": right ? "end" : "start" }, hover).textContent = label;
-  };
-  svg.onmouseleave = () => hover.replaceChildren();
-  svg.onclick = (event) => {
-    const target = event.target.closest("[data-step][data-run]");
-    if (target && target.classList.contains("pt")) return openDetail(target.dataset.run, Number(target.dataset.step), meta.task);
-    const hit = nearest(event);
-    if (hit) openDetail(hit.run, hit.step, meta.task);
-  };
+}
+
+// ---- rendering
+function card(meta) {
+  const node = html("div", { class: "chart", "data-chart": meta.key });
+  const head = html("div", { class: "chart-head" }, null, node);
+  const title = html("h2", {}, meta.metric + " ", head);
+  html("span", { class: "sub" }, `${meta.task} · ${meta.stage}`, title);
+  const tools = html("div", { class: "tools" }, null, head);
+  const button = (cls, label, tip) => html("button", { type: "button", class: cls, title: tip }, label, tools);
+  const reset = button("reset", "reset zoom", "show every point (or double-click the chart)");
+  reset.hidden = true;
+  reset.addEventListener("click", () => setZoom(meta.key, null));
+  const pin = button("pin", "☆ pin", "keep this chart at the top");
+  pin.addEventListener("click", () => togglePin(meta.key));
+  for (const format of ["png", "svg", "csv"]) {
+    button(`dl ${format}`, format.toUpperCase(), `download this chart as ${format.toUpperCase()}${format === "csv" ? " (its data)" : ""}`)
+      .addEventListener("click", () => download(meta, format));
+  }
+  const box = html("div", { class: "plot-box" }, null, node);
+  box.appendChild(document.createElementNS("http://www.w3.org/2000/svg", "svg")).setAttribute("class", "plot");
+  html("div", { class: "tooltip", role: "tooltip" }, null, box).hidden = true;
+  html("div", { class: "legend" }, null, node);
+  return node;
+}
+
+function legendItems(model) {
+  return model.traces.filter((t) => t.kind !== "member").map((t) => {
+    if (t.kind === "group") return { color: t.color, label: `${t.name}: mean of ${t.runs.length} run${t.runs.length > 1 ? "s" : ""} ± 1 std` };
+    const last = [...t.points].reverse().find((p) => p.step === Math.max(...t.points.map((q) => q.step)));
+    return { color: t.color, label: `${t.name}: ${fmt(last ? last.raw : null)} @ ${last ? last.step : "–"}` + (t.best ? ` · best ${fmt(t.best.y)} @ ${t.best.step}` : "") };
+  });
+}
+
+function drawCard(node, meta) {
+  const model = chartModel(meta);
+  const drawn = drawChart(node, model, {
+    onZoom: (zoom) => setZoom(meta.key, zoom),
+    onPick: (run, step) => openDetail(run, step, meta.task),
+    selected: (run, step) => state.detail !== null && state.detail.run === run && state.detail.step === step,
+  });
+  state.drawn[meta.key] = drawn;
+  node.querySelector("button.reset").hidden = !state.zoom[meta.key];
+  const pinned = state.pins.includes(meta.key);
+  const pin = node.querySelector("button.pin");
+  pin.textContent = pinned ? "★ pinned" : "☆ pin";
+  pin.setAttribute("aria-pressed", String(pinned));
+  const legend = node.querySelector(".legend");
+  legend.replaceChildren();
+  for (const item of legendItems(model)) {
+    const span = html("span", { class: "item" }, null, legend);
+    swatch(item.color, span);
+    span.append(item.label);
+  }
+  const notes = [];
+  const missing = model.traces.filter((t) => t.kind !== "group").reduce((a, t) => a + t.points.filter((p) => !Number.isFinite(p.y)).length, 0);
+  if (missing) notes.push(`${missing} point${missing > 1 ? "s" : ""} without a value (no samples, or not a number) left out`);
+  if (drawn && Number(drawn.skipped)) notes.push(`${drawn.skipped} value${drawn.skipped > 1 ? "s" : ""} ≤ 0 not on the log scale`);
+  if (drawn && Number(drawn.clipped)) notes.push(`${drawn.clipped} outlier${drawn.clipped > 1 ? "s" : ""} outside the scale (▲▼ at the edge)`);
+  if (state.group !== "none") notes.push("band: ± 1 std across the group's runs; faint lines: its runs");
+  if (notes.length) html("div", { class: "note" }, notes.join(" · "), legend);
+  node._model = model;
+}
+
+function render() {
+  const box = $("charts");
+  const keys = chartKeys();
+  const wanted = new Set(keys.map((m) => m.key));
+  const existing = new Map([...box.querySelectorAll(".chart")].map((c) => [c.dataset.chart, c]));
+  for (const [key, node] of existing) if (!wanted.has(key)) node.remove();
+  $("charts-empty").hidden = keys.length > 0;
+  $("charts-empty").textContent = state.selected.length ? (state.filter ? "No chart matches the filter." : "No results yet for the selected runs.") : "No runs in the database yet.";
+  for (const [section] of SECTIONS) {
+    const part = box.querySelector(`section[data-section="${section}"]`);
+    const metas = keys.filter((m) => (state.pins.includes(m.key) ? "pinned" : sectionOf(m.metric)) === section);
+    part.hidden = !metas.length;
+    part.classList.toggle("folded", !!state.folded[section]);
+    part.querySelector(".count").textContent = `${metas.length} chart${metas.length === 1 ? "" : "s"}`;
+    const grid = part.querySelector(".grid");
+    for (const meta of metas) {
+      const node = existing.get(meta.key) || card(meta);
+      node.dataset.section = section;
+      grid.appendChild(node); // (re)placed in key order: a chart drawn early keeps its place among the rest
+      if (!state.folded[section]) drawCard(node, meta);
+    }
+  }
+}
+
+function sections() {
+  const box = $("charts");
+  for (const [section, title] of SECTIONS) {
+    const part = html("section", { class: "section", "data-section": section }, null, box);
+    const head = html("h2", { class: "section-title" }, null, part);
+    const fold = html("button", { type: "button", class: "fold", "aria-expanded": "true" }, title, head);
+    html("span", { class: "count" }, "", head);
+    fold.addEventListener("click", () => {
+      state.folded[section] = !state.folded[section];
+      fold.setAttribute("aria-expanded", String(!state.folded[section]));
+      render();
+    });
+    html("div", { class: "grid" }, null, part);
+    part.hidden = true;
+  }
+}
+
+function setZoom(key, zoom) {
+  if (zoom) state.zoom[key] = zoom; else delete state.zoom[key];
+  render();
+}
+
+function togglePin(key) {
+  state.pins = state.pins.includes(key) ? state.pins.filter((k) => k !== key) : [...state.pins, key];
+  writeHash();
+  render();
+}
+
+async function download(meta, format) {
+  const node = $("charts").querySelector(`.chart[data-chart="${CSS.escape(meta.key)}"]`);
+  const model = node._model;
+  try {
+    if (format === "csv") saveCsv(meta, model.lines);
+    else if (format === "svg") saveSvg(node, meta, legendItems(model));
+    else await savePng(node, meta, legendItems(model));
+  } catch (e) {
+    showError(`could not save the chart: ${e.message}`);
+  }
 }
 
 // ---- detail: one checkpoint's metrics, alerts and samples
@@ -363,6 +611,7 @@ async function openDetail(run, step, task) {
   document.querySelectorAll("circle.pt.selected").forEach((c) => c.classList.remove("selected"));
   document.querySelectorAll(`circle.pt[data-run="${CSS.escape(run)}"][data-step="${step}"]`).forEach((c) => c.classList.add("selected"));
   $("detail").hidden = false;
+  document.body.classList.add("detail-open");
   $("detail-title").textContent = `${run} · step ${step}`;
   const enc = encodeURIComponent(run);
   try {
@@ -375,9 +624,11 @@ async function openDetail(run, step, task) {
     for (const r of info.results) {
       const tr = html("tr", {}, null, body);
       html("td", {}, r.task, tr); html("td", {}, r.stage, tr); html("td", {}, r.metric, tr);
-      html("td", { class: "num" }, fmt(r.value), tr); html("td", { class: "num" }, fmt(r.stderr), tr); html("td", { class: "num" }, fmt(r.n), tr);
+      html("td", { class: "num" }, r.value === null && r.n === 0 ? "no samples" : fmt(r.value), tr);
+      html("td", { class: "num" }, fmt(r.stderr), tr); html("td", { class: "num" }, fmt(r.n), tr);
     }
-    $("detail-metrics").replaceChildren(table);
+    $("detail-metrics").replaceChildren(html("div", { class: "table-wrap" }, null));
+    $("detail-metrics").firstChild.appendChild(table);
     const alerts = $("detail-alerts");
     alerts.replaceChildren();
     if (info.alerts.length) {
@@ -386,7 +637,7 @@ async function openDetail(run, step, task) {
     }
     const tasks = [...new Set(info.results.map((r) => r.task))];
     const select = $("detail-task");
-    select.replaceChildren(...tasks.map((t) => { const o = html("option", { value: t }, t); return o; }));
+    select.replaceChildren(...tasks.map((t) => html("option", { value: t }, t)));
     select.value = tasks.includes(task) ? task : tasks[0];
     select.hidden = tasks.length < 2;
     await loadSamples();
@@ -394,6 +645,13 @@ async function openDetail(run, step, task) {
     $("detail-metrics").replaceChildren(html("p", { class: "muted" }, e.message));
     $("detail-samples").replaceChildren();
   }
+}
+
+function closeDetail() {
+  $("detail").hidden = true;
+  document.body.classList.remove("detail-open");
+  state.detail = null;
+  document.querySelectorAll("circle.pt.selected").forEach((c) => c.classList.remove("selected"));
 }
 
 async function loadSamples() {
@@ -407,11 +665,11 @@ async function loadSamples() {
       `${body.matching_samples} ${wrong ? "wrong " : ""}of ${body.stored_samples} stored samples (${body.task}/${body.stage}, job ${body.job_id})` +
       (body.problems.length ? `; ${body.problems.length} inputs left out` : "")));
     for (const s of body.items) {
-      const card = html("div", { class: `sample ${s.correct ? "right" : "wrong"}`, "data-index": s.index }, null, box);
-      html("div", {}, `#${s.index} · ${s.prompt_id} · ${s.correct ? "correct" : "wrong"} · ${s.tokens} tokens${s.truncated ? " · truncated" : ""}${s.error ? " · error: " + s.error : ""}`, card);
-      html("div", { class: "muted" }, "prompt", card); html("pre", {}, s.prompt, card);
-      html("div", { class: "muted" }, "response", card); html("pre", {}, s.response, card);
-      html("div", {}, `extracted: ${s.extracted ?? "–"} · reference: ${s.reference}`, card);
+      const sample = html("div", { class: `sample ${s.correct ? "right" : "wrong"}`, "data-index": s.index }, null, box);
+      html("div", {}, `#${s.index} · ${s.prompt_id} · ${s.correct ? "correct" : "wrong"} · ${s.tokens} tokens${s.truncated ? " · truncated" : ""}${s.error ? " · error: " + s.error : ""}`, sample);
+      html("div", { class: "muted" }, "prompt", sample); html("pre", {}, s.prompt, sample);
+      html("div", { class: "muted" }, "response", sample); html("pre", {}, s.response, sample);
+      html("div", {}, `extracted: ${s.extracted ?? "–"} · reference: ${s.reference}`, sample);
     }
     for (const p of body.problems) html("div", { class: "sample wrong" }, `left out: ${p.where}: ${p.message}`, box);
   } catch (e) {
@@ -420,6 +678,17 @@ async function loadSamples() {
 }
 
 // ---- live updates
+function setLive() {
+  const live = $("live");
+  if (state.loadError) {
+    live.textContent = `not updating: ${state.loadError}`;
+    live.classList.add("stale");
+  } else if (state.lastOk) {
+    live.textContent = `live · updated ${state.lastOk.toLocaleTimeString()}`;
+    live.classList.remove("stale");
+  }
+}
+
 async function poll() {
   try {
     const { version } = await api("/api/v1/changes");
@@ -429,33 +698,74 @@ async function poll() {
       if (!first) { await loadRuns(); await loadData(); }
     }
     state.lastOk = new Date();
-    $("live").textContent = `live · updated ${state.lastOk.toLocaleTimeString()}`;
-    $("live").classList.remove("stale");
+    state.loadError = null;
     showError("");
   } catch (e) {
-    $("live").textContent = `not updating: ${e.message}`;
-    $("live").classList.add("stale");
+    state.loadError = e.message;
   }
+  setLive();
 }
 
-async function start() {
-  readHash();
-  syncSmoothControls();
-  $("filter").value = state.filter;
+function wire() {
   const onSmooth = () => {
     state.smooth = smoothFromControls();
-    syncSmoothControls();
+    syncControls();
     writeHash();
-    loadData().catch((e) => showError(e.message));
+    loadData().catch(loadFailed);
   };
   $("smooth-kind").addEventListener("change", onSmooth);
   $("ema-weight").addEventListener("input", () => { $("ema-value").textContent = $("ema-weight").value; });
   $("ema-weight").addEventListener("change", onSmooth);
   $("window-width").addEventListener("change", onSmooth);
   $("filter").addEventListener("input", () => { state.filter = $("filter").value; writeHash(); render(); });
+  $("x-axis").addEventListener("change", () => { state.x = $("x-axis").value; state.zoom = {}; writeHash(); render(); });
+  $("y-scale").addEventListener("change", () => {
+    state.y = $("y-scale").value;
+    for (const z of Object.values(state.zoom)) z.y = null; // a y range in the other scale's terms means nothing
+    writeHash(); render();
+  });
+  $("outliers").addEventListener("change", () => { state.outliers = $("outliers").checked; writeHash(); render(); });
+  const onGroup = () => {
+    const v = $("group-by").value;
+    if (v === "re:") {
+      $("group-pattern").hidden = false;
+      const pattern = $("group-pattern").value;
+      const spec = "re:" + pattern;
+      if (!pattern || groupProblem(spec)) { $("group-pattern").setCustomValidity(pattern ? groupProblem(spec) : "a pattern"); return; }
+      $("group-pattern").setCustomValidity("");
+      state.group = spec;
+    } else {
+      state.group = v;
+    }
+    syncGroupControl(); writeHash(); renderRunTable(); render();
+  };
+  $("group-by").addEventListener("change", onGroup);
+  $("group-pattern").addEventListener("change", onGroup);
+  $("select-all").addEventListener("click", () => setSelected(state.runs.map((r) => r.name)));
+  $("select-none").addEventListener("click", () => setSelected([]));
+  $("notice-close").addEventListener("click", () => { state.notices = []; showNotices(); });
   $("wrong-only").addEventListener("change", () => loadSamples());
   $("detail-task").addEventListener("change", () => loadSamples());
-  $("close-detail").addEventListener("click", () => { $("detail").hidden = true; state.detail = null; });
+  $("close-detail").addEventListener("click", closeDetail);
+  document.addEventListener("keydown", (e) => { if (e.key === "Escape" && state.detail) closeDetail(); });
+  // Charts are drawn at their card's width: redrawn when it changes (window, detail panel).
+  let width = 0, frame = 0;
+  new ResizeObserver((entries) => {
+    const w = Math.round(entries[0].contentRect.width);
+    if (w === width) return;
+    width = w;
+    cancelAnimationFrame(frame);
+    frame = requestAnimationFrame(() => render());
+  }).observe($("charts"));
+}
+
+async function start() {
+  readHash();
+  sections();
+  syncControls();
+  showNotices();
+  wire();
+  if (state.notices.length) writeHash(); // the URL now says what is shown
   try {
     // Runs named in the URL: their first chart comes before anything else, then their charts load beside
     // the run list instead of after it.
@@ -468,9 +778,11 @@ async function start() {
     writeHash();
     if (!(await early)) { await firstChart(); await loadData(); }
     render(); // again, now that every run has its colour
+    setLive();
     document.body.dataset.ready = "true";
   } catch (e) {
-    showError(e.message);
+    loadFailed(e);
+    document.body.dataset.ready = "true";
   }
   setInterval(poll, POLL_MS);
 }
