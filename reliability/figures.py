@@ -21,6 +21,14 @@ The counters (RELIABILITY.md defines them for readers):
 - ``alerts duplicated``: a ``webhook-id`` the receiver accepted again after an answer the sender got
   (a re-send after a request the receiver held past the sender's timeout is counted apart, as
   ``alerts resent``: Standard Webhooks' at-least-once, dropped by the id).
+- ``poison``: bad items a scenario put beside the good checkpoints (a folder whose step does not fit,
+  a symlink loop, a task whose metric names collide), then in brackets those ``unrefused`` (a poison
+  checkpoint evaluated or left undecided instead of ``invalid``, a poison job not ``failed`` naming what
+  is wrong) and ``misnamed`` (no daemon log line names it, or one daemon start names it in more than one
+  line: a retry from memory).
+- ``late``: due checkpoints evaluated, but more than the scenario's bound after they were written.
+- ``discarded``: results a daemon computed and then threw away because it had lost the job's lease
+  (``job.lost_lease`` lines): the work was done twice or not stored.
 """
 
 from __future__ import annotations
@@ -75,6 +83,15 @@ class Figures:
     read_early: int = 0
     #: Faults with no log line naming them.
     faults_unlogged: int = 0
+    #: Poison items put beside the good checkpoints; those not refused as they should be; those no log
+    #: line names, or that one daemon start names more than once.
+    poison: int = 0
+    poison_unrefused: int = 0
+    poison_misnamed: int = 0
+    #: Due checkpoints evaluated later than the scenario's bound after they were written.
+    late: int = 0
+    #: ``job.lost_lease`` lines: results computed and thrown away by a daemon that lost the lease.
+    discarded: int = 0
     #: Places a configured secret showed up (log line, status file, CLI output, a worker's environment).
     secret_leaks: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -91,6 +108,10 @@ class Figures:
             and (self.crashes_allowed or self.daemon_crashes == 0)
             and self.read_early == 0
             and self.faults_unlogged == 0
+            and self.poison_unrefused == 0
+            and self.poison_misnamed == 0
+            and self.late == 0
+            and self.discarded == 0
             and not self.secret_leaks
         )
 
@@ -200,7 +221,7 @@ def render_table(rows: Sequence[Figures]) -> str:
     head = (
         "| scenario | faults | written | due | evaluated | lost | duplicated | recomputed "
         "| alerts fired | delivered | disabled (410) | lost | duplicated | resent | crashes | unlogged "
-        "| secrets | s | verdict |"
+        "| poison (unrefused, misnamed) | late | discarded | secrets | s | verdict |"
     )
     lines = [head, "|" + "---|" * (len(head.split("|")) - 2)]
     for f in rows:
@@ -222,6 +243,9 @@ def render_table(rows: Sequence[Figures]) -> str:
             f.alerts_resent,
             f.daemon_crashes,
             f.faults_unlogged,
+            f"{f.poison} ({f.poison_unrefused}, {f.poison_misnamed})" if f.poison else "-",
+            f.late,
+            f.discarded,
             len(f.secret_leaks),
             round(f.seconds),
             "pass" if f.passed else "FAIL",

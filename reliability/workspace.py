@@ -131,13 +131,18 @@ class Workspace:
         scheduling: str = "",
         state_dir: Path | None = None,
         config_url: str | None = None,
+        tasks: str = "",
+        max_attempts: int = 100,
     ) -> Path:
+        """The config: ``runs``, the arith task (then ``tasks``, more ``[[tasks]]`` tables), one webhook to
+        the receiver and an alert on every result. ``max_attempts`` is high by default, so that no job
+        runs out of tries under injected kills."""
         run_blocks = "".join(f'[[runs]]\nname = "{r.name}"\nroot = "{r.root}"\n{r.extra}\n\n' for r in runs)
         text = (
             f'[database]\nurl = "{config_url or self.url}"\n\n{run_blocks}'
             f'[[tasks]]\nname = "{TASK}"\ndataset = "{dataset}"\nprompt_field = "problem"\nid_field = "id"\n'
-            'prompt_template = "{prompt}="\nmax_new_tokens = 12\nbatch_size = 16\n\n'
-            f'[inference]\nengine = "{engine}"\nthreads = 1\nmax_attempts = 100\n{inference}\n\n'
+            f'prompt_template = "{{prompt}}="\nmax_new_tokens = 12\nbatch_size = 16\n\n{tasks}'
+            f'[inference]\nengine = "{engine}"\nthreads = 1\nmax_attempts = {max_attempts}\n{inference}\n\n'
             f"[scheduling]\n{SCHEDULING.format(quiet=quiet)}{scheduling}\n\n"
             f'[daemon]\nstate_dir = "{state_dir or self.state_dir}"\nlog_format = "json"\n\n'
             # A threshold every result crosses, no cooldown: every stored result sends one notification.

@@ -76,3 +76,20 @@ def test_secrets_are_found_in_any_output_but_not_in_skipped_folders(tmp_path: Pa
     (tmp_path / "runs" / "weights.bin").write_bytes(b"hunter22")
     found = find_secrets(tmp_path, ["whsec_abc", "hunter22"], skip=[tmp_path / "runs"])
     assert found == ["logs/daemon-1.log: secret #1"]
+
+
+def test_poison_late_and_discarded_results_each_fail_a_scenario() -> None:
+    assert Figures("clean", poison=6).passed
+    for counter in ("poison_unrefused", "poison_misnamed", "late", "discarded"):
+        assert not Figures("t", poison=6, **{counter: 1}).passed, counter
+
+
+def test_a_poison_folder_is_named_by_its_own_name_only() -> None:
+    from reliability.scenarios.poison_items import POISON_FOLDERS
+
+    patterns = {item.name: item.pattern for item in POISON_FOLDERS}
+    line = '{"event": "checkpoint.invalid", "path": "/r/runs/toy/step_-1", "reason": "negative step"}'
+    assert patterns["step_-1"].search(line)
+    assert not patterns["step_-1"].search(line.replace("step_-1", "step_-10"))
+    assert not patterns["step_6400"].search('{"path": "/r/runs/toy/step_64000/l1"}')
+    assert patterns["step_6400"].search('{"path": "/r/runs/toy/step_6400/l1"}')

@@ -19,6 +19,9 @@ SCENARIOS = {
     "disk-full-scratch": "reliability.scenarios.disk_full:run_scratch",
     "deleted-checkpoint": "reliability.scenarios.deleted_checkpoint",
     "concurrent-start": "reliability.scenarios.concurrent_start",
+    "poison-items-sqlite": "reliability.scenarios.poison_items:run_sqlite",
+    "poison-items-postgres": "reliability.scenarios.poison_items:run_postgres",
+    "lease-outage": "reliability.scenarios.lease_outage",
 }
 
 
