@@ -100,8 +100,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     path = config_path(args.config)
 
     def reload_config() -> Config:
-        # The same checks as a start: the file, every field, and a dataset with no usable row.
-        fresh = load_config(path)
+        # The same checks as a start: the file, every field, and a dataset with no usable row. Each
+        # problem names the file: config.reload_refused has nothing else to say which one it read.
+        where = path.absolute()
+        try:
+            fresh = load_config(path)
+        except ConfigError as exc:
+            if not path.exists():
+                raise ConfigError(
+                    str(where),
+                    [f"{where}: file not found (the daemon started with it: put it back and reload)"],
+                ) from exc
+            raise ConfigError(str(where), [f"{where}: {problem}" for problem in exc.problems]) from exc
         dataset_problems(fresh)
         return fresh
 

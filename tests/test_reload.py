@@ -96,3 +96,38 @@ def test_sighup_adds_a_run_keeps_the_running_job_and_refuses_a_bad_config(
 def _all_succeeded(database: Database, count: int) -> list[queries.JobRow] | None:
     rows = jobs(database)
     return rows if len(rows) == count and all(j.state == "succeeded" for j in rows) else None
+
+
+def test_a_reload_refused_names_the_config_file_it_read(sqlite_url: str, tmp_path: Path) -> None:
+    upgraded(sqlite_url).dispose()
+    config = write_config(tmp_path, sqlite_url, dataset=write_dataset(tmp_path / "arith.jsonl", 2))
+    original = config.read_text()
+    log = tmp_path / "daemon.log"
+    daemon = DaemonProcess(config, log)
+    try:
+        daemon.wait_ready()
+        config.unlink()  # deleted, or moved by a deploy that has not put the new one in place yet
+        daemon.process.send_signal(signal.SIGHUP)
+        [refused] = wait_for(
+            lambda: _events(log, "config.reload_refused") or None, 30, "config.reload_refused", daemon.process
+        )
+        assert refused["problems"] == [
+            f"{config}: file not found (the daemon started with it: put it back and reload)"
+        ]
+        config.write_text(original.replace("batch_size = 16", "batch_size = -1"))
+        daemon.process.send_signal(signal.SIGHUP)
+        second = wait_for(
+            lambda: e if len(e := _events(log, "config.reload_refused")) == 2 else None,
+            30,
+            "the second refusal",
+            daemon.process,
+        )
+        problems = second[1]["problems"]
+        assert isinstance(problems, list) and problems[0].startswith(f"{config}: tasks[0].batch_size: ")
+        config.write_text(original)
+        daemon.process.send_signal(signal.SIGHUP)
+        wait_for(lambda: _events(log, "config.reloaded") or None, 30, "config.reloaded", daemon.process)
+        assert daemon.stop() == 0
+    finally:
+        if daemon.process.poll() is None:
+            daemon.process.kill()
