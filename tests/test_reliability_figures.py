@@ -81,7 +81,9 @@ def test_secrets_are_found_in_any_output_but_not_in_skipped_folders(tmp_path: Pa
 def test_poison_late_and_discarded_results_each_fail_a_scenario() -> None:
     assert Figures("clean", poison=6).passed
     for counter in ("poison_unrefused", "poison_misnamed", "late", "discarded"):
-        assert not Figures("t", poison=6, **{counter: 1}).passed, counter
+        figures = Figures("t", poison=6)
+        setattr(figures, counter, 1)
+        assert not figures.passed, counter
 
 
 def test_a_poison_folder_is_named_by_its_own_name_only() -> None:
