@@ -190,6 +190,7 @@ def _shots(tmp_path: Path) -> Path:
 
 def _screenshot(page: Any, tmp_path: Path, name: str) -> Path:
     path = _shots(tmp_path) / name
+    page.evaluate("() => window.scrollTo(0, 0)")  # a sticky header shows where the page is scrolled to
     page.screenshot(path=str(path), full_page=True)
     return path
 
@@ -624,7 +625,8 @@ def test_dashboard_axes_scales_zoom_tooltip_sections_groups_runs_and_downloads(
         assert math.isclose(float(tip["grpo"]["mean"]), statistics.mean(at80), rel_tol=1e-12)
         assert math.isclose(float(tip["grpo"]["std"]), statistics.stdev(at80), rel_tol=1e-9)
         assert {"grpo-s1", "grpo-s2", "grpo-s3", "ppo-s1"} <= set(tip) and "member" in tip["grpo-s1"]["cls"]
-        _screenshot(page, tmp_path, "desktop-groups.png")
+        # The viewport as it is (a full-page shot scrolls, and the tooltip goes with the pointer).
+        page.screenshot(path=str(_shots(tmp_path) / "desktop-groups.png"))
         page.mouse.move(0, 0)
         page.select_option("#group-by", "config:freq_steps")
         assert (
@@ -714,6 +716,7 @@ def test_at_phone_width_cards_fit_ticks_stay_readable_and_the_detail_panel_is_on
         page.mouse.click(*_point(page, ACC, "grpo-s1", 80))
         page.wait_for_selector("#detail-title:has-text('step 80')")
         page.wait_for_selector("#metrics-table")
+        page.wait_for_selector("#samples-summary")
         panel = page.locator("#detail").bounding_box()
         assert panel is not None
         assert panel["x"] >= 0 and panel["x"] + panel["width"] <= width, panel

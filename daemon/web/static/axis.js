@@ -18,7 +18,7 @@ export function fmt(v) {
   if (typeof v !== "number") return String(v);
   if (Number.isNaN(v)) return "NaN";
   if (!Number.isFinite(v)) return v > 0 ? "∞" : "−∞";
-  if (v !== 0 && (Math.abs(v) >= 1e5 || Math.abs(v) < 1e-3)) return v.toExponential(2).replace("e+", "e");
+  if (v !== 0 && (Math.abs(v) >= 1e5 || Math.abs(v) < 1e-3)) return Number(v.toPrecision(4)).toExponential().replace("e+", "e");
   return Number(v.toPrecision(4)).toString();
 }
 

@@ -97,7 +97,7 @@ export function drawChart(card, model, handlers) {
   const yMost = Math.max(MIN_TICKS, Math.floor(plotH / 24));
   const ys = scale(dom.y[0], dom.y[1], top + plotH, top, ylog);
   // Log ticks are unevenly spaced: those nearer than a label's height to the one below are dropped.
-  const yt = spaced(ylog ? logTicks(dom.y[0], dom.y[1], yMost) : linearTicks(dom.y[0], dom.y[1], yMost), ys.to, 16);
+  const yt = ylog ? spaced(logTicks(dom.y[0], dom.y[1], yMost), ys.to, 16) : linearTicks(dom.y[0], dom.y[1], yMost);
   const yLabels = yt.map(fmt);
   const left = 22 + Math.max(...yLabels.map((s) => s.length)) * CHAR_PX + 6;
   const right = 14;

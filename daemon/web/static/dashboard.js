@@ -282,7 +282,8 @@ function renderRunTable() {
       setSelected([...names]);
     });
     const name = html("td", { class: "name", title: run.root }, null, tr);
-    swatch(colorOf(run.name), name);
+    // The colour the charts draw it in: its group's when grouped.
+    swatch(grouping ? groupColor(groupOf(run.name)) : colorOf(run.name), name);
     name.append(run.name);
     if (grouping) html("td", { "data-key": "group" }, groupOf(run.name), tr);
     html("td", { class: "num" }, String(run.checkpoints), tr);
@@ -505,7 +506,7 @@ function card(meta) {
 
 function legendItems(model) {
   return model.traces.filter((t) => t.kind !== "member").map((t) => {
-    if (t.kind === "group") return { color: t.color, label: `${t.name}: mean of ${t.runs.length} run${t.runs.length > 1 ? "s" : ""} ± 1 std` };
+    if (t.kind === "group") return { color: t.color, label: t.runs.length > 1 ? `${t.name}: mean of ${t.runs.length} runs ± 1 std` : `${t.name}: 1 run` };
     const last = [...t.points].reverse().find((p) => p.step === Math.max(...t.points.map((q) => q.step)));
     return { color: t.color, label: `${t.name}: ${fmt(last ? last.raw : null)} @ ${last ? last.step : "–"}` + (t.best ? ` · best ${fmt(t.best.y)} @ ${t.best.step}` : "") };
   });
@@ -617,13 +618,19 @@ async function openDetail(run, step, task) {
   try {
     const info = await api(`/api/v1/runs/${enc}/steps/${step}`);
     $("detail-title").textContent = `${run} · step ${step} · ${info.checkpoint}`;
+    // Task and stage get a column only when they differ between rows (else the caption says them).
+    const varies = (k) => new Set(info.results.map((r) => r[k])).size > 1;
+    const cols = ["task", "stage"].filter(varies);
     const table = html("table", { id: "metrics-table" });
+    const same = ["task", "stage"].filter((k) => !cols.includes(k)).map((k) => info.results[0]?.[k]).filter(Boolean);
+    if (same.length) html("caption", {}, same.join(" · "), table);
     const head = html("tr", {}, null, html("thead", {}, null, table));
-    for (const h of ["task", "stage", "metric", "value", "± stderr", "n"]) html("th", {}, h, head);
+    for (const h of [...cols, "metric", "value", "± stderr", "n"]) html("th", {}, h, head);
     const body = html("tbody", {}, null, table);
     for (const r of info.results) {
       const tr = html("tr", {}, null, body);
-      html("td", {}, r.task, tr); html("td", {}, r.stage, tr); html("td", {}, r.metric, tr);
+      for (const k of cols) html("td", {}, r[k], tr);
+      html("td", { class: "metric" }, r.metric, tr);
       html("td", { class: "num" }, r.value === null && r.n === 0 ? "no samples" : fmt(r.value), tr);
       html("td", { class: "num" }, fmt(r.stderr), tr); html("td", { class: "num" }, fmt(r.n), tr);
     }
