@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import signal
@@ -36,6 +35,7 @@ from inference.task import stratify_fields
 from storage import alerting, migrations, queries, scheduling
 from storage.database import Database, describe_url, is_outage
 from storage.errors import DatabaseUnreachable, StatementFailed, StorageError
+from storage.queries import grades
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -295,8 +295,10 @@ def _run_results(
 def cmd_compare(args: argparse.Namespace) -> int:
     if len(args.run) != 2:
         raise ConfigError("--run", [f"give exactly two runs (--run A --run B), got {len(args.run)}"])
-    if not (args.sigmas > 0 and math.isfinite(args.sigmas)):
-        raise ConfigError("--sigmas", [f"must be a positive number, got {args.sigmas}"])
+    if not (0 < args.fdr < 1):
+        raise ConfigError(
+            "--fdr", [f"must be a false discovery rate between 0 and 1 (e.g. 0.05), got {args.fdr}"]
+        )
     smoothing = parse_smoothing(args.smooth)
     run_a, run_b = args.run
     config = _load(args)
@@ -307,10 +309,25 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 _run_results(session, run, task=args.task, stage=args.stage, metric=args.metric)
                 for run in (run_a, run_b)
             )
+            # The samples of the matched points of metrics the samples rebuild: for the paired test.
+            keys = {
+                (r.task, r.stage, r.step)
+                for r in a
+                if r.step is not None and r.metric in curves.PAIRED_SCORES
+            }
+            keys &= {(r.task, r.stage, r.step) for r in b if r.step is not None}
+            grades_a, grades_b = (grades.job_grades(session, run=run, keys=keys) for run in (run_a, run_b))
     finally:
         database.dispose()
     found = curves.compare(
-        curves.curves(a), curves.curves(b), run_a=run_a, run_b=run_b, smoothing=smoothing, sigmas=args.sigmas
+        curves.curves(a),
+        curves.curves(b),
+        run_a=run_a,
+        run_b=run_b,
+        smoothing=smoothing,
+        fdr=args.fdr,
+        grades_a=grades_a,
+        grades_b=grades_b,
     )
     print(report.comparison(found, args.format))
     return 0
@@ -403,17 +420,36 @@ def cmd_export_tensorboard(args: argparse.Namespace) -> int:
 
 
 def cmd_export_lm_eval(args: argparse.Namespace) -> int:
-    from daemon.export.lm_eval import lm_eval_results, write
+    from daemon.export.lm_eval import Checkpoint, ExportError, lm_eval_results, write
+    from storage.queries.exports import evaluated_checkpoints
 
     config = _load(args)
     database = _open_current(config)
     try:
         with database.session() as session:
             rows = _run_results(session, args.run)
+            at_step = [r for r in rows if r.step == args.step]
+            found = evaluated_checkpoints(
+                session, run=args.run, step=args.step, tasks={r.task for r in at_step}
+            )
     finally:
         database.dispose()
+    # The checkpoint the chosen rows came from (two folders at one step: the one evaluated last).
+    newest = max(at_step, key=lambda r: r.evaluated_at).checkpoint if at_step else None
+    evaluated = next((c for c in found if c.name == newest), None)
     try:
-        document = lm_eval_results(rows, config, run=args.run, step=args.step)
+        if evaluated is None:
+            raise LookupError(f"run {args.run!r} has no stored result at step {args.step}")
+        checkpoint = Checkpoint(evaluated.path, evaluated.duration_s)
+        document = lm_eval_results(
+            [r for r in rows if r.checkpoint == evaluated.name],
+            config,
+            run=args.run,
+            step=args.step,
+            checkpoint=checkpoint,
+        )
+    except ExportError as exc:
+        raise EvaldError(str(exc)) from exc
     except LookupError as exc:
         steps = ", ".join(str(s) for s in sorted({r.step for r in rows if r.step is not None}))
         raise EvaldError(f"{exc.args[0]} (steps with results: {steps or 'none'})") from exc
@@ -683,7 +719,7 @@ def build_parser() -> argparse.ArgumentParser:
     alerts.set_defaults(func=cmd_alerts)
 
     compare = commands.add_parser(
-        "compare", help="two runs at matched steps: the difference and whether it exceeds the noise"
+        "compare", help="two runs at matched steps: the difference, tested (paired where prompts are shared)"
     )
     compare.add_argument("--run", action="append", required=True, help="give twice: --run A --run B")
     compare.add_argument("--metric", help="only this metric (default: every metric both runs have)")
@@ -691,10 +727,10 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--stage", choices=(stages.FULL, stages.QUICK), help="only this stage")
     compare.add_argument("--smooth", default="none", help="none (default), ema:W (e.g. ema:0.6) or window:N")
     compare.add_argument(
-        "--sigmas",
+        "--fdr",
         type=float,
-        default=curves.SIGMAS,
-        help="a difference exceeds the noise beyond this many combined standard errors (default: 2)",
+        default=curves.FDR,
+        help="false discovery rate over every point tested, Benjamini-Hochberg (default: 0.05)",
     )
     compare.add_argument("--format", choices=("table", "json", "csv"), default="table")
     compare.set_defaults(func=cmd_compare)
