@@ -151,3 +151,53 @@ def test_daemon_unit_keeps_gpus_reload_and_jit(unit: str) -> None:
     assert service["StateDirectory"] and service["CacheDirectory"]
     assert service["ReadWritePaths"] == [], "only StateDirectory=/CacheDirectory= are writable as shipped"
     assert service["CapabilityBoundingSet"] == [""] and service["AmbientCapabilities"] == [""]
+
+
+def _allowed_calls(values: list[str]) -> set[str]:
+    """The names an allow-list ``SystemCallFilter=`` adds (groups as written), less any ``~`` line's."""
+    allowed: set[str] = set()
+    for value in values:
+        if not value:
+            allowed = set()
+        elif value.startswith("~"):
+            allowed -= set(value[1:].split())
+        else:
+            allowed |= set(value.split())
+    return allowed
+
+
+@pytest.mark.parametrize("unit", SERVICES)
+def test_daemon_unit_lets_cuda_share_memory_and_reach_mps(unit: str) -> None:
+    settings = unit_settings((UNITS / unit).read_text())
+    if not is_daemon(settings):
+        pytest.skip(f"{unit} does not run the daemon")
+    calls = _allowed_calls(settings["Service.SystemCallFilter"])
+    # CUDA IPC (torch's expandable segments, NCCL's cuMem) copies another rank's fd with pidfd_getfd,
+    # which @system-service leaves out; ptrace (py-spy inside the sandbox) stays a drop-in's choice.
+    assert {"@system-service", "pidfd_getfd"} <= calls and "ptrace" not in calls and "@debug" not in calls
+    # /tmp stays private, and the MPS server's pipes are bound into it when they exist.
+    assert settings["Service.PrivateTmp"] == ["yes"]
+    assert "-/tmp/nvidia-mps" in settings["Service.BindPaths"], settings["Service.BindPaths"]
+
+
+#: The README's drop-ins for CUDA MPS and for py-spy inside the sandbox: each keeps the units <= 3.0.
+DROP_INS = {
+    "mps": "[Unit]\nAfter=nvidia-mps.service\n[Service]\nUser=trainer\nGroup=trainer\nRemoveIPC=no\n",
+    "py-spy": (
+        "[Service]\nSystemCallFilter=ptrace\nCapabilityBoundingSet=CAP_SYS_PTRACE\n"
+        "AmbientCapabilities=CAP_SYS_PTRACE\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("drop_in", sorted(DROP_INS))
+@pytest.mark.parametrize("unit", ["evald.service", "evald@.service"])
+def test_the_readmes_drop_ins_keep_the_score(unit: str, drop_in: str, tmp_path: Path) -> None:
+    text = DROP_INS[drop_in]
+    readme = (UNITS.parent / "README.md").read_text()
+    assert f"```ini\n{text}```" in readme, f"README.md does not show the {drop_in} drop-in as tested"
+    # A drop-in's settings apply as if appended to the unit (systemd-analyze --offline reads no drop-ins).
+    name = unit.replace("@.", "@test.")
+    (tmp_path / name).write_text((UNITS / unit).read_text() + "\n" + text)
+    score, worst = exposure(tmp_path / name)
+    assert score <= MAX_EXPOSURE, f"{unit} + {drop_in}: {score}; " + "; ".join(worst[:5])
