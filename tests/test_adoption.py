@@ -16,6 +16,7 @@ from tests.checkpoints import copy_checkpoint
 from tests.conftest import ToyRun
 from tests.harness import (
     DaemonProcess,
+    evald,
     jobs,
     running_daemon,
     upgraded,
@@ -66,4 +67,49 @@ def test_a_result_written_before_the_daemon_died_is_adopted_not_recomputed(
         metrics = Counter(r.metric for r in queries.result_rows(session))
     assert history == Counter({(rows[0].id, 1, "succeeded"): 1})
     assert metrics and set(metrics.values()) == {1}
+    database.dispose()
+
+
+def test_a_worker_run_killed_with_its_daemon_is_in_the_history_as_lost(
+    database_url: str, toy_run: ToyRun, tmp_path: Path
+) -> None:
+    """Every worker run has its history row: the one whose daemon was killed under it gets hers from the
+    daemon that recovers the job (``lost``), beside the run that then evaluated it."""
+    database = upgraded(database_url)
+    data = write_dataset(tmp_path / "arith.jsonl", 200)
+    config = write_config(
+        tmp_path, database_url, dataset=data, batch_size=2, scheduling_extra="recover_secs = 0.5"
+    )
+    copy_checkpoint(toy_run.last_checkpoint, tmp_path / "run" / "step_10")
+    first = DaemonProcess(config, tmp_path / "daemon-1.log")
+    first.wait_ready()
+    wait_for(lambda: worker_processes(tmp_path / "state") or None, 60, "the worker process")
+    owner = f":{first.process.pid}"
+    first.stop(signal.SIGKILL)
+    # The worker follows its daemon (it watches its parent), without writing a result.
+    wait_for(lambda: not worker_processes(tmp_path / "state") or None, 60, "the worker to end")
+    # The run that evaluates it again need not be long.
+    write_dataset(tmp_path / "arith.jsonl", 4)
+    with running_daemon(config, tmp_path / "daemon-2.log") as second:
+        rows = wait_for(
+            lambda: [j for j in jobs(database) if j.state == "succeeded"] or None,
+            180,
+            "the job evaluated again",
+            second.process,
+        )
+        assert second.stop() == 0
+    [job] = rows
+    assert job.attempts == 2
+    with database.session() as session:
+        history = queries.job_history(session, job.id)
+    assert [(a.attempt, a.outcome, a.error_kind) for a in history] == [
+        (1, "lost", "daemon_lost"),
+        (2, "succeeded", None),
+    ]
+    lost = history[0]
+    assert lost.error is not None and owner in lost.error and "stopped while it ran" in lost.error
+    assert (lost.engine, lost.batch_size) == ("deepspeed", 2)
+    assert lost.finished_at >= lost.started_at
+    shown = evald("--config", str(config), "history", str(job.id))
+    assert shown.returncode == 0 and "lost" in shown.stdout and "stopped while it ran" in shown.stdout
     database.dispose()
