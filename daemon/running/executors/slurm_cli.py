@@ -400,12 +400,14 @@ class SlurmCli:
         *,
         timeout_s: float = COMMAND_TIMEOUT_SECS,
         bindir: Path | None = None,
+        json_output: bool | None = None,
     ) -> None:
         self._env = dict(os.environ if env is None else env)
         self._timeout = timeout_s
         self._bindir = bindir
-        #: None until known: whether ``squeue --json`` works here, and whether accounting answers.
-        self._json: bool | None = None
+        #: None until known: whether ``squeue --json`` works here (``json_output=False`` never asks), and
+        #: whether accounting answers.
+        self._json: bool | None = json_output
         self._accounting: bool | None = None
         #: Every command run, in order (the tests count ``sbatch`` calls).
         self.calls: list[tuple[str, ...]] = []
