@@ -33,7 +33,7 @@ FDR = significance.FDR
 #: Metrics a job's stored samples rebuild (the mean of these per-sample scores): the ones a paired test
 #: can take prompt by prompt.
 PAIRED_SCORES: Mapping[str, Callable[[Grade], float | None]] = {
-    "accuracy": lambda g: float(g.correct),
+    "accuracy": lambda g: None if g.correct is None else float(g.correct),
     "truncation_rate": lambda g: float(g.truncated),
     "response_length": lambda g: float(g.tokens),
     "reward": lambda g: g.reward,

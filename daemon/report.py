@@ -376,6 +376,8 @@ def _verdict(sample: SampleRow) -> str:
     # A sample with an error was never graded: neither right nor wrong, and out of every metric.
     if sample.error is not None:
         return "error"
+    if sample.correct is None:
+        return "-"  # not graded: a perplexity sample has a score, no right answer
     return "yes" if sample.correct else "no"
 
 

@@ -167,7 +167,9 @@ class SampleOutput(_Plain):
     response: str
     extracted: str | None
     reference: str
-    correct: bool
+    #: Graded right or wrong; ``None`` for a sample with no right answer (an lm-eval rolling
+    #: log-likelihood, perplexity, sample: it has a score, not a grade).
+    correct: bool | None
     tokens: int
     truncated: bool
     #: The task's reward for this response; ``None`` when the task computes none or the reward failed.

@@ -284,7 +284,8 @@ class Sample(Base):
     response: Mapped[str] = mapped_column(Text)
     extracted: Mapped[str | None] = mapped_column(Text)
     reference: Mapped[str] = mapped_column(Text)
-    correct: Mapped[bool] = mapped_column(Boolean)
+    #: NULL for a sample with no right answer (an lm-eval perplexity sample): not graded.
+    correct: Mapped[bool | None] = mapped_column(Boolean)
     tokens: Mapped[int] = mapped_column(Integer)
     truncated: Mapped[bool] = mapped_column(Boolean)
     reward: Mapped[float | None] = mapped_column(Float)

@@ -12,6 +12,9 @@ A metric computed over no samples (``response_length_correct`` when no answer wa
 0.0 with n = 0: a fake cliff in every chart and export. Such a metric is now absent; the rows stored so
 far are deleted (n = 0 never counted anything; downgrading does not bring them back).
 
+A sample may be ungraded: ``samples.correct`` is NULL for an lm-eval perplexity sample, which has a
+score and no right answer (it was stored as wrong, and ``evald samples --wrong-only`` listed them all).
+
 Revision ID: 0008
 Revises: 0007
 Create Date: 2026-12-01
@@ -39,9 +42,21 @@ def upgrade() -> None:
     with op.batch_alter_table("alerts", schema=None) as batch_op:
         batch_op.drop_column("step")
     op.execute("DELETE FROM results WHERE n = 0")
+    # An lm-eval perplexity sample has no right answer: NULL (not graded), not false (wrong).
+    with op.batch_alter_table("samples", schema=None) as batch_op:
+        batch_op.alter_column("correct", existing_type=sa.Boolean(), nullable=True)
+    # The perplexity samples stored so far, as the lm-eval harness wrote them: an empty response (0 tokens)
+    # told as its log-likelihood, nothing extracted.
+    op.execute(
+        "UPDATE samples SET correct = NULL WHERE tokens = 0 AND extracted IS NULL "
+        "AND response LIKE 'log-likelihood % nats'"
+    )
 
 
 def downgrade() -> None:
+    op.execute("UPDATE samples SET correct = false WHERE correct IS NULL")
+    with op.batch_alter_table("samples", schema=None) as batch_op:
+        batch_op.alter_column("correct", existing_type=sa.Boolean(), nullable=False)
     with op.batch_alter_table("alerts", schema=None) as batch_op:
         batch_op.add_column(sa.Column("step", sa.Integer(), nullable=True))
     op.execute("UPDATE alerts SET step = COALESCE(resolved_step, last_step)")

@@ -101,13 +101,15 @@ def _cell(text: str | None) -> str:
 def _graded(sample: SampleRow) -> str:
     if sample.error is not None:
         return "error"
+    if sample.correct is None:
+        return "not graded"  # a perplexity sample: a score, no right answer
     return "right" if sample.correct else "wrong"
 
 
 def samples_markdown(found: JobSamples) -> str:
     """A step's samples as a Markdown table (wrong first, then errors, then right; at most
     :data:`SAMPLES_PER_STEP`), headed by what was stored and how to see the rest."""
-    order = {"wrong": 0, "error": 1, "right": 2}
+    order = {"wrong": 0, "error": 1, "right": 2, "not graded": 3}
     chosen = sorted(found.samples, key=lambda s: (order[_graded(s)], s.index))[:SAMPLES_PER_STEP]
     wrong = sum(1 for s in found.samples if _graded(s) == "wrong")
     command = f"evald samples --run {found.run} --step {found.step} --task {found.task} --stage {found.stage}"

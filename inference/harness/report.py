@@ -86,6 +86,7 @@ def _sample(
     prompt = _text(arguments[0][0]) if arguments and arguments[0] else ""
     extracted: str | None
     tokens = 0
+    graded = True
     if isinstance(first, str):
         # generate_until: the model's text, and what the task's filter made of it.
         response = first
@@ -104,6 +105,8 @@ def _sample(
         total = _number(first)
         response = "" if total is None else f"log-likelihood {total:.6g} nats"
         extracted = None
+        # A perplexity sample is neither right nor wrong: not graded (never listed by --wrong-only).
+        graded = False
     metrics: Sequence[str] = entry.get("metrics") or ()
     score = _number(entry.get(metrics[0])) if metrics else None
     return SampleOutput(
@@ -113,7 +116,7 @@ def _sample(
         response=cut_text(response, cut),
         extracted=None if extracted is None else cut_text(extracted, cut),
         reference=cut_text(_text(target), cut),
-        correct=score == 1.0,
+        correct=score == 1.0 if graded else None,
         tokens=tokens,
         truncated=False,
     )
@@ -143,9 +146,10 @@ def sample_outputs(
     count_tokens: Callable[[str], int],
 ) -> tuple[SampleOutput, ...]:
     """The first ``max_samples`` logged samples as evald samples. ``correct`` is the task's first metric
-    being 1 for the document (exact match, accuracy); a perplexity task's samples are never correct.
-    ``prompt_id`` is the document's id, after its task (``arith/12``) when the job ran several, and with
-    its filter (``12:strict-match``) when the task has several."""
+    being 1 for the document (exact match, accuracy); a perplexity task's samples are not graded
+    (``None``: a score, no right answer). ``prompt_id`` is the document's id, after its task
+    (``arith/12``) when the job ran several, and with its filter (``12:strict-match``) when the task has
+    several."""
     outputs: list[SampleOutput] = []
     for task, entries in samples.items():
         filters = {entry.get("filter", NO_FILTER) for entry in entries}

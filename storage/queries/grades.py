@@ -20,7 +20,8 @@ class Grade:
     """One counted sample (a sample left out of every metric, with an ``error``, is not one)."""
 
     prompt_id: str
-    correct: bool
+    #: None: not graded (a perplexity sample).
+    correct: bool | None
     tokens: int
     truncated: bool
     reward: float | None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import and_, func, not_, select
+from sqlalchemy import and_, func, select
 from sqlalchemy.orm import Session
 
 from storage.errors import StorageError
@@ -20,7 +20,8 @@ class SampleRow:
     response: str
     extracted: str | None
     reference: str
-    correct: bool
+    #: None: not graded (an lm-eval perplexity sample has a score, no right answer).
+    correct: bool | None
     tokens: int
     truncated: bool
     reward: float | None = None
@@ -74,14 +75,15 @@ def job_samples(
     """The samples and problems of the job for ``task`` on ``run``'s checkpoint at ``step``.
 
     ``stage`` defaults to ``full`` where that job exists, else ``quick``. ``wrong_only`` keeps the samples
-    graded wrong (``correct`` false and no error); the problems are all kept, since each is an input the
-    metrics left out. Raises :class:`SamplesUnavailable` naming what is missing and what exists.
+    graded wrong (``correct`` false and no error: an ungraded sample, NULL, is not wrong); the problems
+    are all kept, since each is an input the metrics left out. Raises :class:`SamplesUnavailable` naming
+    what is missing and what exists.
     """
     run_id = _run_id(session, run)
     job = _job_at(session, run_id=run_id, run=run, step=step, task=task, stage=stage)
     query = select(Sample).where(Sample.job_id == job.id).order_by(Sample.index)
     if wrong_only:
-        query = query.where(not_(Sample.correct), Sample.error.is_(None))
+        query = query.where(Sample.correct.is_(False), Sample.error.is_(None))
     stored = session.scalar(select(func.count()).select_from(Sample).where(Sample.job_id == job.id))
     problems = session.scalars(
         select(SampleProblem).where(SampleProblem.job_id == job.id).order_by(SampleProblem.id)
