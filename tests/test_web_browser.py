@@ -638,6 +638,7 @@ def test_dashboard_axes_scales_zoom_tooltip_sections_groups_runs_and_downloads(
         # Downloads: PNG and SVG of the chart, its data as CSV equal to the API's points.
         png, record = _save(page, ACC, "png")
         assert png.startswith(b"\x89PNG\r\n\x1a\n") and record["type"] == "image/png", record
+        (_shots(tmp_path) / "accuracy-download.png").write_bytes(png)
         svg, record = _save(page, ACC, "svg")
         assert svg.startswith(b'<?xml version="1.0"') and record["type"] == "image/svg+xml"
         root = ElementTree.fromstring(svg)

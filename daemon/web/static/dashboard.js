@@ -51,6 +51,7 @@ const state = {
   downloads,         // charts saved: {name, type, size}
   lastOk: null,
   loadError: null,
+  dataStale: false,  // the last load failed: the next poll loads again
   complete: false,   // every curve of the selected runs has been loaded once (the first chart is not needed)
 };
 window.evald = state; // the browser test reads what was drawn from here and from the DOM
@@ -325,6 +326,7 @@ async function loadData() {
   }));
   state.complete = true;
   state.loadError = null;
+  state.dataStale = false;
   state.series = {}; state.alerts = {};
   for (const [run, series, alerts] of loaded) { state.series[run] = series; state.alerts[run] = alerts; }
   render();
@@ -332,6 +334,7 @@ async function loadData() {
 
 function loadFailed(e) {
   state.loadError = e.message;
+  state.dataStale = true;
   if (e instanceof ApiFailure && e.parameter === "smooth" && state.smooth !== DEFAULTS.smooth) {
     // The server refused a smoothing the page let through: say so and fall back, never a blank page.
     state.notices.push(`The server refused smoothing “${state.smooth}”: ${e.message}. Showing “${DEFAULTS.smooth}”.`);
@@ -699,8 +702,9 @@ function setLive() {
 async function poll() {
   try {
     const { version } = await api("/api/v1/changes");
-    if (version !== state.version) {
-      const first = state.version === null;
+    // A load that failed (an outage) is tried again at the next poll, whether or not the data moved.
+    if (version !== state.version || state.dataStale) {
+      const first = state.version === null && !state.dataStale;
       state.version = version;
       if (!first) { await loadRuns(); await loadData(); }
     }
@@ -709,6 +713,7 @@ async function poll() {
     showError("");
   } catch (e) {
     state.loadError = e.message;
+    state.dataStale = true;
   }
   setLive();
 }

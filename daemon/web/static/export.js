@@ -29,7 +29,9 @@ function save(blob, name) {
 export function svgDocument(card, meta, legend) {
   const plot = card.querySelector("svg.plot");
   const width = Number(plot.getAttribute("width")), height = Number(plot.getAttribute("height"));
-  const head = 26, rowH = 16, perRow = Math.max(1, Math.floor(width / 190));
+  // Legend columns as wide as the longest label (11 px text, ~6.4 px a character) plus its swatch.
+  const colW = Math.max(...legend.map((item) => item.label.length), 1) * 6.4 + 30;
+  const head = 26, rowH = 16, perRow = Math.max(1, Math.floor((width - 10) / colW));
   const rows = Math.ceil(legend.length / perRow);
   const total = head + height + rows * rowH + 8;
   const doc = document.createElementNS("http://www.w3.org/2000/svg", "svg");
@@ -43,7 +45,7 @@ export function svgDocument(card, meta, legend) {
     body.appendChild(child.cloneNode(true));
   }
   legend.forEach((item, i) => {
-    const x = 10 + (i % perRow) * 190, y = head + height + 6 + Math.floor(i / perRow) * rowH;
+    const x = 10 + (i % perRow) * colW, y = head + height + 6 + Math.floor(i / perRow) * rowH;
     el("rect", { x, y, width: 10, height: 10, rx: 2, fill: item.color }, doc);
     const label = el("text", { x: x + 14, y: y + 9, "font-size": 11, fill: "#1d2433" }, doc);
     label.textContent = item.label;
