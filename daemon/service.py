@@ -34,6 +34,7 @@ from types import FrameType
 import structlog
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session
 
 from daemon.alerts.errors import AlertError
 from daemon.alerts.lifecycle import Alerter
@@ -243,7 +244,6 @@ class Service:
         if not self._leases_judged():
             return  # the recover timer comes back
         lease = timedelta(seconds=self.config.scheduling.lease_secs)
-        state_dir = self.config.daemon.state_dir
         max_attempts = self.config.inference.max_attempts
         adopted = []
         requeued: list[int] = []
@@ -253,20 +253,18 @@ class Service:
                 session, lease=lease, every_running=self.database.is_sqlite, keep=self.runner.own_jobs
             )
             for orphan in found:
-                finished = workers.finished_result(state_dir, orphan.id, orphan.attempts)
-                if finished is not None:
-                    adopted.append((queries.take_over(session, orphan.id, self.owner), *finished))
+                try:
+                    # One orphan the database refuses (its savepoint undone) leaves the others recovered.
+                    with session.begin_nested():
+                        settled = self._settle_orphan(session, orphan, max_attempts)
+                except DatabaseUnreachable:
+                    raise
+                except Exception as exc:
+                    self.errors.failed("job.not_recovered", exc, job_id=orphan.id)
                     continue
-                spent = orphan.attempts >= max_attempts
-                error = f"its daemon ({orphan.claimed_by or 'unknown'}) stopped while it ran; " + (
-                    f"failed by {self.owner}: attempt {orphan.attempts} of {max_attempts}"
-                    if spent
-                    else f"requeued by {self.owner}"
-                )
-                if orphan.attempts > 0 and not attempt_recorded(session, orphan.id, orphan.attempts):
-                    queries.record_attempt(session, self._lost_attempt(orphan, error))
-                if spent:
-                    fail_orphan(session, orphan.id, kind="lost", error=error)
+                if isinstance(settled, tuple):
+                    adopted.append(settled)
+                elif settled:
                     failed.append(orphan)
                 else:
                     requeued.append(orphan.id)
@@ -284,6 +282,26 @@ class Service:
             )
         for job, spec, outcome in adopted:
             self.runner.adopt(job, spec, outcome)
+
+    def _settle_orphan(
+        self, session: Session, orphan: Orphan, max_attempts: int
+    ) -> tuple[queries.ClaimedJob, JobSpec, workers.Outcome] | bool:
+        """Adopt the orphan whose worker finished (its claim, spec and outcome), or record its lost
+        attempt and fail it when its attempts are spent (True) or leave it to be requeued (False)."""
+        finished = workers.finished_result(self.config.daemon.state_dir, orphan.id, orphan.attempts)
+        if finished is not None:
+            return (queries.take_over(session, orphan.id, self.owner), *finished)
+        spent = orphan.attempts >= max_attempts
+        error = f"its daemon ({orphan.claimed_by or 'unknown'}) stopped while it ran; " + (
+            f"failed by {self.owner}: attempt {orphan.attempts} of {max_attempts}"
+            if spent
+            else f"requeued by {self.owner}"
+        )
+        if orphan.attempts > 0 and not attempt_recorded(session, orphan.id, orphan.attempts):
+            queries.record_attempt(session, self._lost_attempt(orphan, error))
+        if spent:
+            fail_orphan(session, orphan.id, kind="lost", error=error)
+        return spent
 
     def _lost_attempt(self, orphan: Orphan, error: str) -> queries.AttemptRow:
         """The history row of a worker run whose daemon died: as its spec in the state folder says where
@@ -359,8 +377,10 @@ class Service:
         thousands of checkpoints), and looked at again by the first pass for whatever changed in between.
         Ready checkpoints a crash left unplanned are planned here too.
         """
-        parts.discovery.scan()
-        parts.planner.plan()
+        # A checkpoint or run that cannot be recorded or planned is not the start's failure: it is named
+        # (once) and the rest starts; the first pass looks at everything again.
+        self._guarded("rescan", parts.discovery.scan)
+        self._guarded("plan", parts.planner.plan)
         anchors = parts.planner.anchors()
         if self.parts is not None:
             self._stop_parts(self.parts)

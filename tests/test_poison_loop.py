@@ -297,3 +297,70 @@ def test_a_job_being_retried_shows_its_attempts_and_last_error_in_status(databas
         )
         summary = report.status(queries.checkpoint_rows(s), queries.job_rows(s), ["r"], max_attempts=3)
     assert summary["r"]["retrying"] == [] and summary["r"]["jobs"] == {"succeeded": 1}
+
+
+SQLITE_JOB_TRIGGER = f"""
+CREATE TRIGGER poison_jobs BEFORE INSERT ON eval_jobs
+WHEN (SELECT name FROM checkpoints WHERE id = NEW.checkpoint_id) = '{POISONED}'
+BEGIN SELECT RAISE(ABORT, 'jobs of {POISONED} refused by the test trigger'); END
+"""
+POSTGRES_JOB_FUNCTION = f"""
+CREATE FUNCTION poison_jobs() RETURNS trigger AS $$
+BEGIN
+  IF (SELECT name FROM checkpoints WHERE id = NEW.checkpoint_id) = '{POISONED}' THEN
+    RAISE EXCEPTION 'jobs of {POISONED} refused by the test trigger';
+  END IF;
+  RETURN NEW;
+END $$ LANGUAGE plpgsql
+"""
+
+
+POSTGRES_JOB_TRIGGER = (
+    "CREATE TRIGGER poison_jobs BEFORE INSERT ON eval_jobs FOR EACH ROW EXECUTE FUNCTION poison_jobs()"
+)
+
+
+def test_a_checkpoint_the_database_refuses_to_plan_is_skipped_naming_why_and_the_run_goes_on(
+    database: Database, tmp_path: Path
+) -> None:
+    """Planning is one transaction per run; one checkpoint whose jobs the database refuses is undone
+    alone (a savepoint), skipped with the database's words, and the checkpoints around it are planned."""
+    from daemon.config import RunConfig, SchedulingConfig
+    from daemon.scheduling.planner import Planner
+    from daemon.watching.discovery import WatchedRun
+    from storage import scheduling as store
+
+    with database.session() as session:
+        if database.is_sqlite:
+            session.execute(text(SQLITE_JOB_TRIGGER))
+        else:
+            session.execute(text(POSTGRES_JOB_FUNCTION))
+            session.execute(text(POSTGRES_JOB_TRIGGER))
+        run_id = queries.ensure_run(session, "r", str(tmp_path))
+    run = RunConfig(name="r", root=tmp_path)
+    planner = Planner(SchedulingConfig(), database, [WatchedRun(run, run_id, ("arith",))])
+    with database.session() as session:
+        for step in (10, 20, 30):
+            queries.record_checkpoint(
+                session,
+                run_id=run_id,
+                path=str(tmp_path / f"step_{step}"),
+                name=f"step_{step}",
+                step=step,
+                epoch=None,
+                layout="hf",
+                state=CheckpointState.READY,
+            )
+    assert planner.plan() == 2
+    with database.session() as session:
+        plans = {p.step: (p.plan, p.reason) for p in store.plan_rows(session, "r")}
+        queued = sorted(j.step for j in queries.job_rows(session) if j.state == "pending")
+        schedule = store.schedules(session)["r"]
+    assert queued == [10, 30]
+    assert plans[10][0] == plans[30][0] == "due"
+    assert plans[20][0] == "skipped" and plans[20][1] is not None
+    assert plans[20][1].startswith("not planned: ") and f"jobs of {POISONED} refused" in plans[20][1]
+    # The counters count what was planned, not the checkpoint undone.
+    assert (schedule.anchor_step, schedule.evaluated) == (30, 2)
+    # Planned once: the next pass has nothing left to try again.
+    assert planner.plan() == 0

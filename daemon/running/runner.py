@@ -524,8 +524,18 @@ class JobRunner:
                 continue
             # A beat that fails ends the pass and is tried again in the next one: the daemon's loop
             # spaces those out while the database is away.
-            with self._db.session() as session:
-                held = queries.heartbeat(session, job_id, self._owner, running.job.attempts)
+            try:
+                with self._db.session() as session:
+                    held = queries.heartbeat(session, job_id, self._owner, running.job.attempts)
+            except DatabaseUnreachable:
+                raise
+            except Exception as exc:
+                # The database refuses this job's row: it fails, and the others' leases stay fresh.
+                del self.running[job_id]
+                running.kill()
+                running.finish()
+                self._poisoned(running, exc, doing="refreshing its lease")
+                continue
             running.last_heartbeat = now
             if not held:
                 self._lost(running)

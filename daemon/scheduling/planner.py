@@ -9,6 +9,7 @@ being written, so the same checkpoints are chosen whatever the timing of discove
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import math
 import statistics
@@ -212,9 +213,33 @@ class Planner:
                     log.info("checkpoint.held", run=policy.name, step=candidate.step, until_step=hold_from)
                     self._held[policy.name] = hold_from
                 break
-            created += self._decide(session, policy, schedule, candidate, now)
+            created += self._isolated(session, policy, schedule, candidate, now)
         store.save_schedule(session, schedule, now)
         return created
+
+    def _isolated(
+        self,
+        session: Session,
+        policy: RunPolicy,
+        schedule: store.Schedule,
+        candidate: store.PlanCandidate,
+        now: datetime,
+    ) -> int:
+        """:meth:`_decide` in a savepoint: a checkpoint the database refuses to plan (a job it will not
+        take) is skipped with the database's words, and the run's other checkpoints are planned."""
+        before = dataclasses.replace(schedule)
+        try:
+            with session.begin_nested():
+                return self._decide(session, policy, schedule, candidate, now)
+        except DatabaseUnreachable:
+            raise
+        except Exception as exc:
+            for item in dataclasses.fields(schedule):
+                setattr(schedule, item.name, getattr(before, item.name))
+            why = f"not planned: {type(exc).__name__}: {reason(exc)}"
+            store.set_plan(session, candidate.id, Plan.SKIPPED, why, now)
+            log.error("checkpoint.plan_failed", run=policy.name, step=candidate.step, error=why)
+            return 0
 
     def _decide(
         self,
