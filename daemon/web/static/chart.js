@@ -50,13 +50,20 @@ function xTicks(mode, lo, hi, most) {
   return timeTicks(lo, hi, most, offset);
 }
 
+// Min and max by a loop: spreading 100 runs x 1,000 points into Math.min overflows the call stack.
+function extent(values) {
+  let lo = Infinity, hi = -Infinity;
+  for (const v of values) { if (v < lo) lo = v; if (v > hi) hi = v; }
+  return [lo, hi];
+}
+
 /** The data extent the chart shows: its zoom, else every point (y: those inside the x range), with
  *  outliers left out of the y scale when asked and non-positive values left out on a log scale. */
 function domains(model) {
   const xs = [];
   for (const t of model.traces) for (const p of t.points) if (Number.isFinite(p.x)) xs.push(p.x);
   if (!xs.length) return null;
-  let [x0, x1] = model.zoom?.x ?? padded(Math.min(...xs), Math.max(...xs), { integer: model.xmode === "step" });
+  let [x0, x1] = model.zoom?.x ?? padded(...extent(xs), { integer: model.xmode === "step" });
   if (!model.zoom?.x && model.xmode !== "step" && !(x1 > x0)) [x0, x1] = [x0 - 30, x1 + 30];
   const ys = [], bands = [];
   for (const t of model.traces) {
@@ -69,7 +76,7 @@ function domains(model) {
   if (model.zoom?.y) return { x: [x0, x1], y: model.zoom.y };
   if (!ys.length) return { x: [x0, x1], y: model.ylog ? [0.1, 10] : [0, 1] };
   const kept = model.outliers ? withoutOutliers(ys) : ys;
-  let lo = Math.min(...kept), hi = Math.max(...kept);
+  let [lo, hi] = extent(kept);
   // A band widens the scale only around points that are themselves in it.
   for (const b of bands) if (Number.isFinite(b.y) && b.y >= lo && b.y <= hi) { lo = Math.min(lo, b.v); hi = Math.max(hi, b.v); }
   return { x: [x0, x1], y: padded(lo, hi, { log: model.ylog }) };

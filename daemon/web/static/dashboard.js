@@ -510,7 +510,7 @@ function card(meta) {
 function legendItems(model) {
   return model.traces.filter((t) => t.kind !== "member").map((t) => {
     if (t.kind === "group") return { color: t.color, label: t.runs.length > 1 ? `${t.name}: mean of ${t.runs.length} runs ± 1 std` : `${t.name}: 1 run` };
-    const last = [...t.points].reverse().find((p) => p.step === Math.max(...t.points.map((q) => q.step)));
+    const last = t.points.reduce((a, p) => (a === null || p.step > a.step ? p : a), null); // the newest step
     return { color: t.color, label: `${t.name}: ${fmt(last ? last.raw : null)} @ ${last ? last.step : "–"}` + (t.best ? ` · best ${fmt(t.best.y)} @ ${t.best.step}` : "") };
   });
 }
@@ -552,7 +552,9 @@ function render() {
   const existing = new Map([...box.querySelectorAll(".chart")].map((c) => [c.dataset.chart, c]));
   for (const [key, node] of existing) if (!wanted.has(key)) node.remove();
   $("charts-empty").hidden = keys.length > 0;
-  $("charts-empty").textContent = state.selected.length ? (state.filter ? "No chart matches the filter." : "No results yet for the selected runs.") : "No runs in the database yet.";
+  $("charts-empty").textContent = state.selected.length
+    ? (state.filter ? "No chart matches the filter." : "No results yet for the selected runs.")
+    : state.runs.length ? "No run shown: tick one in the run table." : "No runs in the database yet.";
   for (const [section] of SECTIONS) {
     const part = box.querySelector(`section[data-section="${section}"]`);
     const metas = keys.filter((m) => (state.pins.includes(m.key) ? "pinned" : sectionOf(m.metric)) === section);
