@@ -273,8 +273,10 @@ def status_text(summary: Mapping[str, Any]) -> str:
             lines.append(f"  queue:       {where}: {group['jobs']} job(s), steps {steps}")
         for job in info.get("running", []):
             where = f"step {_cell(job['step'])} [{job['task']}/{job['stage']}] (job {job['job']})"
+            most = job.get("max_attempts")
+            attempt = f"attempt {job['attempt']}" + (f" of {most}" if most is not None else "")
             lines.append(
-                f"  running:     {where} on {job['held_by']}, attempt {job['attempt']}, "
+                f"  running:     {where} on {job['held_by']}, {attempt}, "
                 f"last heartbeat {_cell(job['heartbeat_at'])}"
             )
         for job in info.get("deferred", []):

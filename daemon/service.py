@@ -297,7 +297,9 @@ class Service:
             if spent
             else f"requeued by {self.owner}"
         )
-        if orphan.attempts > 0 and not attempt_recorded(session, orphan.id, orphan.attempts):
+        if orphan.attempts > 0 and not attempt_recorded(
+            session, orphan.id, orphan.attempts, orphan.started_at
+        ):
             queries.record_attempt(session, self._lost_attempt(orphan, error))
         if spent:
             fail_orphan(session, orphan.id, kind="lost", error=error)

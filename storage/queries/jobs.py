@@ -460,12 +460,14 @@ def record_attempt(session: Session, row: AttemptRow) -> None:
     session.add(JobAttempt(**asdict(row)))
 
 
-def attempt_recorded(session: Session, job_id: int, attempt: int) -> bool:
-    """Whether claim ``attempt`` of the job has a history row already."""
-    found = session.scalar(
-        select(JobAttempt.id).where(JobAttempt.job_id == job_id, JobAttempt.attempt == attempt).limit(1)
-    )
-    return found is not None
+def attempt_recorded(session: Session, job_id: int, attempt: int, since: datetime | None = None) -> bool:
+    """Whether claim ``attempt`` of the job has a history row already; with ``since`` (the claim's
+    start), only a row that ended after it counts: a claim given back at a shutdown is claimed again
+    under the same number, and the earlier run's row is not this one's."""
+    condition = and_(JobAttempt.job_id == job_id, JobAttempt.attempt == attempt)
+    if since is not None:
+        condition = and_(condition, JobAttempt.finished_at >= since)
+    return session.scalar(select(JobAttempt.id).where(condition).limit(1)) is not None
 
 
 def job_history(session: Session, job_id: int) -> list[AttemptRow]:
