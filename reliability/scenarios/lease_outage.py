@@ -90,7 +90,7 @@ def run(options: Options) -> Figures:
                     met_running += running_jobs(ws) is not None
                     mode = rng.choice(("fast", "immediate"))
                     down = rng.uniform(2.0, 3.0) * LEASE_SECS
-                    ws.fault(f"PostgreSQL down {down:.0f} s ({mode})", "db.unavailable")
+                    ws.fault(f"PostgreSQL down 2-3 leases ({mode})", "db.unavailable")
                     downs.append(cluster.restart(down_secs=down, mode=mode))
                     wait_for(functools.partial(ws.jobs_settled, step), 600, f"the jobs of round {len(downs)}")
             except TimeoutError as exc:

@@ -6,9 +6,9 @@ step 1), each a whole toy checkpoint; a checkpoint ``step_6400`` holding a self-
 (``l1 -> l1``); and a symlink ``step_6201`` back to the run root itself. The config also has an lm_eval
 task (``boxed``) whose two filters, ``boxed-digits`` and ``boxed_digits``, map to one evald metric name;
 its filters are set by the task's Python code, so no reading of the config can know, and each of its jobs
-must fail naming both. Then more good checkpoints arrive one by one; the daemon is restarted (SIGTERM,
-as systemd's restart) with every poison item still there, and one last good checkpoint must be evaluated
-after it.
+must fail naming both. Then more good checkpoints arrive one by one (three; none in ``--short``); the
+daemon is restarted (SIGTERM, as systemd's restart) with every poison item still there, and one last good
+checkpoint must be evaluated after it.
 
 Counted: every good checkpoint evaluated once (``lost``, ``duplicated``) within ``ON_TIME_SECS`` of being
 written (``late``); each poison checkpoint ``invalid`` (or dropped) with no job, each ``boxed`` job
