@@ -15,6 +15,7 @@ it held is written by a later one.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -56,6 +57,8 @@ class _Candidate:
     stable_since: float
     recorded: bool = False
     last_reason: str = ""
+    #: When it was first looked at (``stable_since`` restarts with every change).
+    seen_since: float = 0.0
 
 
 @dataclass
@@ -70,6 +73,8 @@ class _RunState:
     #: Folders a transient error (EIO, ESTALE, ...) keeps from being read: when it was first met. Looked
     #: at again by every rescan, logged once, refused once it has lasted ``invalid_after_secs``.
     unreadable: dict[str, float] = field(default_factory=dict)
+    #: Folders that could be checkpoints and are not taken (yet), with why: logged once when first seen.
+    ignored: dict[str, str] = field(default_factory=dict)
     root_missing_logged: bool = False
     root_unreadable_logged: bool = False
 
@@ -80,15 +85,30 @@ class _RunState:
 
 #: Files trainers keep beside their checkpoint folders to say which one is newest.
 TRACKER_FILES = frozenset({"latest", "latest_checkpointed_iteration.txt"})
+#: Files that make a folder a checkpoint of its own (a model's config and weights at its top), as
+#: opposed to what tools leave beside checkpoint folders: DeepSpeed's ``zero_to_fp32.py`` and
+#: ``zero_to_torch.py`` (copied into the save_dir under ZeRO), trackers, READMEs, logs, ``.nfs*`` files.
+_OWN_CHECKPOINT_FILE = re.compile(
+    r"config\.json|.*\.safetensors(\.index\.json)?|pytorch_model.*\.bin(\.index\.json)?|.*\.distcp"
+    r"|.*model_states\.pt"
+)
 
 
-def _subdirs(folder: Path) -> list[Path]:
-    """The folders in ``folder`` that could be checkpoints (``OSError`` if it cannot be listed)."""
+def _subdirs(folder: Path, passed_over: list[Path] | None = None) -> list[Path]:
+    """The folders in ``folder`` that could be checkpoints (``OSError`` if it cannot be listed); those
+    whose name says they are being written or hidden but carries a step go to ``passed_over``."""
     try:
         entries = list(folder.iterdir())
     except (FileNotFoundError, NotADirectoryError):
         return []
-    return sorted(p for p in entries if not layouts.is_ignored_name(p.name) and _is_dir(p))
+    found = []
+    for path in sorted(entries):
+        if not layouts.is_ignored_name(path.name):
+            if _is_dir(path):
+                found.append(path)
+        elif passed_over is not None and layouts.parse_step(path.name) != (None, None) and _is_dir(path):
+            passed_over.append(path)
+    return found
 
 
 def _is_dir(path: Path) -> bool:
@@ -101,9 +121,13 @@ def _is_dir(path: Path) -> bool:
 
 
 def is_container(folder: Path) -> bool:
-    """A folder that holds checkpoint folders rather than being one (OpenRLHF's ``_actor``).
+    """A folder that holds checkpoint folders rather than being one (OpenRLHF's ``_actor``, any
+    DeepSpeed ``save_dir`` below the run root).
 
-    Its name carries no step, it holds sub-folders, and its only files are trackers such as ``latest``.
+    Its name carries no step, it holds a tracker such as ``latest`` or a sub-folder whose name carries
+    one, and no model of its own (see :data:`_OWN_CHECKPOINT_FILE`): DeepSpeed's recovery scripts, logs
+    or a README beside the tags do not make it a checkpoint (they did: OpenRLHF's ``_actor`` under ZeRO
+    was passed over without a word).
     """
     if layouts.parse_step(folder.name) != (None, None):
         return False
@@ -111,24 +135,29 @@ def is_container(folder: Path) -> bool:
         entries = list(folder.iterdir())
     except OSError:
         return False  # unreadable: looked at as a folder of its own, which records why
-    has_subdir = False
+    has_subdir = holds_steps = False
     for entry in entries:
         if _is_dir(entry):
             has_subdir = True
-        elif entry.name not in TRACKER_FILES:
+            named = not layouts.is_ignored_name(entry.name)
+            holds_steps = holds_steps or (named and layouts.parse_step(entry.name) != (None, None))
+        elif entry.name in TRACKER_FILES:
+            holds_steps = True
+        elif _OWN_CHECKPOINT_FILE.fullmatch(entry.name):
             return False
-    return has_subdir
+    return has_subdir and holds_steps
 
 
-def candidate_dirs(root: Path) -> list[Path]:
-    """The folders under a run root that could be checkpoints: its children, and a container's."""
+def candidate_dirs(root: Path, passed_over: list[Path] | None = None) -> list[Path]:
+    """The folders under a run root that could be checkpoints: its children, and a container's; folders
+    named as being written (``tmp-checkpoint-5``) go to ``passed_over``, to be reported."""
     found: list[Path] = []
-    for child in _subdirs(root):
+    for child in _subdirs(root, passed_over):
         if not is_container(child):
             found.append(child)
             continue
         try:
-            found.extend(_subdirs(child))
+            found.extend(_subdirs(child, passed_over))
         except OSError:
             found.append(child)  # emptied or made unreadable since: its own look says which
     return found
@@ -282,8 +311,9 @@ class Discovery:
                     state.root_missing_logged = True
                 continue
             state.root_missing_logged = False
+            passed_over: list[Path] = []
             try:
-                found = candidate_dirs(root)
+                found = candidate_dirs(root, passed_over)
             except OSError as exc:
                 # The root itself (not one checkpoint) cannot be listed: this run waits, the others go on.
                 if not state.root_unreadable_logged:
@@ -293,9 +323,15 @@ class Discovery:
                     state.root_unreadable_logged = True
                 continue
             state.root_unreadable_logged = False
+            for path in passed_over:
+                self._ignore(state, path, refusals.IGNORED_NAME, level="info")
             for path in found:
                 if str(path) not in state.settled:
                     self._look(state, path)
+            # What was passed over and is gone (a tmp folder renamed into place) is forgotten.
+            present_names = {str(p) for p in (*found, *passed_over)}
+            for key in [k for k in state.ignored if k not in present_names]:
+                del state.ignored[key]
             # Recorded ones deleted while nobody watched are marked vanished: left as discovered, they
             # would hold every newer checkpoint back from planning.
             present = {str(p) for p in found}
@@ -367,7 +403,8 @@ class Discovery:
         candidate = state.candidates.get(key)
         if candidate is None or candidate.snapshot != snapshot:
             recorded = candidate.recorded if candidate else key in state.recorded
-            candidate = _Candidate(snapshot, now, recorded=recorded)
+            seen_since = candidate.seen_since if candidate else now
+            candidate = _Candidate(snapshot, now, recorded=recorded, seen_since=seen_since)
             state.candidates[key] = candidate
         layout = layouts.detect(path, snapshot, run.config.layout)
         if layout is not None:
@@ -382,7 +419,13 @@ class Discovery:
             if candidate.recorded and now - candidate.stable_since >= self._scheduling.invalid_after_secs:
                 reason = "no recognisable checkpoint in it any more"
                 self._settle(state, path, None, CheckpointState.INVALID, reason, "invalid")
+            elif not candidate.recorded and now - candidate.seen_since >= self._scheduling.invalid_after_secs:
+                # Still looked at (files may come), but said once: a folder nobody hears of is a silent skip.
+                reason = refusals.unrecognised(now - candidate.seen_since, snapshot.names())
+                self._ignore(state, path, reason, level="warning")
             return
+        if key in state.ignored:
+            del state.ignored[key]  # recognised after all
         marker = run.config.marker
         try:
             verdict = layouts.inspect(path, snapshot, layout, run.settings)
@@ -397,6 +440,14 @@ class Discovery:
             marker_present=marker is not None and marker in snapshot.names(),
         )
         self._act(state, path, layout, candidate, outcome)
+
+    def _ignore(self, state: _RunState, path: Path, reason: str, *, level: str) -> None:
+        """Note a folder that could be a checkpoint and is not taken, with why; logged once."""
+        key = str(path)
+        if key in state.ignored:
+            return
+        state.ignored[key] = reason
+        getattr(log, level)("folder.ignored", run=state.run.config.name, path=key, reason=reason)
 
     def _gone(self, state: _RunState, path: Path) -> None:
         key = str(path)

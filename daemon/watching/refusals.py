@@ -73,3 +73,20 @@ def read_problem(exc: OSError, root: str) -> str:
     if exc.errno == errno.ELOOP:
         return f"symlink loop at {where}: {strerror} ({code})"
     return f"cannot read {where}: {strerror} ({code})"
+
+
+#: Why a folder named like ``tmp-checkpoint-5`` or ``step_9.tmp`` is passed over.
+IGNORED_NAME = (
+    "its name marks a folder still being written, or a hidden one (tmp-*, tmp_*, .*, *.tmp, *.partial, "
+    "*.incomplete): looked at once the trainer renames it"
+)
+
+
+def unrecognised(waited: float, names: frozenset[str]) -> str:
+    """Why a folder seen for ``waited`` seconds, holding ``names``, is not taken for a checkpoint (pure)."""
+    shown = sorted(names)[:4]
+    files = f"{len(names)} files: {', '.join(shown)}{', ...' if len(names) > len(shown) else ''}"
+    return (
+        f"no checkpoint layout recognised in it after {waited:.0f} s ({files if names else 'no files'}); "
+        "not a checkpoint, or one of a layout to name in runs[].layout"
+    )

@@ -171,6 +171,25 @@ def _unfinished(directory: Path, name: str) -> Verdict | None:
     )
 
 
+def latest_tag(directory: Path) -> Path | None:
+    """The tag folder that ``directory/latest`` names, when ``directory`` is an engine ``save_dir``
+    (what ``save_checkpoint`` was given: OpenRLHF's ``_actor``); ``None`` otherwise."""
+    text = hf.read_text(directory / LATEST)
+    tag = text.strip() if text is not None else ""
+    if not tag or tag in (".", "..") or "/" in tag or os.sep in tag:
+        return None
+    folder = directory / tag
+    return folder if folder.is_dir() else None
+
+
+def _tag_layout(tag: Path) -> Layout:
+    """The layout that reads ``tag`` (OpenRLHF's for ``_actor/global_stepN``, this one otherwise)."""
+    from inference import layouts
+
+    name = layouts.detect(tag, take_snapshot(tag), "auto")
+    return layouts.get(name) if name is not None and name != "hf" else DeepSpeedLayout()
+
+
 def looks_like(directory: Path, snapshot: Snapshot) -> bool:
     if any(_STATES.fullmatch(name) for name in snapshot.names()):
         return True
@@ -282,11 +301,25 @@ class DeepSpeedLayout(Layout):
 
     name = NAME
 
+    # A save_dir (the folder holding ``latest``) is read as the tag ``latest`` names, so that
+    # ``evald eval _actor`` evaluates the newest committed step instead of finding no weights.
+
     def recognise(self, directory: Path, snapshot: Snapshot) -> bool:
-        return looks_like(directory, snapshot)
+        return looks_like(directory, snapshot) or latest_tag(directory) is not None
 
     def inspect(self, directory: Path, snapshot: Snapshot, settings: LayoutSettings) -> Verdict:
+        tag = latest_tag(directory) if not looks_like(directory, snapshot) else None
+        if tag is not None:
+            verdict = _tag_layout(tag).inspect(tag, take_snapshot(tag), settings)
+            return Verdict(verdict.readiness, f"{LATEST} names {tag.name}: {verdict.reason}")
         return inspect(directory, snapshot)
 
+    def step(self, directory: Path) -> tuple[int | None, int | None]:
+        tag = latest_tag(directory) if not looks_like(directory, take_snapshot(directory)) else None
+        return super().step(tag if tag is not None else directory)
+
     def materialise(self, directory: Path, settings: LayoutSettings, scratch: Path) -> Path:
+        tag = latest_tag(directory) if not looks_like(directory, take_snapshot(directory)) else None
+        if tag is not None:
+            return _tag_layout(tag).materialise(tag, settings, scratch)
         return consolidate(directory, config_folder(directory, settings), scratch)

@@ -1,0 +1,118 @@
+"""OpenRLHF's default checkpoints under a watched root (issue 23), written by the real DeepSpeed engine
+(ZeRO-3, two ranks, ``tests/writers/deepspeed_engine.py --openrlhf``): ``_actor/`` holds the tags,
+``latest`` and DeepSpeed's ``zero_to_fp32.py`` / ``zero_to_torch.py``, which used to make discovery pass
+``_actor/`` over without a word. Nothing is skipped silently: a folder not taken is logged once, with why.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import structlog
+
+from daemon.config import RunConfig, SchedulingConfig
+from daemon.scheduling.planner import Planner
+from daemon.watching import refusals
+from daemon.watching.discovery import Discovery, WatchedRun, candidate_dirs, is_container
+from inference import layouts
+from inference.layouts import LayoutSettings, Readiness, take_snapshot
+from storage import queries
+from storage.database import Database
+from tests.harness import Clock
+from tests.layout_checks import consolidated_logits
+from tests.writers.launch import deepspeed_run
+
+pytestmark = pytest.mark.slow
+
+ACTOR_TAGS = ("_actor/global_step1", "_actor/global_step2")
+HF_FOLDERS = ("global_step1_hf", "global_step2_hf")
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The writer's output, as OpenRLHF with ``--save_hf_ckpt`` leaves it (and its ``_reference``)."""
+    return deepspeed_run(3, tmp_path_factory.mktemp("openrlhf") / "ckpt")
+
+
+def _clutter(root: Path) -> None:
+    """What real tools leave beside checkpoints: none of it may hide one."""
+    (root / "README.md").write_text("# model card\n")
+    (root / ".nfs000000000123").write_bytes(b"")
+    (root / "events.tmp").write_bytes(b"")
+    (root / "trainer_state.json").write_text("{}")
+    (root / "rng_state_0.pth").write_bytes(b"")
+    (root / ".metadata").write_bytes(b"")
+    (root / "_actor" / "README.md").write_text("engine checkpoints\n")
+    (root / "_actor" / ".nfs000000000456").write_bytes(b"")
+    wandb = root / "wandb"
+    (wandb / "run-20261201_120000-ab12cd34" / "files").mkdir(parents=True)
+    (wandb / "run-20261201_120000-ab12cd34" / "files" / "config.yaml").write_text("a: 1\n")
+    (wandb / "debug.log").write_text("")
+    (root / "tmp-checkpoint-3").mkdir()  # an HF Trainer save in progress
+
+
+def test_the_actor_folder_with_deepspeeds_scripts_is_looked_into(written: Path) -> None:
+    assert (written / "_actor" / "zero_to_fp32.py").is_file()
+    assert is_container(written / "_actor")
+    assert not is_container(written / "global_step1_hf")
+    found = [p.relative_to(written).as_posix() for p in candidate_dirs(written)]
+    assert found == [*ACTOR_TAGS, *HF_FOLDERS]
+
+
+def test_every_checkpoint_is_found_beside_what_tools_leave_and_what_is_not_taken_is_said_once(
+    database: Database, written: Path, tmp_path: Path
+) -> None:
+    root = tmp_path / "ckpt"
+    shutil.copytree(written, root)
+    _clutter(root)
+    with database.session() as s:
+        run_id = queries.ensure_run(s, "r", str(root))
+    config = RunConfig(name="r", root=root, hf_config=written.with_name("ckpt_reference") / "hf_config")
+    run = WatchedRun(config, run_id, ("arith",))
+    scheduling = SchedulingConfig(quiet_secs=1.0, invalid_after_secs=10.0)
+    clock = Clock()
+    planner = Planner(scheduling, database, [run])
+    discovery = Discovery(database, [run], scheduling, clock=clock, after_ready=planner.plan)
+    with structlog.testing.capture_logs() as captured:
+        discovery.scan()
+        for _ in range(3):
+            clock.now += 6.0
+            discovery.tick()
+            discovery.scan()
+    with database.session() as s:
+        rows = {c.name: (c.step, c.state) for c in queries.checkpoint_rows(s)}
+    assert rows == {
+        "_actor/global_step1": (1, "ready"),
+        "_actor/global_step2": (2, "ready"),
+        "global_step1_hf": (1, "ready"),
+        "global_step2_hf": (2, "ready"),
+    }
+    ignored = [
+        (Path(str(e["path"])).relative_to(root).as_posix(), e)
+        for e in captured
+        if e["event"] == "folder.ignored"
+    ]
+    assert [name for name, _ in ignored] == ["tmp-checkpoint-3", "wandb/run-20261201_120000-ab12cd34"]
+    assert ignored[0][1]["reason"] == refusals.IGNORED_NAME
+    assert str(ignored[1][1]["reason"]).startswith(
+        "no checkpoint layout recognised in it after 12 s (1 files: files/config.yaml)"
+    )
+    assert not [
+        e for e in captured if e["log_level"] in ("warning", "error") and e["event"] != "folder.ignored"
+    ]
+
+
+def test_a_deepspeed_save_dir_is_read_as_the_tag_latest_names(written: Path, tmp_path: Path) -> None:
+    """``evald eval CKPT/_actor``: the save_dir is evaluated as ``latest``'s tag (it said "no weights")."""
+    save_dir = written / "_actor"
+    snapshot = take_snapshot(save_dir)
+    assert layouts.detect(save_dir, snapshot, "auto") == "deepspeed"
+    layout = layouts.get("deepspeed")
+    verdict = layout.inspect(save_dir, snapshot, LayoutSettings())
+    assert (verdict.readiness, verdict.reason) == (Readiness.COMPLETE, "latest names global_step2: complete")
+    assert layout.step(save_dir) == (2, None)
+    folder = layout.materialise(save_dir, LayoutSettings(), tmp_path / "scratch")
+    tag = layouts.get("openrlhf").materialise(save_dir / "global_step2", LayoutSettings(), tmp_path / "tag")
+    assert consolidated_logits(folder).equal(consolidated_logits(tag))
