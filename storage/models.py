@@ -177,6 +177,37 @@ class Checkpoint(Base):
     jobs: Mapped[list[EvalJob]] = relationship(back_populates="checkpoint")
 
 
+class CheckpointAlternate(Base):
+    """Another shape of a checkpoint's step in the same run (OpenRLHF's ``_actor/global_step2`` beside
+    ``global_step2_hf``): recorded against the checkpoint that is evaluated, never evaluated itself."""
+
+    __tablename__ = "checkpoint_alternates"
+    __table_args__ = (UniqueConstraint("run_id", "path", name="uq_checkpoint_alternates_run_path"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    checkpoint_id: Mapped[int] = mapped_column(ForeignKey("checkpoints.id", ondelete="CASCADE"), index=True)
+    path: Mapped[str] = mapped_column(Text)
+    name: Mapped[str] = mapped_column(String(500))
+    layout: Mapped[str] = mapped_column(String(32))
+    recorded_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class IgnoredFolder(Base):
+    """A folder under a run root that could be a checkpoint and is not taken, with why (``evald status``
+    shows them: discovery skips nothing silently). Deleted when the folder goes or is taken after all."""
+
+    __tablename__ = "ignored_folders"
+    __table_args__ = (UniqueConstraint("run_id", "path", name="uq_ignored_folders_run_path"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    path: Mapped[str] = mapped_column(Text)
+    name: Mapped[str] = mapped_column(String(500))
+    reason: Mapped[str] = mapped_column(Text)
+    seen_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class EvalJob(Base):
     __tablename__ = "eval_jobs"
     __table_args__ = (
