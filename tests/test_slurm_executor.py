@@ -411,3 +411,38 @@ def test_a_cluster_already_up_is_reused(slurm_cluster: SlurmCluster) -> None:
     assert None not in before
     assert [again._pid(d) for d in daemons] == before
     assert again.partitions() == [PARTITION] and again.node_state() in {"idle", "mixed", "allocated"}
+
+
+def wait_probe(executor: SlurmExecutor, probe: Handle) -> bool:
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        answer = executor.probe_result(probe)
+        if answer is not None:
+            return answer
+        time.sleep(0.5)
+    raise AssertionError(f"probe job {probe.external_id} never ended")
+
+
+def test_the_job_folder_probe(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """A job on a compute node reads back a token written into job_dir. Where the node cannot read it
+    (here: the token is gone before the held probe is released), the error names the folder and node."""
+    executor = make_executor(slurm_cluster, tmp_path / "jobs")
+    probe = executor.probe_job_dir()
+    assert wait_probe(executor, probe) is True
+    assert not probe.job_dir.exists()
+
+    held = make_executor(slurm_cluster, tmp_path / "unshared", extra_sbatch=["--hold"])
+    probe = held.probe_job_dir()
+    try:
+        assert held.probe_result(probe) is None
+        (probe.job_dir / "token").unlink()
+        subprocess.run(["scontrol", "release", probe.external_id], check=True, env=slurm_cluster.client_env())
+        with pytest.raises(ExecutorError) as caught:
+            wait_probe(held, probe)
+    finally:
+        _cancel_all(held)
+    assert str(caught.value) == (
+        f"executor.job_dir {tmp_path / 'unshared'} is not shared with the compute nodes: a job on "
+        f"{slurm_cluster.node} could not read {probe.job_dir / 'token'} (mount the folder there, or pick "
+        "one that is)"
+    )

@@ -23,6 +23,8 @@ import json
 import os
 import re
 import shlex
+import shutil
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,6 +177,70 @@ class SlurmExecutor:
         except OSError as exc:
             raise ExecutorError(f"executor.job_dir {self._job_dir} is not writable: {exc.strerror}") from exc
 
+    def probe_job_dir(self) -> Handle:
+        """Submit a job that reads back a token written here into ``job_dir``: whether the compute nodes
+        see the folder only a job there can tell. Read its answer with :meth:`probe_result`."""
+        folder = self._job_dir / f".probe-{uuid.uuid4().hex[:12]}"
+        folder.mkdir()
+        token = uuid.uuid4().hex
+        (folder / "token").write_text(token, encoding="utf-8")
+        quoted = shlex.quote(str(folder))
+        options = [
+            f"--job-name={self._config.name_prefix}-probe",
+            f"--partition={self._partition}",
+            "--time=1",
+            "--ntasks=1",
+            # Not in the folder: where the node does not see it, the job must still run and say so.
+            "--output=/dev/null",
+            "--chdir=/tmp",
+            "--no-requeue",
+            *([f"--account={self._config.account}"] if self._config.account else []),
+            *([f"--qos={self._config.qos}"] if self._config.qos else []),
+            *self._config.extra_sbatch,
+        ]
+        script = "\n".join(
+            [
+                "#!/bin/bash",
+                *(f"#SBATCH {option}" for option in options),
+                f'{{ cat {quoted}/token && echo " $(hostname)"; }} > {quoted}/seen.tmp || exit 1',
+                f"mv -f {quoted}/seen.tmp {quoted}/seen",
+                "",
+            ]
+        )
+        (folder / "probe.sbatch").write_text(script, encoding="utf-8")
+        try:
+            slurm_id = self.cli.submit(folder / "probe.sbatch")
+        except SubmitRejected as exc:
+            raise ExecutorError(self._explain_rejection(exc)) from exc
+        except SlurmError as exc:
+            raise ExecutorUnavailable(f"cannot submit the job folder probe: {exc.message}") from exc
+        return Handle(self.kind, 0, 0, folder, slurm_id)
+
+    def probe_result(self, probe: Handle) -> bool | None:
+        """True once the probe job read the token back (its folder is removed); None while it waits or
+        runs; :class:`ExecutorError` naming the folder and the node where the job did not see it."""
+        status = self.poll(probe)
+        if isinstance(status, Active):
+            return None
+        token = (
+            (probe.job_dir / "token").read_text(encoding="utf-8")
+            if (probe.job_dir / "token").exists()
+            else ""
+        )
+        seen = ""
+        with contextlib.suppress(OSError):
+            seen = (probe.job_dir / "seen").read_text(encoding="utf-8")
+        node = status.placement.nodes or "its node"
+        if token and seen.split(" ", 1)[0] == token:
+            shutil.rmtree(probe.job_dir, ignore_errors=True)
+            return True
+        if status.kind is not EndKind.FAILED:
+            raise ExecutorError(f"the job folder probe did not run to its end: {status.detail}")
+        raise ExecutorError(
+            f"executor.job_dir {self._job_dir} is not shared with the compute nodes: a job on {node} "
+            f"could not read {probe.job_dir / 'token'} (mount the folder there, or pick one that is)"
+        )
+
     def _no_partition(self, partitions: list[str]) -> str:
         return (
             f"executor.partition: Slurm has no partition {self._partition!r} "
@@ -232,7 +298,7 @@ class SlurmExecutor:
         lines = ["#!/bin/bash", *(f"#SBATCH {option}" for option in options), ""]
         lines += [
             f"# evald job {job.job_id}, attempt {job.attempt}, run {job.run!r}, task {job.task!r}.",
-            "set -u",
+            # No `set -u`: a site's setup script (module init, conda activate) reads unset variables.
             f"cd {shlex.quote(str(folder))} || exit 1",
             f'echo "$SLURM_JOB_ID" > {ID_NAME}',
             'echo "evald: slurm job $SLURM_JOB_ID on $SLURM_JOB_NODELIST" >&2',
