@@ -302,6 +302,8 @@ def ensure_cluster(root: Path | None = None) -> SlurmCluster:
     """The test cluster, started where it is not already up (idempotent)."""
     for name in ("munged", "slurmctld", "slurmd", "sbatch", "squeue"):
         _binary(name)
+    if os.geteuid() != 0:
+        raise ClusterUnavailable(f"slurmd must run as root (this is uid {os.geteuid()}): {INSTALL_HINT}")
     cluster = cluster_here(root)
     cluster.root.mkdir(parents=True, exist_ok=True)
     # Two test processes (xdist) may both find the cluster down: one starts it, the other waits.
@@ -323,7 +325,7 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
     """
     try:
         cluster = ensure_cluster()
-    except ClusterUnavailable as exc:
+    except (ClusterUnavailable, OSError) as exc:
         message = f"no Slurm cluster: {exc}"
         if required():
             pytest.fail(message)
