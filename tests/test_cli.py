@@ -132,7 +132,11 @@ def test_results_in_every_format(
     assert main(["--config", path, "results", "--metric", "wall_s", "--format", "csv"]) == 0
     parsed = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
     assert [(r["metric"], r["value"], r["n"]) for r in parsed] == [("wall_s", "1.0", "")]
-    assert main(["--config", path, "results", "--run", "other"]) == 0
+    # A run that does not exist is an error naming the runs (it printed an empty table, exit 0, before).
+    assert main(["--config", path, "results", "--run", "other"]) == 1
+    assert _errors(capsys) == ["evald: error: no run 'other' (runs: toy)"]
+    # Filters that exist but match nothing: an empty table.
+    assert main(["--config", path, "results", "--run", "toy", "--steps", "100:"]) == 0
     assert len(capsys.readouterr().out.strip().splitlines()) == 2  # header and rule only
     assert main(["--config", path, "status", "--format", "json"]) == 0
     status = json.loads(capsys.readouterr().out)
