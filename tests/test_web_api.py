@@ -242,8 +242,12 @@ UNKNOWN_FILTERS = [
         "metric",
         "run 'alpha' has no metric 'bleu' (metrics: accuracy, wall_s)",
     ),
-    ("/api/v1/results?metric=bleu", "metric", "no run has no metric 'bleu' (metrics: accuracy, wall_s)"),
-    ("/api/v1/results?task=gsm8k", "task", f"no run has no task 'gsm8k' (tasks: {TASK})"),
+    (
+        "/api/v1/results?metric=bleu",
+        "metric",
+        "no stored result has metric 'bleu' (metrics: accuracy, wall_s)",
+    ),
+    ("/api/v1/results?task=gsm8k", "task", f"no stored result has task 'gsm8k' (tasks: {TASK})"),
     ("/api/v1/results?run=beta&stage=quick", "stage", "run 'beta' has no stage 'quick' (stages: full)"),
     (
         f"/api/v1/results?run=alpha&task={TASK}&metric=bleu&step_min=20",
@@ -573,6 +577,8 @@ def test_bearer_token_is_required_for_every_request_when_configured(stored: Stor
         assert client.get("/").headers["location"] == "/login"
         # The browser's way in: the login form sets an HttpOnly cookie that later requests carry.
         assert client.post("/login", data={"token": "nope"}).status_code == 401
+        wrong_method = client.put("/login")
+        assert wrong_method.status_code == 405 and wrong_method.headers["allow"] == "GET, HEAD, POST"
         login = client.post("/login", data={"token": "s3cret-token"})
         assert login.status_code == 303
         assert "httponly" in login.headers["set-cookie"].lower()

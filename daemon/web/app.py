@@ -89,7 +89,12 @@ async def _http_error(request: Request, exc: Exception) -> Response:
         return error(404, f"no such path {request.url.path[:200]!r} (the API is listed at /api/v1)")
     if exc.status_code == 405:
         # RFC 9110: a 405 names the methods the resource takes (Starlette's routes put them in ``Allow``).
-        allowed = (exc.headers or {}).get("Allow") or "GET, HEAD"
+        # Starlette keeps a route's methods in a set: listed in one order, whatever the hash seed.
+        given = ((exc.headers or {}).get("Allow") or "GET, HEAD").split(",")
+        order = ("GET", "HEAD", "POST")
+        allowed = ", ".join(
+            sorted({m.strip() for m in given}, key=lambda m: (order.index(m) if m in order else 9, m))
+        )
         message = f"{request.method[:10]} is not allowed here ({allowed}): the service is read-only"
         return error(405, message, headers={"Allow": allowed})
     return error(exc.status_code, str(exc.detail))

@@ -34,14 +34,18 @@ class UnknownFilter:
     scope: dict[str, str]
 
     def message(self) -> str:
-        """``run 'a' (task 'x') has no metric 'm' (metrics: accuracy, wall_s)``."""
-        where = f"run {self.run[:200]!r}" if self.run is not None else "no run"
+        """``run 'a' (task 'x') has no metric 'm' (metrics: accuracy, wall_s)``; without a run, ``no stored
+        result (task 'x') has metric 'm' (metrics: ...)``."""
+        scope = ""
         if self.scope:
-            where += " (" + ", ".join(f"{f} {v[:200]!r}" for f, v in self.scope.items()) + ")"
+            scope = " (" + ", ".join(f"{f} {v[:200]!r}" for f, v in self.scope.items()) + ")"
         shown = ", ".join(self.known[:LISTED]) or "none"
         if len(self.known) > LISTED:
             shown += f" and {len(self.known) - LISTED} more"
-        return f"{where} has no {self.field} {self.wanted[:200]!r} ({self.field}s: {shown})"
+        wanted = f"{self.field} {self.wanted[:200]!r} ({self.field}s: {shown})"
+        if self.run is None:
+            return f"no stored result{scope} has {wanted}"
+        return f"run {self.run[:200]!r}{scope} has no {wanted}"
 
 
 def unknown_filter(
