@@ -22,7 +22,6 @@ from daemon.web.metrics import DURATION_BUCKETS
 from storage import alerting, queries
 from storage.database import Database
 from storage.models import Alert, AlertState, CheckpointState, EvalJob
-from storage.queries import monitoring
 from tests import surface_data
 from tests.harness import upgraded, write_config, write_dataset
 from tests.surface_data import Stored
@@ -281,7 +280,8 @@ def test_freshness_webhooks_and_the_run_window(database_url: str, tmp_path: Path
         _outbox(database, "recent", "ops", [503], "pending")
         _outbox(database, "recent", "chat", [200], "delivered")
         with database.session() as s:
-            stored = {r.run: r.at for r in monitoring.last_results(s)}
+            # The finish times of the newest step's jobs, as the CLI's query reads them.
+            stored = {r.run: r.evaluated_at for r in queries.latest_results(s)}
         with TestClient(_app(config, database)) as client:
             response = client.get("/metrics")
             assert response.status_code == 200

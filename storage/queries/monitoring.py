@@ -1,44 +1,18 @@
-"""What ``/metrics`` reads beyond the newest values: when each run and task last got a result, and how the
-webhook outbox stands (failed attempts, messages by state), per endpoint."""
+"""What ``/metrics`` reads beyond the newest values: how the webhook outbox stands (failed attempts,
+messages by state), per endpoint."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from storage.models import (
-    Checkpoint,
     Delivery,
-    EvalJob,
-    JobState,
     OutboxMessage,
     OutboxState,
-    Run,
 )
-
-
-@dataclass(frozen=True)
-class LastResult:
-    run: str
-    task: str
-    #: When the newest succeeded job of (run, task) finished: its results were stored then.
-    at: datetime
-
-
-def last_results(session: Session) -> list[LastResult]:
-    """Per (run, task), the finish time of its newest succeeded job, by run and task."""
-    query = (
-        select(Run.name, EvalJob.task, func.max(EvalJob.finished_at))
-        .join(Checkpoint, EvalJob.checkpoint_id == Checkpoint.id)
-        .join(Run, Checkpoint.run_id == Run.id)
-        .where(EvalJob.state == JobState.SUCCEEDED, EvalJob.finished_at.is_not(None))
-        .group_by(Run.name, EvalJob.task)
-        .order_by(Run.name, EvalJob.task)
-    )
-    return [LastResult(run, task, _utc(at)) for run, task, at in session.execute(query) if at is not None]
 
 
 @dataclass(frozen=True)
@@ -78,8 +52,3 @@ def webhook_standing(session: Session, endpoints: tuple[str, ...] = ()) -> list[
         )
         for name in names
     ]
-
-
-def _utc(value: datetime) -> datetime:
-    # SQLite hands back naive datetimes (stored as UTC); PostgreSQL aware ones.
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
