@@ -123,6 +123,12 @@ class RunConfig(_Section):
     #: The run's last step: the checkpoint that reaches it is final (two-stage: gets its full stage).
     final_step: int | None = Field(default=None, ge=0)
     adaptive: AdaptiveConfig | None = None
+    #: One step saved in several shapes is evaluated once, in the first of these shapes that is there:
+    #: "hf_export" (save_pretrained weights, what users deploy) before "resumable" (engine shards, DCP);
+    #: the others are recorded as its alternates.
+    prefer: tuple[layouts.Shape, ...] = Field(
+        default=(layouts.Shape.HF_EXPORT, layouts.Shape.RESUMABLE), min_length=1
+    )
 
     @field_validator("root")
     @classmethod

@@ -14,12 +14,13 @@ import structlog
 
 from daemon.config import RunConfig, SchedulingConfig
 from daemon.scheduling.planner import Planner
-from daemon.watching import refusals
+from daemon.watching import alternates, refusals
 from daemon.watching.discovery import Discovery, WatchedRun, candidate_dirs, is_container
 from inference import layouts
-from inference.layouts import LayoutSettings, Readiness, take_snapshot
+from inference.layouts import LayoutSettings, Readiness, Shape, take_snapshot
 from storage import queries
 from storage.database import Database
+from storage.models import CheckpointState
 from tests.harness import Clock
 from tests.layout_checks import consolidated_logits
 from tests.writers.launch import deepspeed_run
@@ -61,34 +62,56 @@ def test_the_actor_folder_with_deepspeeds_scripts_is_looked_into(written: Path) 
     assert found == [*ACTOR_TAGS, *HF_FOLDERS]
 
 
+def _discovery(database: Database, root: Path, written: Path, **run: object) -> tuple[Discovery, Clock]:
+    with database.session() as s:
+        run_id = queries.ensure_run(s, "r", str(root))
+    hf_config = written.with_name("ckpt_reference") / "hf_config"
+    watched = WatchedRun(RunConfig(name="r", root=root, hf_config=hf_config, **run), run_id, ("arith",))
+    scheduling = SchedulingConfig(quiet_secs=1.0, invalid_after_secs=10.0)
+    clock = Clock()
+    planner = Planner(scheduling, database, [watched])
+    return Discovery(database, [watched], scheduling, clock=clock, after_ready=planner.plan), clock
+
+
+def _passes(discovery: Discovery, clock: Clock, n: int = 3) -> None:
+    discovery.scan()
+    for _ in range(n):
+        clock.now += 6.0
+        discovery.tick()
+        discovery.scan()
+
+
+def _checkpoints(database: Database) -> dict[str, tuple[int | None, str]]:
+    with database.session() as s:
+        return {c.name: (c.step, c.state) for c in queries.checkpoint_rows(s)}
+
+
+def _alternates(database: Database) -> dict[str, str]:
+    with database.session() as s:
+        return {a.name: a.of for a in queries.alternate_rows(s)}
+
+
+def _jobs(database: Database) -> list[tuple[str, int | None]]:
+    with database.session() as s:
+        return sorted((j.checkpoint, j.step) for j in queries.job_rows(s))
+
+
 def test_every_checkpoint_is_found_beside_what_tools_leave_and_what_is_not_taken_is_said_once(
     database: Database, written: Path, tmp_path: Path
 ) -> None:
+    """Each step once, in its HF export (the default preference); the engine tags are its alternates."""
     root = tmp_path / "ckpt"
     shutil.copytree(written, root)
     _clutter(root)
-    with database.session() as s:
-        run_id = queries.ensure_run(s, "r", str(root))
-    config = RunConfig(name="r", root=root, hf_config=written.with_name("ckpt_reference") / "hf_config")
-    run = WatchedRun(config, run_id, ("arith",))
-    scheduling = SchedulingConfig(quiet_secs=1.0, invalid_after_secs=10.0)
-    clock = Clock()
-    planner = Planner(scheduling, database, [run])
-    discovery = Discovery(database, [run], scheduling, clock=clock, after_ready=planner.plan)
+    discovery, clock = _discovery(database, root, written)
     with structlog.testing.capture_logs() as captured:
-        discovery.scan()
-        for _ in range(3):
-            clock.now += 6.0
-            discovery.tick()
-            discovery.scan()
-    with database.session() as s:
-        rows = {c.name: (c.step, c.state) for c in queries.checkpoint_rows(s)}
-    assert rows == {
-        "_actor/global_step1": (1, "ready"),
-        "_actor/global_step2": (2, "ready"),
-        "global_step1_hf": (1, "ready"),
-        "global_step2_hf": (2, "ready"),
+        _passes(discovery, clock)
+    assert _checkpoints(database) == {"global_step1_hf": (1, "ready"), "global_step2_hf": (2, "ready")}
+    assert _alternates(database) == {
+        "_actor/global_step1": "global_step1_hf",
+        "_actor/global_step2": "global_step2_hf",
     }
+    assert _jobs(database) == [("global_step1_hf", 1), ("global_step2_hf", 2)]
     ignored = [
         (Path(str(e["path"])).relative_to(root).as_posix(), e)
         for e in captured
@@ -102,6 +125,51 @@ def test_every_checkpoint_is_found_beside_what_tools_leave_and_what_is_not_taken
     assert not [
         e for e in captured if e["log_level"] in ("warning", "error") and e["event"] != "folder.ignored"
     ]
+    with database.session() as s:
+        shown = [(r.run, r.name, r.reason) for r in queries.ignored_rows(s)]
+    assert [name for _, name, _ in shown] == ["tmp-checkpoint-3", "wandb/run-20261201_120000-ab12cd34"]
+
+    # A restart finds everything recorded: nothing new, nothing said again.
+    again, clock = _discovery(database, root, written)
+    with structlog.testing.capture_logs() as captured:
+        _passes(again, clock)
+    assert not [
+        e for e in captured if e["event"] in ("folder.ignored", "checkpoint.alternate", "checkpoint.ready")
+    ]
+    assert _jobs(database) == [("global_step1_hf", 1), ("global_step2_hf", 2)]
+    # The tmp folder renamed into place: no longer ignored.
+    (root / "tmp-checkpoint-3").rmdir()
+    again.scan()
+    with database.session() as s:
+        assert [r.name for r in queries.ignored_rows(s)] == ["wandb/run-20261201_120000-ab12cd34"]
+
+
+def test_the_preference_is_per_run_and_a_late_preferred_shape_is_not_evaluated_again(
+    database: Database, written: Path, tmp_path: Path
+) -> None:
+    root = tmp_path / "ckpt"
+    (root / "_actor").mkdir(parents=True)
+    for name in ("global_step1", "zero_to_fp32.py", "zero_to_torch.py", "latest"):
+        source = written / "_actor" / name
+        (shutil.copytree if source.is_dir() else shutil.copy2)(source, root / "_actor" / name)
+    shutil.copytree(written / "global_step2_hf", root / "global_step2_hf")
+    shutil.copytree(written / "_actor" / "global_step2", root / "_actor" / "global_step2")
+    discovery, clock = _discovery(database, root, written, prefer=("resumable", "hf_export"))
+    _passes(discovery, clock)
+    # step 1: the engine tag alone, evaluated; step 2: both there, the resumable one preferred here.
+    assert _checkpoints(database) == {
+        "_actor/global_step1": (1, "ready"),
+        "_actor/global_step2": (2, "ready"),
+    }
+    assert _alternates(database) == {"global_step2_hf": "_actor/global_step2"}
+    # OpenRLHF writes global_step1_hf after step 1's engine tag was already taken: not evaluated again.
+    shutil.copytree(written / "global_step1_hf", root / "global_step1_hf")
+    _passes(discovery, clock)
+    assert _alternates(database) == {
+        "global_step1_hf": "_actor/global_step1",
+        "global_step2_hf": "_actor/global_step2",
+    }
+    assert _jobs(database) == [("_actor/global_step1", 1), ("_actor/global_step2", 2)]
 
 
 def test_a_deepspeed_save_dir_is_read_as_the_tag_latest_names(written: Path, tmp_path: Path) -> None:
@@ -116,3 +184,42 @@ def test_a_deepspeed_save_dir_is_read_as_the_tag_latest_names(written: Path, tmp
     folder = layout.materialise(save_dir, LayoutSettings(), tmp_path / "scratch")
     tag = layouts.get("openrlhf").materialise(save_dir / "global_step2", LayoutSettings(), tmp_path / "tag")
     assert consolidated_logits(folder).equal(consolidated_logits(tag))
+
+
+def _other(state: str, shape: str) -> alternates.Other:
+    return alternates.Other(7, "other", CheckpointState(state), Shape(shape))
+
+
+@pytest.mark.parametrize(
+    ("mine", "others", "preference", "expected"),
+    [
+        ("resumable", [], ("hf_export", "resumable"), alternates.Choice.CHECKPOINT),
+        # Already taken: an alternate, whatever the preference (its result would repeat the other's).
+        ("hf_export", [("ready", "resumable")], ("hf_export", "resumable"), alternates.Choice.ALTERNATE),
+        ("resumable", [("ready", "hf_export")], ("hf_export", "resumable"), alternates.Choice.ALTERNATE),
+        # The preferred shape is still being written: wait for it.
+        ("resumable", [("discovered", "hf_export")], ("hf_export", "resumable"), alternates.Choice.WAIT),
+        (
+            "hf_export",
+            [("discovered", "resumable")],
+            ("hf_export", "resumable"),
+            alternates.Choice.CHECKPOINT,
+        ),
+        ("hf_export", [("discovered", "resumable")], ("resumable", "hf_export"), alternates.Choice.WAIT),
+        (
+            "resumable",
+            [("discovered", "resumable")],
+            ("hf_export", "resumable"),
+            alternates.Choice.CHECKPOINT,
+        ),
+        # A shape the preference leaves out comes after every listed one.
+        ("hf_export", [("discovered", "resumable")], ("resumable",), alternates.Choice.WAIT),
+    ],
+)
+def test_which_shape_of_a_step_is_evaluated(
+    mine: str, others: list[tuple[str, str]], preference: tuple[str, ...], expected: alternates.Choice
+) -> None:
+    decision = alternates.choose(
+        Shape(mine), [_other(*o) for o in others], tuple(Shape(p) for p in preference)
+    )
+    assert decision.choice is expected

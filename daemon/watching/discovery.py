@@ -27,7 +27,7 @@ import structlog
 from sqlalchemy.orm import Session
 
 from daemon.config import RunConfig, SchedulingConfig
-from daemon.watching import refusals
+from daemon.watching import alternates, refusals
 from daemon.watching.readiness import Decision, Outcome, decide
 from inference import layouts
 from inference.layouts import Readiness, Snapshot, Verdict
@@ -75,6 +75,8 @@ class _RunState:
     unreadable: dict[str, float] = field(default_factory=dict)
     #: Folders that could be checkpoints and are not taken (yet), with why: logged once when first seen.
     ignored: dict[str, str] = field(default_factory=dict)
+    #: Ready shapes of a step waiting for its preferred shape, still being written (waiter → awaited).
+    waiting: dict[str, str] = field(default_factory=dict)
     root_missing_logged: bool = False
     root_unreadable_logged: bool = False
 
@@ -196,7 +198,9 @@ class Discovery:
         for run in runs:
             with database.session() as session:
                 states = queries.checkpoint_states(session, run.run_id)
-            state = _RunState(run)
+                alternate_paths = queries.alternate_paths(session, run.run_id)
+                ignored = queries.ignored_paths(session, run.run_id)
+            state = _RunState(run, settled=alternate_paths, ignored=ignored)
             for path, checkpoint_state in states.items():
                 if checkpoint_state is CheckpointState.DISCOVERED:
                     state.recorded.add(path)
@@ -330,8 +334,7 @@ class Discovery:
                     self._look(state, path)
             # What was passed over and is gone (a tmp folder renamed into place) is forgotten.
             present_names = {str(p) for p in (*found, *passed_over)}
-            for key in [k for k in state.ignored if k not in present_names]:
-                del state.ignored[key]
+            self._unignore(state, [k for k in state.ignored if k not in present_names])
             # Recorded ones deleted while nobody watched are marked vanished: left as discovered, they
             # would hold every newer checkpoint back from planning.
             present = {str(p) for p in found}
@@ -375,6 +378,8 @@ class Discovery:
         limit = self._scheduling.invalid_after_secs
         for state in self._runs.values():
             for key, candidate in list(state.candidates.items()):
+                if key in state.waiting:
+                    continue  # looked at again when what it waits for settles, or by a rescan
                 waited = now - candidate.stable_since
                 if waited >= quiet or waited >= limit or state.run.config.marker is not None:
                     self._look(state, Path(key))
@@ -425,7 +430,7 @@ class Discovery:
                 self._ignore(state, path, reason, level="warning")
             return
         if key in state.ignored:
-            del state.ignored[key]  # recognised after all
+            self._unignore(state, [key])  # recognised after all
         marker = run.config.marker
         try:
             verdict = layouts.inspect(path, snapshot, layout, run.settings)
@@ -446,8 +451,27 @@ class Discovery:
         key = str(path)
         if key in state.ignored:
             return
+        error = None
+        try:
+            with self._db.session() as session:
+                queries.record_ignored(
+                    session, run_id=state.run.run_id, path=key, name=_name(state, path), reason=reason
+                )
+        except DatabaseUnreachable:
+            raise
+        except Exception as exc:
+            error = error_reason(exc)  # said in the line instead: the line is what must not be lost
         state.ignored[key] = reason
-        getattr(log, level)("folder.ignored", run=state.run.config.name, path=key, reason=reason)
+        fields = {"error": error} if error is not None else {}
+        getattr(log, level)("folder.ignored", run=state.run.config.name, path=key, reason=reason, **fields)
+
+    def _unignore(self, state: _RunState, keys: list[str]) -> None:
+        if not keys:
+            return
+        with self._db.session() as session:
+            queries.forget_ignored(session, state.run.run_id, keys)
+        for key in keys:
+            state.ignored.pop(key, None)
 
     def _gone(self, state: _RunState, path: Path) -> None:
         key = str(path)
@@ -485,7 +509,8 @@ class Discovery:
         self, state: _RunState, path: Path, layout: str, candidate: _Candidate, outcome: Outcome
     ) -> None:
         if outcome.decision is Decision.READY:
-            self._settle(state, path, layout, CheckpointState.READY, outcome.reason, "ready")
+            if not self._another_shape(state, path, layout, candidate):
+                self._settle(state, path, layout, CheckpointState.READY, outcome.reason, "ready")
         elif outcome.decision is Decision.INVALID:
             self._settle(state, path, layout, CheckpointState.INVALID, outcome.reason, "invalid")
         else:
@@ -494,6 +519,74 @@ class Discovery:
                 candidate.recorded = True
                 log.info("checkpoint.discovered", run=state.run.config.name, path=str(path), layout=layout)
             candidate.last_reason = outcome.reason
+
+    def _another_shape(self, state: _RunState, path: Path, layout: str, candidate: _Candidate) -> bool:
+        """Whether this ready folder is another shape of a step already taken (recorded as its alternate)
+        or waits for the step's preferred shape; see :mod:`daemon.watching.alternates`."""
+        key = str(path)
+        step, _, _ = self._step(path, layout)
+        if step is None:
+            return False
+        try:
+            with self._db.session() as session:
+                rows = queries.same_step(session, state.run.run_id, step, key)
+        except DatabaseUnreachable:
+            raise
+        except Exception:
+            return False  # a path the database cannot take: settling it says so (see _unwritable)
+        if not rows:
+            state.waiting.pop(key, None)
+            return False
+        others = [alternates.Other(r.id, r.name, r.state, _shape(r.layout, Path(r.path))) for r in rows]
+        shape = _shape(layout, path)
+        decision = alternates.choose(shape, others, state.run.config.prefer)
+        if decision.choice is alternates.Choice.CHECKPOINT or decision.other is None:
+            state.waiting.pop(key, None)
+            return False
+        other = decision.other
+        if decision.choice is alternates.Choice.WAIT:
+            awaited = next(r.path for r in rows if r.id == other.id)
+            if state.waiting.get(key) != awaited:
+                state.waiting[key] = awaited
+                log.info(
+                    "checkpoint.waiting", run=state.run.config.name, path=key, reason=decision.reason(shape)
+                )
+            candidate.last_reason = decision.reason(shape)
+            return True
+        try:
+            with self._db.session() as session:
+                queries.record_alternate(
+                    session,
+                    run_id=state.run.run_id,
+                    checkpoint_id=other.id,
+                    path=key,
+                    name=_name(state, path),
+                    layout=layout,
+                )
+        except DatabaseUnreachable:
+            raise
+        except Exception as exc:
+            self._unwritable(state, path, layout, exc)
+            return True
+        state.waiting.pop(key, None)
+        self._forget(state, path)
+        log.info(
+            "checkpoint.alternate",
+            run=state.run.config.name,
+            path=key,
+            of=other.name,
+            reason=decision.reason(shape),
+        )
+        self._settled_any = True
+        self._release_waiters(state, path)
+        return True
+
+    def _release_waiters(self, state: _RunState, path: Path) -> None:
+        """What waited for ``path`` (now settled) is looked at again at once."""
+        for waiter in [w for w, awaited in state.waiting.items() if awaited == str(path)]:
+            del state.waiting[waiter]
+            if waiter not in state.settled:
+                self._look(state, Path(waiter))
 
     def _settle(
         self, state: _RunState, path: Path, layout: str | None, new: CheckpointState, reason: str, event: str
@@ -513,6 +606,7 @@ class Discovery:
         log_method = log.info if new is CheckpointState.READY else log.warning
         log_method(f"checkpoint.{event}", run=state.run.config.name, path=str(path), step=step, reason=reason)
         self._settled_any = True
+        self._release_waiters(state, path)
 
     @staticmethod
     def _step(path: Path, layout: str | None) -> tuple[int | None, int | None, str | None]:
@@ -552,6 +646,10 @@ def _name(state: _RunState, path: Path) -> str:
     """A checkpoint's name is its path under the run root (``_actor/global_step7``)."""
     root = state.run.config.root
     return str(path.relative_to(root)) if path.is_relative_to(root) else path.name
+
+
+def _shape(layout: str, path: Path) -> layouts.Shape:
+    return layouts.get(layout).shape(path) if layout in layouts.REGISTRY else layouts.Shape.RESUMABLE
 
 
 def _link_problem(state: _RunState, path: Path) -> str | None:

@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 
 from inference.layouts import hf
-from inference.layouts.base import Layout, LayoutSettings, Readiness, Snapshot, Verdict
+from inference.layouts.base import Layout, LayoutSettings, Readiness, Shape, Snapshot, Verdict
 
 NAME = "areal"
 FOLDER = re.compile(r"epoch(\d+)epochstep(\d+)globalstep(\d+)")
@@ -70,6 +70,9 @@ class ArealLayout(Layout):
 
     def step(self, directory: Path) -> tuple[int | None, int | None]:
         return folder_step(directory.name)
+
+    def shape(self, directory: Path) -> Shape:
+        return Shape.HF_EXPORT
 
     def materialise(self, directory: Path, settings: LayoutSettings, scratch: Path) -> Path:
         return hf.as_safetensors(directory, scratch)

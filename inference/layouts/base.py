@@ -24,6 +24,15 @@ class Readiness(enum.StrEnum):
     INVALID = "invalid"
 
 
+class Shape(enum.StrEnum):
+    """What kind of save a checkpoint folder is, for choosing one when a step was saved twice."""
+
+    #: ``save_pretrained`` weights (OpenRLHF's ``global_stepN_hf``, AReaL, any HF export): what users deploy.
+    HF_EXPORT = "hf_export"
+    #: A trainer's resumable state (DeepSpeed engine shards, DCP, an HF Trainer or verl checkpoint).
+    RESUMABLE = "resumable"
+
+
 @dataclass(frozen=True)
 class Verdict:
     readiness: Readiness
@@ -165,6 +174,10 @@ class Layout(ABC):
     def step(self, directory: Path) -> tuple[int | None, int | None]:
         """(step, epoch) of the checkpoint; by default from the folder's name."""
         return parse_step(directory.name)
+
+    def shape(self, directory: Path) -> Shape:
+        """Which kind of save ``directory`` is; a trainer's resumable state unless the layout says not."""
+        return Shape.RESUMABLE
 
     def materialise(self, directory: Path, settings: LayoutSettings, scratch: Path) -> Path:
         """A folder ``from_pretrained`` can load (``scratch`` is empty and the worker's to use)."""

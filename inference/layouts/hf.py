@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from inference.errors import CheckpointInvalid
-from inference.layouts.base import FileStat, Layout, LayoutSettings, Readiness, Snapshot, Verdict
+from inference.layouts.base import FileStat, Layout, LayoutSettings, Readiness, Shape, Snapshot, Verdict
 
 if TYPE_CHECKING:
     import torch
@@ -279,6 +279,9 @@ class HfLayout(Layout):
 
     def recognise(self, directory: Path, snapshot: Snapshot) -> bool:
         return looks_like(snapshot)
+
+    def shape(self, directory: Path) -> Shape:
+        return Shape.HF_EXPORT
 
     def inspect(self, directory: Path, snapshot: Snapshot, settings: LayoutSettings) -> Verdict:
         return inspect(directory, snapshot)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from inference.errors import CheckpointInvalid
 from inference.layouts import deepspeed, hf, model_config
-from inference.layouts.base import Layout, LayoutSettings, Readiness, Snapshot, Verdict
+from inference.layouts.base import Layout, LayoutSettings, Readiness, Shape, Snapshot, Verdict
 
 NAME = "openrlhf"
 ACTOR = "_actor"
@@ -110,6 +110,9 @@ class OpenRlhfLayout(Layout):
                 f"{ACTOR}/{directory.name} and {directory.name}_hf",
             )
         return inspect_hf(directory, snapshot)
+
+    def shape(self, directory: Path) -> Shape:
+        return Shape.RESUMABLE if is_actor(directory) or is_not_policy(directory) else Shape.HF_EXPORT
 
     def materialise(self, directory: Path, settings: LayoutSettings, scratch: Path) -> Path:
         if is_actor(directory):
