@@ -36,6 +36,7 @@ from sqlalchemy import select
 from reliability import checkpoints
 from reliability.figures import Expected, Figures
 from reliability.scenarios.base import Options
+from reliability.supervisor import Supervisor
 from reliability.workspace import TASK, RunSpec, Workspace, wait_for, workspace, write_dataset
 from storage.models import Checkpoint, CheckpointState, EvalJob, JobState
 from tests.pgcluster import start_cluster
@@ -182,9 +183,7 @@ def _run(options: Options, backend: str) -> Figures:
                     wait_for(lambda: ws.jobs_settled(2 * len(written)), 600, "the good checkpoints so far")
                     assert ws.supervisor is not None
                     ws.fault("daemon restart (SIGTERM) with the poison present", "daemon.ready")
-                    ws.supervisor.kill(signal.SIGTERM)
-                    wait_for(lambda: ws.supervisor.pid if ws.supervisor else None, 60, "the restart")
-                    ws.supervisor.wait_ready()
+                    restart(ws.supervisor)
                 checkpoints.write(root, step)
                 written[f"step_{step}"] = datetime.now(UTC)
                 time.sleep(2.0)
@@ -196,6 +195,15 @@ def _run(options: Options, backend: str) -> Figures:
         ws.finish(figures, expected)
         count_poison(figures, ws, root, written)
         return figures
+
+
+def restart(supervisor: Supervisor) -> None:
+    """SIGTERM the daemon as a planned fault; returns once the next one is ready (the old one says ready
+    in its own log until it has gone, so the start is waited for first)."""
+    before = supervisor.starts
+    supervisor.kill(signal.SIGTERM)
+    wait_for(lambda: supervisor.starts > before, 120, "the daemon to be started again")
+    supervisor.wait_ready()
 
 
 def count_poison(figures: Figures, ws: Workspace, root: Path, written: dict[str, datetime]) -> None:
