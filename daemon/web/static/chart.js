@@ -83,14 +83,15 @@ function domains(model) {
 }
 
 /**
- * Draws ``model`` into ``card``'s svg.plot. model: {key, xmode, ylog, outliers, zoom, xTitle, yTitle,
+ * Draws ``model`` into ``card``'s svg.plot. model: {key, width, xmode, ylog, outliers, zoom, xTitle, yTitle,
  * traces: [{id, name, color, kind: run|group|member, run, count, points: [{x, step, y, raw, se, n, lo, hi}],
  * best}], alerts: [{x, xLast, state, step, lastStep, run, title}]}. handlers: {onZoom(zoom|null),
  * onPick(run, step)}. Returns what was drawn (domains and tick labels), also left on the svg's dataset.
  */
 export function drawChart(card, model, handlers) {
   const svg = card.querySelector("svg.plot");
-  const width = Math.max(240, Math.floor(svg.parentElement.getBoundingClientRect().width));
+  // The width is measured by the caller for every card at once (one layout, not one per chart).
+  const width = Math.max(240, Math.floor(model.width ?? svg.parentElement.getBoundingClientRect().width));
   const height = width < 480 ? 220 : 250;
   for (const [k, v] of Object.entries({ width, height, viewBox: `0 0 ${width} ${height}`, "font-family": FONT })) svg.setAttribute(k, v);
   svg.replaceChildren();
@@ -143,10 +144,16 @@ export function drawChart(card, model, handlers) {
   text(svg, left + plotW / 2, height - 6, model.xTitle, { "text-anchor": "middle", fill: INK, class: "axis-title x" });
   text(svg, 0, 0, model.yTitle, { "text-anchor": "middle", fill: INK, class: "axis-title y", transform: `translate(12 ${top + plotH / 2}) rotate(-90)` });
 
-  const clipId = `clip-${++clipIds}`;
-  const clip = el("clipPath", { id: clipId }, el("defs", {}, svg));
-  el("rect", { x: left, y: top - 6, width: plotW, height: plotH + 12 }, clip);
-  const body = el("g", { "clip-path": `url(#${clipId})` }, svg);
+  // Clipped to the plot only when something can lie outside it (a zoom, outliers off the scale): clipping
+  // long paths costs the browser's painting.
+  let clipRef = null;
+  if (model.zoom || model.outliers) {
+    const clipId = `clip-${++clipIds}`;
+    const clip = el("clipPath", { id: clipId }, el("defs", {}, svg));
+    el("rect", { x: left, y: top - 6, width: plotW, height: plotH + 12 }, clip);
+    clipRef = `url(#${clipId})`;
+  }
+  const body = el("g", { "clip-path": clipRef }, svg);
   const visible = (p) => Number.isFinite(p.y) && (!ylog || p.y > 0);
   const inX = (x) => x >= dom.x[0] && x <= dom.x[1];
 

@@ -398,10 +398,15 @@ function linesOf(meta) {
   return lines;
 }
 
-// The run's first result time: relative time counts from it.
+// The run's first result time: relative time counts from it. Kept per loaded series list (every chart of
+// the run asks).
+const starts = new WeakMap();
 function startOf(run) {
+  const list = state.series[run] || [];
+  if (starts.has(list)) return starts.get(list);
   let t0 = Infinity;
-  for (const s of state.series[run] || []) for (const t of s.time || []) if (t !== null && t < t0) t0 = t;
+  for (const s of list) for (const t of s.time || []) if (t !== null && t < t0) t0 = t;
+  starts.set(list, t0);
   return t0;
 }
 
@@ -515,8 +520,8 @@ function legendItems(model) {
   });
 }
 
-function drawCard(node, meta) {
-  const model = chartModel(meta);
+function drawCard(node, meta, width) {
+  const model = { ...chartModel(meta), width };
   const drawn = drawChart(node, model, {
     onZoom: (zoom) => setZoom(meta.key, zoom),
     onPick: (run, step) => openDetail(run, step, meta.task),
@@ -550,11 +555,16 @@ function render() {
   const keys = chartKeys();
   const wanted = new Set(keys.map((m) => m.key));
   const existing = new Map([...box.querySelectorAll(".chart")].map((c) => [c.dataset.chart, c]));
-  for (const [key, node] of existing) if (!wanted.has(key)) node.remove();
+  for (const [key, node] of existing) {
+    if (wanted.has(key)) continue;
+    sized.unobserve(node.querySelector(".plot-box"));
+    node.remove();
+  }
   $("charts-empty").hidden = keys.length > 0;
   $("charts-empty").textContent = state.selected.length
     ? (state.filter ? "No chart matches the filter." : "No results yet for the selected runs.")
     : state.runs.length ? "No run shown: tick one in the run table." : "No runs in the database yet.";
+  const placed = [];
   for (const [section] of SECTIONS) {
     const part = box.querySelector(`section[data-section="${section}"]`);
     const metas = keys.filter((m) => (state.pins.includes(m.key) ? "pinned" : sectionOf(m.metric)) === section);
@@ -562,14 +572,41 @@ function render() {
     part.classList.toggle("folded", !!state.folded[section]);
     part.querySelector(".count").textContent = `${metas.length} chart${metas.length === 1 ? "" : "s"}`;
     const grid = part.querySelector(".grid");
-    for (const meta of metas) {
+    metas.forEach((meta, i) => {
       const node = existing.get(meta.key) || card(meta);
       node.dataset.section = section;
-      grid.appendChild(node); // (re)placed in key order: a chart drawn early keeps its place among the rest
-      if (!state.folded[section]) drawCard(node, meta);
-    }
+      // (Re)placed in key order, moved only when out of place (a move makes the page lay out again).
+      if (grid.children[i] !== node) grid.insertBefore(node, grid.children[i] ?? null);
+      if (!state.folded[section]) placed.push([node, meta]);
+    });
   }
+  // A card's width is known from its ResizeObserver; a new one is measured, all in one layout, while its
+  // chart is still empty (a forced layout of twenty drawn charts cost more than drawing them).
+  const fresh = placed.filter(([node]) => node._width === undefined);
+  const widths = fresh.map(([node]) => node.querySelector(".plot-box").getBoundingClientRect().width);
+  fresh.forEach(([node], i) => { node._width = widths[i]; sized.observe(node.querySelector(".plot-box")); });
+  for (const [node, meta] of placed) drawCard(node, meta, node._width);
 }
+
+// Charts are drawn at their card's width: a card whose width changes (window, detail panel) is redrawn.
+const sized = new ResizeObserver((entries) => {
+  const changed = [];
+  for (const entry of entries) {
+    const node = entry.target.closest(".chart");
+    const w = entry.contentRect.width;
+    if (!node || Math.abs(w - (node._width ?? -1)) < 0.5) continue;
+    node._width = w;
+    changed.push(node);
+  }
+  if (!changed.length) return;
+  requestAnimationFrame(() => {
+    for (const node of changed) {
+      if (!node.isConnected) continue;
+      const meta = chartKeys().find((m) => m.key === node.dataset.chart);
+      if (meta && !state.folded[node.dataset.section]) drawCard(node, meta, node._width);
+    }
+  });
+});
 
 function sections() {
   const box = $("charts");
@@ -762,15 +799,6 @@ function wire() {
   $("detail-task").addEventListener("change", () => loadSamples());
   $("close-detail").addEventListener("click", closeDetail);
   document.addEventListener("keydown", (e) => { if (e.key === "Escape" && state.detail) closeDetail(); });
-  // Charts are drawn at their card's width: redrawn when it changes (window, detail panel).
-  let width = 0, frame = 0;
-  new ResizeObserver((entries) => {
-    const w = Math.round(entries[0].contentRect.width);
-    if (w === width) return;
-    width = w;
-    cancelAnimationFrame(frame);
-    frame = requestAnimationFrame(() => render());
-  }).observe($("charts"));
 }
 
 async function start() {
