@@ -501,6 +501,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             jobs = queries.job_rows(session)
             plans = scheduling.plan_rows(session)
             stored = scheduling.schedules(session)
+            ignored = queries.ignored_rows(session)
+            alternates = queries.alternate_rows(session)
     finally:
         database.dispose()
     schedules = {
@@ -509,7 +511,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         if run.name in stored
     }
     names = [r.name for r in config.runs]
-    runs = report.status(checkpoints, jobs, names, plans, schedules, config.inference.max_attempts)
+    runs = report.status(
+        checkpoints, jobs, names, plans, schedules, config.inference.max_attempts, ignored, alternates
+    )
     # The thresholds as they stand now, read the way the daemon reads them before starting a job.
     probe = resource_probe(config)
     check = probe.check() if probe is not None else None

@@ -14,7 +14,17 @@ from typing import Any, Literal
 from daemon.curves import Comparison, Difference
 from daemon.scheduling.resources import Check
 from storage import alerting
-from storage.queries import AttemptRow, CheckpointRow, JobRow, JobSamples, ProblemRow, ResultRow, SampleRow
+from storage.queries import (
+    AlternateRow,
+    AttemptRow,
+    CheckpointRow,
+    IgnoredRow,
+    JobRow,
+    JobSamples,
+    ProblemRow,
+    ResultRow,
+    SampleRow,
+)
 from storage.scheduling import PlanRow
 
 Format = Literal["table", "json", "csv"]
@@ -99,10 +109,13 @@ def status(
     plans: Sequence[PlanRow] = (),
     schedules: Mapping[str, Mapping[str, Any]] | None = None,
     max_attempts: int | None = None,
+    ignored: Sequence[IgnoredRow] = (),
+    alternates: Sequence[AlternateRow] = (),
 ) -> dict[str, Any]:
     """Per run: counts by state, the frequency and when the next checkpoint is due, the queue by
     priority, every deferred job, waiting and skipped checkpoint with its reason, and every job that is
-    being retried or failed with its attempts (of ``max_attempts``) and its last error."""
+    being retried or failed with its attempts (of ``max_attempts``) and its last error; the folders
+    discovery did not take, with why, and the other shapes of evaluated steps (alternates)."""
     out: dict[str, Any] = {}
     for run in runs:
         run_checkpoints = [c for c in checkpoints if c.run == run]
@@ -183,6 +196,10 @@ def status(
                 {"job": j.id, "step": j.step, "task": j.task, "stage": j.stage, "inputs": j.problems}
                 for j in run_jobs
                 if j.problems
+            ],
+            "ignored": [{"folder": i.name, "reason": i.reason} for i in ignored if i.run == run],
+            "alternates": [
+                {"folder": a.name, "layout": a.layout, "of": a.of} for a in alternates if a.run == run
             ],
         }
     return out
@@ -316,6 +333,13 @@ def status_text(summary: Mapping[str, Any]) -> str:
             where = f"step {_cell(job['step'])} [{job['task']}/{job['stage']}] (job {job['job']})"
             lines.append(
                 f"  left out:    {where}: {job['inputs']} input(s) with problems (see `evald samples`)"
+            )
+        for folder in info.get("ignored", []):
+            lines.append(f"  ignored:     {folder['folder']}: {folder['reason']}")
+        for alternate in info.get("alternates", []):
+            lines.append(
+                f"  alternate:   {alternate['folder']} ({alternate['layout']}): the same step as "
+                f"{alternate['of']}, which is evaluated instead"
             )
     return "\n".join(lines)
 

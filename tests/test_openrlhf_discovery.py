@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import structlog
 
+from daemon import report
 from daemon.config import RunConfig, SchedulingConfig
 from daemon.scheduling.planner import Planner
 from daemon.watching import alternates, refusals
@@ -125,9 +126,25 @@ def test_every_checkpoint_is_found_beside_what_tools_leave_and_what_is_not_taken
     assert not [
         e for e in captured if e["log_level"] in ("warning", "error") and e["event"] != "folder.ignored"
     ]
+    # evald status names them per run (the rendering cmd_status prints).
     with database.session() as s:
-        shown = [(r.run, r.name, r.reason) for r in queries.ignored_rows(s)]
-    assert [name for _, name, _ in shown] == ["tmp-checkpoint-3", "wandb/run-20261201_120000-ab12cd34"]
+        summary = report.status(
+            queries.checkpoint_rows(s),
+            queries.job_rows(s),
+            ["r"],
+            ignored=queries.ignored_rows(s),
+            alternates=queries.alternate_rows(s),
+        )
+    assert [i["folder"] for i in summary["r"]["ignored"]] == [
+        "tmp-checkpoint-3",
+        "wandb/run-20261201_120000-ab12cd34",
+    ]
+    text = report.status_text(summary).splitlines()
+    assert f"  ignored:     tmp-checkpoint-3: {refusals.IGNORED_NAME}" in text
+    assert (
+        "  alternate:   _actor/global_step2 (openrlhf): the same step as global_step2_hf, which is "
+        "evaluated instead"
+    ) in text
 
     # A restart finds everything recorded: nothing new, nothing said again.
     again, clock = _discovery(database, root, written)
