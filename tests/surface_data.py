@@ -131,7 +131,8 @@ def store(database: Database) -> None:
                     rule=seed.rule,
                     severity="warning",
                     state=seed.state,
-                    step=seed.step,
+                    first_step=seed.step,
+                    last_step=seed.step,
                     message=f"{seed.rule} at step {seed.step}",
                     resolved_at=datetime.now(UTC) if seed.state == AlertState.RESOLVED else None,
                 )
