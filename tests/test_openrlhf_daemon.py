@@ -1,0 +1,79 @@
+"""OpenRLHF end to end (issue 23): its two save paths, written by the real DeepSpeed engine (ZeRO-3, two
+ranks), watched by a live ``evald run``: each step is evaluated once (in its HF export, the default
+preference), the engine tag is recorded as its alternate, and ``evald eval`` on the engine's save_dir
+(``_actor``, which holds ``latest``) follows ``latest`` and scores exactly what the daemon stored."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from storage import queries
+from tests.harness import (
+    all_jobs_done,
+    evald,
+    jobs,
+    running_daemon,
+    upgraded,
+    wait_for,
+    write_config,
+    write_dataset,
+)
+from tests.writers.launch import deepspeed_run
+
+pytestmark = pytest.mark.slow
+
+SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")
+
+
+def _save_step(written: Path, root: Path, step: int) -> None:
+    """What OpenRLHF's ``save_checkpoint`` leaves for one step, in its order: the engine tag (shards,
+    DeepSpeed's scripts, ``latest``), then ``strategy.save_model``'s ``global_stepN_hf``."""
+    actor = root / "_actor"
+    actor.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(written / "_actor" / f"global_step{step}", actor / f"global_step{step}")
+    for script in SCRIPTS:
+        shutil.copy2(written / "_actor" / script, actor / script)
+    (actor / "latest").write_text(f"global_step{step}")
+    shutil.copytree(written / f"global_step{step}_hf", root / f"global_step{step}_hf")
+
+
+def test_each_openrlhf_step_is_evaluated_once_and_eval_follows_latest(
+    tmp_path: Path, sqlite_url: str
+) -> None:
+    written = deepspeed_run(3, tmp_path / "written" / "ckpt")
+    dataset = write_dataset(tmp_path / "arith.jsonl", 6)
+    database = upgraded(sqlite_url)
+    config = write_config(tmp_path, sqlite_url, dataset=dataset)
+    root = tmp_path / "run"
+    _save_step(written, root, 1)  # there before the start
+    with running_daemon(config, tmp_path / "daemon.log") as daemon:
+        wait_for(lambda: all_jobs_done(database, 1), 180, "step 1 evaluated", daemon.process)
+        _save_step(written, root, 2)  # written while it runs
+        rows = wait_for(lambda: all_jobs_done(database, 2), 180, "step 2 evaluated", daemon.process)
+        assert daemon.stop() == 0
+    assert sorted((j.step, j.state, j.attempts) for j in rows) == [(1, "succeeded", 1), (2, "succeeded", 1)]
+    with database.session() as s:
+        alternates = {a.name: a.of for a in queries.alternate_rows(s)}
+        checkpoints = {c.name: c.state for c in queries.checkpoint_rows(s)}
+        results = queries.result_rows(s)
+    # Step 1 was all there at the start: the HF export is taken. Step 2 arrived shape by shape: whichever
+    # was taken, the other is its alternate.
+    assert checkpoints["global_step1_hf"] == "ready" and "_actor/global_step1" not in checkpoints
+    assert alternates["_actor/global_step1"] == "global_step1_hf"
+    assert len(checkpoints) == 2 and len(alternates) == 2
+    assert {alternates.get("_actor/global_step2"), alternates.get("global_step2_hf")} - {None} <= set(
+        checkpoints
+    )
+    assert sorted(j.step for j in jobs(database)) == [1, 2]
+    step2 = {r.metric: r.value for r in results if r.step == 2}
+
+    done = evald("--config", str(config), "eval", str(root / "_actor"), "--format", "json", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [task] = json.loads(done.stdout)["tasks"]
+    assert task["metrics"]["accuracy"] == step2["accuracy"]
+    assert task["metrics"]["response_length"] == step2["response_length"]
+    database.dispose()
