@@ -2,8 +2,11 @@
 
 The daemon's threads (the main loop, the alert relay) each report the failures they see; whoever sees the
 first logs ``db.unavailable``. Only the main loop reports success, when a whole pass got through (the
-work that failed included): a read that works while writes still fail (a full disk) is no recovery.
-Then ``db.recovered`` says how long it lasted, so an outage is two lines however many passes it spans.
+work that failed included) and reached the database (while an outage lasts each pass asks it first: an
+idle pass touches none, and once ended the outage while the server was still down, so that the relay's
+next failure logged a second one): a read that works while writes still fail (a full disk) is no
+recovery. Then ``db.recovered`` says how long it lasted, so an outage is two lines however many passes
+and threads it spans. ``up_secs`` is how long the database has answered since: leases are judged on it.
 Retries wait longer each time, up to a cap, with jitter so daemons sharing a server do not all knock at
 once when it comes back.
 """
