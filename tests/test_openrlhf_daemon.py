@@ -1,7 +1,8 @@
 """OpenRLHF end to end (issue 23): its two save paths, written by the real DeepSpeed engine (ZeRO-3, two
 ranks), watched by a live ``evald run``: each step is evaluated once (in its HF export, the default
 preference), the engine tag is recorded as its alternate, and ``evald eval`` on the engine's save_dir
-(``_actor``, which holds ``latest``) follows ``latest`` and scores exactly what the daemon stored."""
+(``_actor``, which holds ``latest``) follows ``latest`` and scores exactly what the daemon stored. The
+same for verl's ``global_step_N/actor`` with ``actor/huggingface``."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from storage import queries
+from tests.cases import verl
 from tests.harness import (
     all_jobs_done,
     evald,
@@ -76,4 +78,28 @@ def test_each_openrlhf_step_is_evaluated_once_and_eval_follows_latest(
     [task] = json.loads(done.stdout)["tasks"]
     assert task["metrics"]["accuracy"] == step2["accuracy"]
     assert task["metrics"]["response_length"] == step2["response_length"]
+    database.dispose()
+
+
+def test_a_verl_step_with_its_huggingface_export_is_one_checkpoint_evaluated_once(
+    tmp_path: Path, sqlite_url: str
+) -> None:
+    """verl saves a step as ``global_step_N/actor/`` (FSDP shards) with ``actor/huggingface/`` inside it
+    (``save_contents`` with ``hf_model``): one checkpoint, one job, nothing ignored or alternate."""
+    case = verl.build(tmp_path / "written")
+    dataset = write_dataset(tmp_path / "arith.jsonl", 6)
+    database = upgraded(sqlite_url)
+    config = write_config(tmp_path, sqlite_url, dataset=dataset)
+    root = tmp_path / "run"
+    with running_daemon(config, tmp_path / "daemon.log") as daemon:
+        for path in case.order:  # in verl's order, the tracker last
+            target = root / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(case.source / path, target)
+        rows = wait_for(lambda: all_jobs_done(database, 1), 180, "the step evaluated", daemon.process)
+        assert daemon.stop() == 0
+    assert [(j.checkpoint, j.step, j.state) for j in rows] == [("global_step_2", 2, "succeeded")]
+    with database.session() as s:
+        assert [(c.name, c.state) for c in queries.checkpoint_rows(s)] == [("global_step_2", "ready")]
+        assert queries.alternate_rows(s) == [] and queries.ignored_rows(s) == []
     database.dispose()
