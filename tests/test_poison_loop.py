@@ -354,7 +354,7 @@ def test_a_checkpoint_the_database_refuses_to_plan_is_skipped_naming_why_and_the
     assert planner.plan() == 2
     with database.session() as session:
         plans = {p.step: (p.plan, p.reason) for p in store.plan_rows(session, "r")}
-        queued = sorted(j.step for j in queries.job_rows(session) if j.state == "pending")
+        queued = sorted(j.step or 0 for j in queries.job_rows(session) if j.state == "pending")
         schedule = store.schedules(session)["r"]
     assert queued == [10, 30]
     assert plans[10][0] == plans[30][0] == "due"
