@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import MutableMapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 import structlog
@@ -197,7 +199,7 @@ def test_an_emptied_recorded_checkpoint_ends_invalid_and_releases_newer_ones(
 # --- poison items: one folder's problem is that folder's, never the scan's (issue 19) ---
 
 
-def _warnings(captured: list[dict[str, object]]) -> list[tuple[str, str]]:
+def _warnings(captured: list[MutableMapping[str, Any]]) -> list[tuple[str, str]]:
     return [
         (str(e["event"]), Path(str(e["path"])).name)
         for e in captured

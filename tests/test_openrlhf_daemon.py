@@ -70,7 +70,7 @@ def test_each_openrlhf_step_is_evaluated_once_and_eval_follows_latest(
     assert {alternates.get("_actor/global_step2"), alternates.get("global_step2_hf")} - {None} <= set(
         checkpoints
     )
-    assert sorted(j.step for j in jobs(database)) == [1, 2]
+    assert sorted(j.step or 0 for j in jobs(database)) == [1, 2]
     step2 = {r.metric: r.value for r in results if r.step == 2}
 
     done = evald("--config", str(config), "eval", str(root / "_actor"), "--format", "json", timeout=300)
