@@ -28,6 +28,7 @@ from pydantic import (
 from daemon import units
 from daemon.errors import ConfigError
 from daemon.scheduling import frequency, resources
+from daemon.trackers.config import TrackerConfig, tracker_problems
 from inference import layouts
 from inference.errors import TaskInvalid
 from inference.metrics import DEFAULT_METRICS, resolve_metrics
@@ -722,6 +723,7 @@ class Config(_Section):
     daemon: DaemonConfig = DaemonConfig()
     alerts: AlertsConfig = AlertsConfig()
     webhooks: tuple[WebhookConfig, ...] = ()
+    trackers: tuple[TrackerConfig, ...] = ()
     web: WebConfig = WebConfig()
 
     @model_validator(mode="before")
@@ -771,7 +773,8 @@ class Config(_Section):
                 problems.extend(self._adaptive_problems(f"runs[{i}].adaptive", run))
         secrets = {self.web.token_env: "web.token_env"} | {
             w.secret_env: f"webhooks[{j}].secret_env" for j, w in enumerate(self.webhooks) if w.secret_env
-        }
+        } | {t.token_env: f"trackers[{j}].token_env" for j, t in enumerate(self.trackers) if t.token_env}
+        problems.extend(tracker_problems(self.trackers, {r.name for r in self.runs}))
         for i, name in enumerate(self.inference.worker_env):
             if name in secrets:
                 problems.append(

@@ -99,6 +99,28 @@ def enqueue(
     session.flush()
 
 
+def enqueue_message(session: Session, *, run_id: int, endpoint: str, event_id: str, body: str) -> bool:
+    """A message that belongs to no alert (a tracker's: endpoint ``tracker:<name>``), keyed by a stable
+    ``event_id``: one already queued (a backfill of what was sent live) is not queued twice. Returns
+    whether it was queued."""
+    if session.scalar(select(OutboxMessage.id).where(OutboxMessage.event_id == event_id)) is not None:
+        return False
+    now = utcnow()
+    session.add(
+        OutboxMessage(
+            alert_id=None,
+            run_id=run_id,
+            endpoint=endpoint,
+            event_id=event_id,
+            body=body,
+            next_attempt_at=now,
+            created_at=now,
+        )
+    )
+    session.flush()
+    return True
+
+
 @dataclass(frozen=True)
 class Due:
     id: int

@@ -402,7 +402,8 @@ class OutboxMessage(Base):
     __table_args__ = (Index("ix_alert_outbox_state_next", "state", "next_attempt_at"),)
 
     id: Mapped[int] = mapped_column(primary_key=True)
-    alert_id: Mapped[int] = mapped_column(ForeignKey("alerts.id", ondelete="CASCADE"), index=True)
+    #: None: a tracker's message (endpoint ``tracker:<name>``), which belongs to no alert.
+    alert_id: Mapped[int | None] = mapped_column(ForeignKey("alerts.id", ondelete="CASCADE"), index=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
     endpoint: Mapped[str] = mapped_column(String(200))
     event_id: Mapped[str] = mapped_column(String(64), unique=True)

@@ -1,0 +1,1 @@
+"""Trackers: results delivered to MLflow, W&B and TensorBoard through the outbox (see config.py)."""
