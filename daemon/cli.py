@@ -419,6 +419,24 @@ def cmd_export_tensorboard(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export_tracker(args: argparse.Namespace) -> int:
+    """``evald export mlflow|wandb|tensorboard --run R``: the run's stored results sent to a tracker."""
+    from daemon.trackers.backfill import backfill, pick_tracker
+
+    config = _load(args)
+    tracker = pick_tracker(config, args.export_command, args.tracker)
+    database = _open_current(config)
+    try:
+        done = backfill(database, tracker, run=args.run, environ=os.environ)
+    finally:
+        database.dispose()
+    print(
+        f"{done.tracker}: {done.evaluations} evaluation(s) of {args.run}: {done.queued} queued, "
+        f"{done.sent} sent, {done.already} already there, {done.pending} still pending; {done.where}"
+    )
+    return 0 if done.pending == 0 else 1
+
+
 def cmd_export_lm_eval(args: argparse.Namespace) -> int:
     from daemon.export.lm_eval import Checkpoint, ExportError, lm_eval_results, write
     from storage.queries.exports import evaluated_checkpoints
@@ -769,6 +787,13 @@ def build_parser() -> argparse.ArgumentParser:
     lm_eval.add_argument("--step", type=int, required=True, help="the checkpoint's step")
     lm_eval.add_argument("--out", help="the JSON file to write (default: standard output)")
     lm_eval.set_defaults(func=cmd_export_lm_eval)
+    for kind in ("mlflow", "wandb"):
+        tracker = export_commands.add_parser(
+            kind, help=f"send a run's stored results to the [[trackers]] {kind} (idempotent backfill)"
+        )
+        tracker.add_argument("--run", required=True)
+        tracker.add_argument("--tracker", help="the tracker's name, when several of this kind are configured")
+        tracker.set_defaults(func=cmd_export_tracker)
 
     webhook = commands.add_parser("webhook", help="webhook tools")
     webhook_commands = webhook.add_subparsers(dest="webhook_command", required=True)

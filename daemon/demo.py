@@ -143,7 +143,21 @@ def write_workspace(workdir: Path, receiver_url: str = "http://127.0.0.1:9/hook"
         ),
         encoding="utf-8",
     )
+    # [[trackers]] tables a user left in the workspace (trackers.toml): the demo's results go there too.
+    extra = workdir / "trackers.toml"
+    if extra.is_file():
+        with config.open("a", encoding="utf-8") as out:
+            out.write("\n" + extra.read_text(encoding="utf-8"))
     return config
+
+
+def _tracker_lines(config_path: Path, database: Database) -> list[str]:
+    """Where the results went besides evald's database, when the workspace configures trackers."""
+    from daemon.config import load_config
+    from daemon.trackers.report import destinations
+
+    trackers = load_config(config_path).trackers
+    return destinations(database, trackers) if trackers else []
 
 
 def _terminal_jobs(database: Database) -> tuple[int, list[queries.JobRow]]:
@@ -307,6 +321,8 @@ def _evaluate(
             what = f"{alert['state']} {alert['rule']} on {alert['metric']}"
             print(f"  step {alert['step']}: {what} ({got}, {seal})")
         print(f"\nresults: evald --config {config_path} results")
+        for line in _tracker_lines(config_path, database):
+            print(line)
         print(f"alerts: evald --config {config_path} alerts")
         if grouped:
             (_run, step, _name, task), _ = list(grouped.items())[-1]

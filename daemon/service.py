@@ -38,7 +38,7 @@ from sqlalchemy.orm import Session
 
 from daemon.alerts.errors import AlertError
 from daemon.alerts.lifecycle import Alerter
-from daemon.alerts.relay import Relay, endpoints
+from daemon.alerts.relay import Relay, endpoints, trackers
 from daemon.config import Config, RunConfig
 from daemon.errors import ConfigError, EvaldError
 from daemon.notify import SystemdNotifier
@@ -363,8 +363,13 @@ class Service:
         discovery = Discovery(self.database, watched, config.scheduling, after_ready=planner.plan)
         # Secrets are loaded before anything starts: a missing one stops the start (or the reload).
         relay = (
-            Relay(self.database, endpoints(config, os.environ), outage=self.outage)
-            if config.webhooks
+            Relay(
+                self.database,
+                endpoints(config, os.environ),
+                outage=self.outage,
+                trackers=trackers(self.database, config, os.environ),
+            )
+            if config.webhooks or config.trackers
             else None
         )
         alerter = Alerter(config, wake=relay.wake if relay is not None else lambda: None)

@@ -26,6 +26,7 @@ from daemon.anomaly.rules import threshold
 from daemon.anomaly.series import difference_noise
 from daemon.config import Config
 from daemon.scheduling import stages
+from daemon.trackers.queue import TrackerQueue
 from inference.metrics import higher_is_better
 from storage import alerting, queries
 from storage.models import Alert, AlertState, utcnow
@@ -120,6 +121,8 @@ class Alerter:
         self._settings = config.alerts.settings()
         self._wake = wake
         self._feedback: dict[str, dict[str, Any]] = {}
+        #: ``[[trackers]]``: each result's message queued beside its alerts, in the same transaction.
+        self._trackers = TrackerQueue(config.trackers)
 
     def direction(self, metric: str) -> bool | None:
         override = self._config.alerts.directions.get(metric)
@@ -135,6 +138,7 @@ class Alerter:
         A failure is logged and undone (a savepoint): the result itself still commits."""
         # What a transaction that never committed computed must not be written after the next one.
         self._feedback = {}
+        self._trackers.after_result(session, job_id=job.id, run=job.run, run_id=job.run_id)
         try:
             with session.begin_nested():
                 return self._after_result(session, job, tp_disagreed)

@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import structlog
@@ -35,6 +35,9 @@ from storage import alerting
 from storage.database import Database
 from storage.errors import DatabaseUnreachable
 from storage.models import utcnow
+
+if TYPE_CHECKING:
+    from daemon.trackers.relay import TrackerRelay
 
 log = structlog.get_logger("daemon.alerts.relay")
 
@@ -71,6 +74,15 @@ def endpoints(config: Config, environ: Mapping[str, str]) -> list[Endpoint]:
         )
         found.append(Endpoint(webhook, secret))
     return found
+
+
+def trackers(database: Database, config: Config, environ: Mapping[str, str]) -> TrackerRelay | None:
+    """``[[trackers]]``' relay threads (None without trackers); the libraries load in their threads."""
+    if not config.trackers:
+        return None
+    from daemon.trackers.relay import TrackerRelay
+
+    return TrackerRelay(database, config.trackers, environ)
 
 
 def backoff(attempts: int, cap: float, rng: random.Random) -> float:
@@ -188,8 +200,11 @@ class Relay:
         *,
         rng: random.Random | None = None,
         outage: Outage | None = None,
+        trackers: TrackerRelay | None = None,
     ) -> None:
         self._db = database
+        #: ``[[trackers]]``' threads, started, woken and stopped with this relay.
+        self._trackers = trackers
         #: Shared with the main loop: an outage is logged once, not once per pass of each thread.
         self._outage = outage
         self._targets = list(targets)
@@ -211,10 +226,14 @@ class Relay:
         self._thread = threading.Thread(target=self._run, name="evald-relay", daemon=True)
         self._thread.start()
         self._started.wait(10)
+        if self._trackers is not None:
+            self._trackers.start()
         return self
 
     def wake(self) -> None:
         """Look at the outbox now (a result's alerts were just committed)."""
+        if self._trackers is not None:
+            self._trackers.wake()
         loop = self._loop
         if loop is not None and not loop.is_closed():
             for event in self._events.values():
@@ -225,6 +244,8 @@ class Relay:
         self.wake()
         if self._thread is not None:
             self._thread.join(timeout)
+        if self._trackers is not None:
+            self._trackers.stop(timeout)
 
     def _run(self) -> None:
         asyncio.run(self._main())
@@ -348,4 +369,4 @@ class Relay:
         return Outcome(delivered=False)
 
 
-__all__ = ["Endpoint", "Relay", "backoff", "endpoints", "message", "retry_after", "send_test"]
+__all__ = ["Endpoint", "Relay", "backoff", "endpoints", "message", "retry_after", "send_test", "trackers"]

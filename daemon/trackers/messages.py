@@ -1,0 +1,145 @@
+"""What a tracker is sent: one evaluation's results (and a bounded sample table), as stored.
+
+A message is built in the transaction that stores the result (or, for a backfill, from what is stored) and
+queued in the outbox under a stable id: ``tracker:<name>`` and the job id give the same id every time, so a
+backfill of what was already sent live queues nothing, and a sink that records delivered ids logs nothing
+twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from storage.models import Checkpoint, EvalJob, JobState, Result, Run, Sample
+
+#: The stage whose values carry the plain key; a quick-subset value is ``eval/<task>/quick/<metric>``.
+FULL_STAGE = "full"
+
+
+@dataclass(frozen=True)
+class MetricValue:
+    name: str
+    value: float
+    stderr: float | None
+    n: int | None
+
+
+@dataclass(frozen=True)
+class SampleEntry:
+    prompt: str
+    response: str
+    reference: str
+    #: None: not graded (an lm-eval perplexity sample).
+    correct: bool | None
+
+
+@dataclass(frozen=True)
+class ResultMessage:
+    run: str
+    run_root: str
+    job_id: int
+    task: str
+    stage: str
+    step: int
+    checkpoint: str
+    checkpoint_path: str
+    metrics: tuple[MetricValue, ...]
+    samples: tuple[SampleEntry, ...] = field(default=())
+    kind: str = "result"
+
+    def key(self, metric: str, part: str | None = None) -> str:
+        """``eval/<task>/<metric>`` (``/stderr``, ``/n`` beside it); the quick stage under its own name."""
+        base = f"eval/{self.task}" if self.stage == FULL_STAGE else f"eval/{self.task}/{self.stage}"
+        return f"{base}/{metric}" if part is None else f"{base}/{metric}/{part}"
+
+    def scalars(self) -> list[tuple[str, float]]:
+        """Every value this message logs, by key: each metric, its stderr and n where known."""
+        out: list[tuple[str, float]] = []
+        for m in self.metrics:
+            out.append((self.key(m.name), m.value))
+            if m.stderr is not None and math.isfinite(m.stderr):
+                out.append((self.key(m.name, "stderr"), m.stderr))
+            if m.n is not None:
+                out.append((self.key(m.name, "n"), float(m.n)))
+        return out
+
+    def to_json(self) -> str:
+        # NaN stays NaN (a diverged metric is a fact to show, not to drop): Python's token round-trips.
+        return json.dumps(asdict(self), allow_nan=True)
+
+    @classmethod
+    def from_json(cls, body: str) -> ResultMessage:
+        data: dict[str, Any] = json.loads(body)
+        data["metrics"] = tuple(MetricValue(**m) for m in data["metrics"])
+        data["samples"] = tuple(SampleEntry(**s) for s in data.get("samples", ()))
+        return cls(**data)
+
+
+def event_id(endpoint: str, job_id: int) -> str:
+    """The outbox id of job ``job_id``'s message to ``endpoint``: the same live and in a backfill."""
+    digest = hashlib.sha256(f"{endpoint}|result|{job_id}".encode()).hexdigest()[:40]
+    return f"trk_{digest}"
+
+
+def result_message(session: Session, job_id: int, *, samples: int) -> ResultMessage | None:
+    """Job ``job_id``'s message as stored; None for a job with no step (nothing to plot it at) or not
+    succeeded."""
+    row = session.execute(
+        select(EvalJob, Checkpoint, Run)
+        .join(Checkpoint, EvalJob.checkpoint_id == Checkpoint.id)
+        .join(Run, Checkpoint.run_id == Run.id)
+        .where(EvalJob.id == job_id)
+    ).one_or_none()
+    if row is None:
+        return None
+    job, checkpoint, run = row
+    if checkpoint.step is None or job.state != JobState.SUCCEEDED:
+        return None
+    results = session.scalars(select(Result).where(Result.job_id == job_id).order_by(Result.metric))
+    metrics = tuple(
+        MetricValue(r.metric, math.nan if r.value is None else float(r.value), r.stderr, r.n)
+        for r in results
+        # n = 0 is a metric over no samples: no value to plot.
+        if r.n != 0
+    )
+    table: tuple[SampleEntry, ...] = ()
+    if samples:
+        rows = session.scalars(
+            select(Sample)
+            .where(Sample.job_id == job_id, Sample.error.is_(None))
+            .order_by(Sample.index)
+            .limit(samples)
+        )
+        table = tuple(SampleEntry(s.prompt, s.response, s.reference, s.correct) for s in rows)
+    return ResultMessage(
+        run=run.name,
+        run_root=run.root,
+        job_id=job.id,
+        task=job.task,
+        stage=job.stage,
+        step=checkpoint.step,
+        checkpoint=checkpoint.name,
+        checkpoint_path=checkpoint.path,
+        metrics=metrics,
+        samples=table,
+    )
+
+
+def succeeded_jobs(session: Session, run: str) -> list[int]:
+    """The run's succeeded jobs with a step, oldest first: what a backfill sends."""
+    return list(
+        session.scalars(
+            select(EvalJob.id)
+            .join(Checkpoint, EvalJob.checkpoint_id == Checkpoint.id)
+            .join(Run, Checkpoint.run_id == Run.id)
+            .where(Run.name == run, EvalJob.state == JobState.SUCCEEDED, Checkpoint.step.is_not(None))
+            .order_by(EvalJob.finished_at, EvalJob.id)
+        )
+    )

@@ -1,0 +1,257 @@
+"""The MLflow sink: each evaluation's values logged at the checkpoint's training step.
+
+Keys ``eval/<task>/<metric>`` with ``/stderr`` and ``/n`` beside them, all of one evaluation in one
+``log_batch`` together with the tag ``evald.job.<job id>`` (its task, stage, step and checkpoint path).
+MLflow's ``log_metric`` with a step is not idempotent (the same value twice is two history entries), so
+that tag is the record of what was delivered: a message whose tag is on the run is not logged again, and
+the server writes the batch's metrics and tag in one transaction, so none can be there without the other.
+
+The run is the trainer's where it can be found (``run_ids`` in the tracker's config, else the newest run
+under ``<run root>/mlruns``), checked to exist; else one own run per evald run, found again by its
+``evald.run`` tag after a restart. ``mlflow`` is imported here only: it is an optional extra.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from daemon.trackers.base import TrackerRefused, TrackerRejected, TrackerUnavailable
+from daemon.trackers.config import TrackerConfig
+from daemon.trackers.messages import ResultMessage
+
+log = structlog.get_logger("daemon.trackers.mlflow")
+
+#: The per-job delivery tag's prefix: its presence on the run means the job's values are there.
+JOB_TAG = "evald.job."
+RUN_TAG = "evald.run"
+#: MLflow's limit on a tag's value.
+TAG_CHARS = 5000
+
+
+def trainer_run_on_disk(root: Path) -> str | None:
+    """The newest run id a trainer's local MLflow file store left under ``root/mlruns``."""
+    newest: tuple[float, str] | None = None
+    for meta in root.glob("mlruns/*/*/meta.yaml"):
+        try:
+            text = meta.read_text(encoding="utf-8")
+            mtime = meta.stat().st_mtime
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith("run_id:"):
+                run_id = line.split(":", 1)[1].strip().strip("'\"")
+                if run_id and (newest is None or mtime > newest[0]):
+                    newest = (mtime, run_id)
+    return None if newest is None else newest[1]
+
+
+def _classify(exc: Exception, doing: str) -> Exception:
+    """MLflow's error as the relay's: refused credentials pause, a bad message is given up, the rest
+    is tried again."""
+    from mlflow.exceptions import MlflowException
+
+    if isinstance(exc, MlflowException):
+        status = exc.get_http_status_code()  # type: ignore[no-untyped-call]
+        text = str(exc).splitlines()[0][:300]
+        if status in (401, 403):
+            return TrackerRefused(f"{doing}: credentials refused (HTTP {status}): {text}")
+        if status == 400 and "INVALID_PARAMETER_VALUE" in exc.error_code and doing.startswith("log"):
+            return TrackerRejected(f"{doing}: {text}")
+        return TrackerUnavailable(f"{doing}: {text}")
+    return TrackerUnavailable(f"{doing}: {type(exc).__name__}: {str(exc)[:300]}")
+
+
+class MlflowSink:
+    def __init__(self, config: TrackerConfig, environ: Mapping[str, str]) -> None:
+        # No retries inside MLflow's client (its default backs off for minutes): the relay retries, with
+        # the outbox keeping the message, and one call must end within the tracker's timeout.
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(max(1, int(config.timeout_secs))))
+        self.name = config.name
+        self._config = config
+        self._uri = config.tracking_uri or ""
+        token = environ.get(config.token_env, "") if config.token_env else ""
+        self._store = self._make_store(token or None)
+        #: evald run -> MLflow run id, and each MLflow run's delivered job tags.
+        self._runs: dict[str, str] = {}
+        self._delivered: dict[str, set[str]] = {}
+        self._experiment_id: str | None = None
+
+    def _make_store(self, token: str | None) -> Any:
+        if self._uri.startswith(("http://", "https://")):
+            from mlflow.store.tracking.rest_store import RestStore
+            from mlflow.utils.rest_utils import MlflowHostCreds
+
+            # The token goes in this store's credentials only: not into the environment, where MLflow
+            # would look for it, and from where nothing may pass it on.
+            creds = MlflowHostCreds(self._uri, token=token)  # type: ignore[no-untyped-call]
+            return RestStore(lambda: creds)  # type: ignore[no-untyped-call]
+        from mlflow.tracking._tracking_service.utils import _get_store
+
+        return _get_store(self._uri)  # type: ignore[no-untyped-call]
+
+    def where(self, run: str) -> str:
+        run_id = self._runs.get(run)
+        base = self._uri.rstrip("/")
+        if run_id is None or self._experiment_id is None:
+            return f"MLflow {base} (experiment {self._config.experiment})"
+        return f"MLflow {base}/#/experiments/{self._experiment_id}/runs/{run_id}"
+
+    def close(self) -> None:
+        self._runs.clear()
+        self._delivered.clear()
+
+    def run_id(self, message: ResultMessage) -> str:
+        """The MLflow run ``message``'s evald run logs into (found or created once per sink)."""
+        known = self._runs.get(message.run)
+        if known is not None:
+            return known
+        run_id = None
+        if self._config.attach == "trainer":
+            run_id = self._trainer_run(message)
+        if run_id is None:
+            run_id = self._own_run(message)
+        self._runs[message.run] = run_id
+        self._delivered[run_id] = self._delivered_tags(run_id)
+        return run_id
+
+    def _trainer_run(self, message: ResultMessage) -> str | None:
+        from mlflow.exceptions import MlflowException
+
+        candidate = self._config.run_ids.get(message.run) or trainer_run_on_disk(Path(message.run_root))
+        if candidate is None:
+            return None
+        try:
+            run = self._store.get_run(candidate)
+        except MlflowException as exc:
+            if exc.get_http_status_code() == 404:  # type: ignore[no-untyped-call]
+                log.warning(
+                    "tracker.trainer_run_missing",
+                    tracker=self.name,
+                    run=message.run,
+                    trainer_run=candidate,
+                    detail="the trainer's MLflow run does not exist on this server: logging to an own run",
+                )
+                return None
+            raise _classify(exc, "get the trainer's run") from exc
+        except Exception as exc:
+            raise _classify(exc, "get the trainer's run") from exc
+        if run.info.lifecycle_stage == "deleted":
+            log.warning(
+                "tracker.trainer_run_missing",
+                tracker=self.name,
+                run=message.run,
+                trainer_run=candidate,
+                detail="the trainer's MLflow run is deleted: logging to an own run",
+            )
+            return None
+        self._experiment_id = run.info.experiment_id
+        log.info("tracker.attached", tracker=self.name, run=message.run, trainer_run=candidate)
+        return str(candidate)
+
+    def _experiment(self) -> str:
+        if self._experiment_id is not None:
+            return self._experiment_id
+        try:
+            found = self._store.get_experiment_by_name(self._config.experiment)
+            if found is not None and found.lifecycle_stage != "deleted":
+                self._experiment_id = str(found.experiment_id)
+            else:
+                self._experiment_id = str(self._store.create_experiment(self._config.experiment))
+        except Exception as exc:
+            raise _classify(exc, f"get experiment {self._config.experiment!r}") from exc
+        return self._experiment_id
+
+    def _own_run(self, message: ResultMessage) -> str:
+        from mlflow.entities import RunTag, ViewType
+
+        experiment = self._experiment()
+        try:
+            # Found again after a restart by its tag: one own run per evald run, never a second.
+            found = self._store.search_runs(
+                experiment_ids=[experiment],
+                filter_string=f"tags.`{RUN_TAG}` = '{message.run}'",
+                run_view_type=ViewType.ACTIVE_ONLY,
+                max_results=1,
+            )
+            if found:
+                return str(found[0].info.run_id)
+            run = self._store.create_run(
+                experiment_id=experiment,
+                user_id="evald",
+                start_time=int(time.time() * 1000),
+                tags=[
+                    RunTag(RUN_TAG, message.run),
+                    RunTag("evald.root", message.run_root[:TAG_CHARS]),
+                    RunTag("mlflow.source.name", "evald"),
+                ],
+                run_name=f"evald-{message.run}",
+            )
+        except Exception as exc:
+            raise _classify(exc, f"find or create the run of {message.run!r}") from exc
+        log.info("tracker.own_run", tracker=self.name, run=message.run, mlflow_run=run.info.run_id)
+        return str(run.info.run_id)
+
+    def _delivered_tags(self, run_id: str) -> set[str]:
+        try:
+            run = self._store.get_run(run_id)
+        except Exception as exc:
+            raise _classify(exc, f"read run {run_id}") from exc
+        return {key for key in run.data.tags if key.startswith(JOB_TAG)}
+
+    def deliver(self, event_id: str, message: ResultMessage) -> bool:
+        from mlflow.entities import Metric, RunTag
+
+        run_id = self.run_id(message)
+        tag = f"{JOB_TAG}{message.job_id}"
+        if tag in self._delivered[run_id]:
+            return False
+        stamp = int(time.time() * 1000)
+        metrics = [
+            Metric(key=key, value=value, timestamp=stamp, step=message.step)
+            for key, value in message.scalars()
+        ]
+        facts = {
+            "event_id": event_id,
+            "task": message.task,
+            "stage": message.stage,
+            "step": message.step,
+            "checkpoint": message.checkpoint_path,
+        }
+        tags = [RunTag(tag, json.dumps(facts)[:TAG_CHARS])]
+        try:
+            if message.samples:
+                self._log_samples(run_id, message)
+            self._store.log_batch(run_id, metrics=metrics, params=[], tags=tags)
+        except Exception as exc:
+            error = _classify(exc, "log_batch")
+            if isinstance(error, TrackerUnavailable):
+                # The run may have gone (deleted while we were away): found or made again next time.
+                self._runs.pop(message.run, None)
+            raise error from exc
+        self._delivered[run_id].add(tag)
+        return True
+
+    def _log_samples(self, run_id: str, message: ResultMessage) -> None:
+        """The sample table as a JSON artifact (overwritten, not doubled, when sent again)."""
+        from mlflow.tracking import MlflowClient
+
+        rows = [
+            {
+                "prompt": s.prompt,
+                "response": s.response,
+                "reference": s.reference,
+                "grade": None if s.correct is None else ("correct" if s.correct else "wrong"),
+            }
+            for s in message.samples
+        ]
+        stage = "" if message.stage == "full" else f"_{message.stage}"
+        path = f"evald/samples/{message.task}{stage}/step_{message.step:09d}.json"
+        MlflowClient(tracking_uri=self._uri).log_dict(run_id, {"step": message.step, "rows": rows}, path)

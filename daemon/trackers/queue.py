@@ -1,0 +1,55 @@
+"""Tracker messages queued in the result's transaction: a result is never stored without its messages,
+nor a message queued for a result that did not commit."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import structlog
+from sqlalchemy.orm import Session
+
+from daemon.trackers.config import TrackerConfig
+from daemon.trackers.messages import event_id, result_message
+from storage import alerting
+
+log = structlog.get_logger("daemon.trackers")
+
+
+class TrackerQueue:
+    def __init__(self, trackers: Sequence[TrackerConfig]) -> None:
+        self._trackers = tuple(trackers)
+
+    def __bool__(self) -> bool:
+        return bool(self._trackers)
+
+    def queue(self, session: Session, *, job_id: int, run: str, run_id: int) -> int:
+        """One outbox row per tracker that takes ``run`` for job ``job_id``'s stored results; returns how
+        many were queued (an id queued before, by a backfill say, is not queued again)."""
+        queued = 0
+        for tracker in self._trackers:
+            if not tracker.takes(run):
+                continue
+            message = result_message(session, job_id, samples=tracker.samples)
+            if message is None:
+                continue
+            if alerting.enqueue_message(
+                session,
+                run_id=run_id,
+                endpoint=tracker.endpoint,
+                event_id=event_id(tracker.endpoint, job_id),
+                body=message.to_json(),
+            ):
+                queued += 1
+        return queued
+
+    def after_result(self, session: Session, *, job_id: int, run: str, run_id: int) -> int:
+        """``queue`` in a savepoint: a failure is logged and undone, and the result still commits (the
+        backfill, ``evald export``, sends it later)."""
+        if not self._trackers:
+            return 0
+        try:
+            with session.begin_nested():
+                return self.queue(session, job_id=job_id, run=run, run_id=run_id)
+        except Exception as exc:
+            log.exception("tracker.queue_failed", job_id=job_id, run=run, error=repr(exc))
+            return 0

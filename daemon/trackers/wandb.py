@@ -1,0 +1,163 @@
+"""The W&B sink: each evaluation logged beside the trainer's curves, against its own step metric.
+
+``eval/step`` is the training step of the checkpoint, and every ``eval/*`` key is defined with it as its
+step metric (``define_metric``), so a late or out-of-order checkpoint still plots at its step, whatever
+W&B's own ``_step`` counter says. Values are ``eval/<task>/<metric>`` with ``/stderr`` and ``/n`` beside
+them, ``eval/<task>/job_id`` naming the evald job, and a bounded sample table ``eval/<task>/samples``
+(step, checkpoint path, prompt, response, reference, grade).
+
+The run is the trainer's where its id is found (``run_ids`` in the tracker's config, else W&B's
+``wandb/latest-run`` link under the run root or one folder below it), resumed by id; else one own run
+per evald run, its id derived from the run's name so a restart resumes it. W&B keeps no record a second
+process can read of what was logged, so delivered ids are kept in a ledger file beside W&B's files,
+appended once W&B took the row: a message sent again is not logged again.
+``wandb`` is imported here only: it is an optional extra.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from daemon.trackers.base import TrackerRefused, TrackerUnavailable
+from daemon.trackers.config import TrackerConfig
+from daemon.trackers.messages import ResultMessage
+
+log = structlog.get_logger("daemon.trackers.wandb")
+
+STEP_KEY = "eval/step"
+LEDGER_DIR = "evald-delivered"
+
+
+def own_run_id(run: str) -> str:
+    """A W&B run id for evald run ``run``: the same at every start (so it is resumed, not doubled)."""
+    slug = re.sub(r"[^a-z0-9]+", "-", run.lower()).strip("-")[:40] or "run"
+    return f"evald-{slug}-{hashlib.sha256(run.encode()).hexdigest()[:8]}"
+
+
+def trainer_run_on_disk(root: Path) -> str | None:
+    """The trainer's W&B run id from ``wandb/latest-run`` (``run-<time>-<id>`` or ``offline-run-...``)
+    under ``root`` or a folder below it (verl and OpenRLHF write W&B's folder where they were started)."""
+    for link in [root / "wandb" / "latest-run", *root.glob("*/wandb/latest-run")]:
+        try:
+            target = link.resolve(strict=True)
+        except OSError:
+            continue
+        match = re.fullmatch(r"(?:offline-)?run-\d{8}_\d{6}-([A-Za-z0-9_-]+)", target.name)
+        if match:
+            return match.group(1)
+    return None
+
+
+class WandbSink:
+    def __init__(self, config: TrackerConfig, environ: Mapping[str, str]) -> None:
+        self.name = config.name
+        self._config = config
+        self._api_key = (environ.get(config.token_env, "") if config.token_env else "") or None
+        self._runs: dict[str, Any] = {}
+        self._ledgers: dict[str, set[str]] = {}
+
+    def _dir(self) -> Path:
+        return self._config.dir if self._config.dir is not None else Path.cwd()
+
+    def _ledger_path(self, run_id: str) -> Path:
+        return self._dir() / LEDGER_DIR / f"{run_id}.txt"
+
+    def where(self, run: str) -> str:
+        handle = self._runs.get(run)
+        if self._config.mode == "offline":
+            return f"W&B offline run files under {self._dir() / 'wandb'} (send them with `wandb sync`)"
+        url = getattr(handle, "url", None) if handle is not None else None
+        return f"W&B {url}" if url else f"W&B project {self._config.project}"
+
+    def _open(self, message: ResultMessage) -> Any:
+        handle = self._runs.get(message.run)
+        if handle is not None:
+            return handle
+        import wandb
+
+        run_id = None
+        if self._config.attach == "trainer":
+            run_id = self._config.run_ids.get(message.run) or trainer_run_on_disk(Path(message.run_root))
+            if run_id is not None:
+                log.info("tracker.attached", tracker=self.name, run=message.run, trainer_run=run_id)
+        attached = run_id is not None
+        run_id = run_id or own_run_id(message.run)
+        self._dir().mkdir(parents=True, exist_ok=True)
+        settings = wandb.Settings(
+            mode=self._config.mode,
+            api_key=self._api_key,
+            base_url=self._config.tracking_uri or "https://api.wandb.ai",
+            silent=True,
+            console="off",
+            x_disable_stats=True,
+            init_timeout=max(30.0, self._config.timeout_secs * 3),
+        )
+        try:
+            handle = wandb.init(
+                project=self._config.wandb_project,
+                entity=self._config.entity,
+                id=run_id,
+                resume="allow",
+                dir=str(self._dir()),
+                name=None if attached else f"evald-{message.run}",
+                tags=None if attached else ["evald"],
+                config=None if attached else {"evald_run": message.run, "evald_root": message.run_root},
+                settings=settings,
+                reinit="create_new",
+            )
+        except Exception as exc:
+            text = str(exc)
+            if "401" in text or "403" in text or "API key" in text or "api_key" in text:
+                raise TrackerRefused(f"wandb.init: credentials refused: {text[:300]}") from exc
+            raise TrackerUnavailable(f"wandb.init: {type(exc).__name__}: {text[:300]}") from exc
+        handle.define_metric(STEP_KEY)
+        handle.define_metric("eval/*", step_metric=STEP_KEY)
+        self._runs[message.run] = handle
+        self._ledgers[run_id] = self._read_ledger(run_id)
+        log.info("tracker.wandb_run", tracker=self.name, run=message.run, wandb_run=run_id, attached=attached)
+        return handle
+
+    def _read_ledger(self, run_id: str) -> set[str]:
+        try:
+            return set(self._ledger_path(run_id).read_text(encoding="utf-8").split())
+        except FileNotFoundError:
+            return set()
+
+    def deliver(self, event_id: str, message: ResultMessage) -> bool:
+        import wandb
+
+        handle = self._open(message)
+        ledger = self._ledgers[handle.id]
+        if event_id in ledger:
+            return False
+        row: dict[str, Any] = {STEP_KEY: message.step, **dict(message.scalars())}
+        row[message.key("job_id")] = message.job_id
+        if message.samples:
+            table = wandb.Table(columns=["step", "checkpoint", "prompt", "response", "reference", "grade"])
+            for s in message.samples:
+                grade = "not graded" if s.correct is None else ("correct" if s.correct else "wrong")
+                table.add_data(
+                    message.step, message.checkpoint_path, s.prompt, s.response, s.reference, grade
+                )
+            row[message.key("samples")] = table
+        try:
+            handle.log(row)
+        except Exception as exc:
+            raise TrackerUnavailable(f"log: {type(exc).__name__}: {str(exc)[:300]}") from exc
+        path = self._ledger_path(handle.id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8") as out:
+            out.write(event_id + "\n")
+        ledger.add(event_id)
+        return True
+
+    def close(self) -> None:
+        runs, self._runs = self._runs, {}
+        for handle in runs.values():
+            handle.finish()

@@ -1,0 +1,184 @@
+"""A real MLflow tracking server on loopback for the tracker tests, and a gate in front of it.
+
+The server (``mlflow server``: SQLite backend store, artifacts proxied into a temp folder, a free port) is
+started once per test session and process; it takes tens of seconds to come up on a busy machine. The
+gate is a TCP forwarder on a port of its own: closing it makes the server unreachable for the client
+(connection refused, as a server that is down), opening it again on the same port brings it back, without
+waiting for the server to restart. Without mlflow installed the tests skip with a message, unless
+``EVALD_REQUIRE_MLFLOW=1`` (CI), where they fail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness import free_port
+
+#: A cold start (the store's migrations, the server's imports) on two shared cores.
+START_TIMEOUT_S = 240.0
+
+
+def require_mlflow() -> None:
+    if importlib.util.find_spec("mlflow") is None:
+        message = (
+            "mlflow is not installed (pip install 'evald[mlflow]'); EVALD_REQUIRE_MLFLOW=1 fails instead"
+        )
+        if os.environ.get("EVALD_REQUIRE_MLFLOW") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+@dataclass
+class MlflowServer:
+    uri: str
+    port: int
+    folder: Path
+    process: subprocess.Popen[bytes]
+
+
+def _healthy(uri: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{uri}/health", timeout=2) as answer:
+            return bool(answer.status == 200)
+    except OSError:
+        return False
+
+
+def start_server(folder: Path) -> MlflowServer:
+    folder.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    mlflow = Path(sys.executable).with_name("mlflow")
+    command = [
+        str(mlflow) if mlflow.exists() else shutil.which("mlflow") or "mlflow",
+        "server",
+        "--backend-store-uri",
+        f"sqlite:///{folder / 'mlflow.db'}",
+        "--artifacts-destination",
+        str(folder / "artifacts"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
+    log = (folder / "server.log").open("wb")
+    # A session of its own: the server's workers are ended with it.
+    process = subprocess.Popen(
+        command, stdout=log, stderr=subprocess.STDOUT, cwd=folder, start_new_session=True
+    )
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not _healthy(uri):
+        if process.poll() is not None or time.monotonic() > deadline:
+            stop_server(process)
+            tail = (folder / "server.log").read_text(errors="replace")[-2000:]
+            raise AssertionError(f"mlflow server did not come up on {uri}:\n{tail}")
+        time.sleep(0.5)
+    return MlflowServer(uri, port, folder, process)
+
+
+def stop_server(process: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(20)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(5)
+
+
+class Gate:
+    """A loopback TCP forwarder to ``target_port``: ``close`` refuses connections (and cuts open ones),
+    ``open`` listens again on the same port."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = free_port()
+        self._listener: socket.socket | None = None
+        self._conns: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self.open()
+
+    @property
+    def uri(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def open(self) -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def close(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)
+            listener.close()
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.close()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while chunk := source.recv(65536):
+                sink.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            for s in (source, sink):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+
+def _server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    require_mlflow()
+    server = start_server(tmp_path_factory.mktemp("mlflow-server"))
+    try:
+        yield server
+    finally:
+        stop_server(server.process)
+
+
+def mlflow_server_fixture() -> Any:
+    """The session's server, for a test module to bind: ``mlflow_server = mlflow_server_fixture()``."""
+    return pytest.fixture(scope="session")(_server)

@@ -1,0 +1,319 @@
+"""MLflow as a tracker, against a real ``mlflow server`` on loopback (tests/mlflow_server.py).
+
+Results are stored the way the runner stores them (the job completed, then the alerter's ``after_result``
+in the same transaction, which queues the tracker's message), delivered by the tracker relay's threads,
+and read back through MLflow's own client: every value of ``evald results`` at its step, once.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+from sqlalchemy import func, select
+
+from daemon.alerts.lifecycle import Alerter
+from daemon.cli import main
+from daemon.config import Config, load_config
+from daemon.errors import ConfigError
+from daemon.trackers.relay import TrackerRelay
+from daemon.trackers.report import destinations
+from storage import queries
+from storage.database import Database
+from storage.models import CheckpointState, Delivery, OutboxMessage, OutboxState
+from tests.harness import upgraded, wait_for, write_config, write_dataset
+from tests.mlflow_server import Gate, MlflowServer, mlflow_server_fixture, require_mlflow
+
+mlflow_server = mlflow_server_fixture()
+
+RUN = "toy"
+TASK = "arith"
+
+
+@dataclass
+class Setup:
+    database: Database
+    config: Config
+    config_path: Path
+    alerter: Alerter
+    run_id: int
+    experiment: str
+    uri: str
+
+
+def _setup(
+    tmp_path: Path, uri: str, *, extra: str = "", store_url: str | None = None, kind: str = "mlflow"
+) -> Setup:
+    url = store_url or f"sqlite:///{tmp_path / 'evald.db'}"
+    database = upgraded(url)
+    dataset = write_dataset(tmp_path / "d.jsonl", 2)
+    path = write_config(tmp_path, url, dataset=dataset)
+    experiment = f"exp-{uuid.uuid4().hex[:8]}"
+    with path.open("a") as out:
+        out.write(
+            f"""
+[[trackers]]
+kind = "{kind}"
+{f'tracking_uri = "{uri}"' if uri else ""}
+experiment = "{experiment}"
+max_backoff_secs = 0.5
+timeout_secs = 3
+{extra}
+"""
+        )
+    config = load_config(path)
+    with database.session() as s:
+        run_id = queries.ensure_run(s, RUN, str(config.runs[0].root))
+    return Setup(database, config, path, Alerter(config), run_id, experiment, uri)
+
+
+def store_result(setup: Setup, step: int, metrics: list[queries.MetricRow], stage: str = "full") -> int:
+    """One evaluation stored as the runner stores it: the result and the alerter's work in one
+    transaction, ``after_commit`` after it."""
+    with setup.database.session() as s:
+        checkpoint_id = queries.record_checkpoint(
+            s,
+            run_id=setup.run_id,
+            path=f"{setup.config.runs[0].root}/step_{step}",
+            name=f"step_{step}",
+            step=step,
+            epoch=None,
+            layout="hf",
+            state=CheckpointState.READY,
+        )
+        queries.enqueue_jobs(s, checkpoint_id=checkpoint_id, step=step, tasks=[TASK], stage=stage)
+        job = queries.claim_next_job(s, "h:1")
+        assert job is not None and job.step == step
+        assert queries.complete_job(
+            s, job_id=job.id, owner="h:1", metrics=metrics, samples=[], duration_s=1.0, load_s=0.1
+        )
+        setup.alerter.after_result(s, job)
+    setup.alerter.after_commit()
+    return job.id
+
+
+def metrics_at(step: int) -> list[queries.MetricRow]:
+    return [
+        queries.MetricRow("accuracy", round(step / 1000, 4), 100, 0.05),
+        queries.MetricRow("response_length", 10.0 + step, 100, 1.5),
+    ]
+
+
+def outbox(database: Database) -> dict[str, int]:
+    with database.session() as s:
+        rows = s.execute(
+            select(OutboxMessage.state, func.count())
+            .where(OutboxMessage.endpoint.startswith("tracker:"))
+            .group_by(OutboxMessage.state)
+        ).all()
+    return {state.value: int(n) for state, n in rows}
+
+
+def failed_attempts(database: Database) -> int:
+    with database.session() as s:
+        return int(
+            s.scalar(select(func.count()).select_from(Delivery).where(Delivery.error.is_not(None))) or 0
+        )
+
+
+def delivered(database: Database, n: int) -> bool:
+    return outbox(database).get("delivered", 0) == n
+
+
+def mlflow_run(setup: Setup) -> Any:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(setup.uri)
+    experiment = client.get_experiment_by_name(setup.experiment)
+    assert experiment is not None, f"experiment {setup.experiment} was not created"
+    runs = client.search_runs([experiment.experiment_id])
+    assert len(runs) == 1, f"one own run per evald run, found {len(runs)}"
+    return client, runs[0]
+
+
+def assert_equal_to_results(setup: Setup) -> int:
+    """Every value ``evald results`` lists (and its stderr and n) in MLflow at its step, exactly once."""
+    client, run = mlflow_run(setup)
+    with setup.database.session() as s:
+        rows = queries.result_rows(s, run=RUN)
+    assert rows
+    expected: dict[str, list[tuple[int, float]]] = {}
+    for row in rows:
+        assert row.step is not None
+        base = f"eval/{row.task}" if row.stage == "full" else f"eval/{row.task}/{row.stage}"
+        expected.setdefault(f"{base}/{row.metric}", []).append((row.step, row.value))
+        if row.stderr is not None:
+            expected.setdefault(f"{base}/{row.metric}/stderr", []).append((row.step, row.stderr))
+        if row.n is not None:
+            expected.setdefault(f"{base}/{row.metric}/n", []).append((row.step, float(row.n)))
+    assert set(run.data.metrics) == set(expected)
+    for key, points in expected.items():
+        history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
+        assert history == sorted(points), key
+    return len(rows)
+
+
+@pytest.fixture
+def relay_for() -> Iterator[Any]:
+    relays: list[TrackerRelay] = []
+
+    def start(setup: Setup) -> TrackerRelay:
+        relay = TrackerRelay(setup.database, setup.config.trackers, {}).start()
+        relays.append(relay)
+        # What the service does: the alerter's after_commit wakes the relay.
+        setup.alerter._wake = relay.wake
+        return relay
+
+    yield start
+    for relay in relays:
+        relay.stop()
+
+
+def test_results_read_back_equal_evald_results_once_each(
+    tmp_path: Path, mlflow_server: MlflowServer, relay_for: Any
+) -> None:
+    setup = _setup(tmp_path, mlflow_server.uri, extra='attach = "own"')
+    relay_for(setup)
+    # Out of order (a late checkpoint), and a quick-stage value beside the full one at one step.
+    steps = [10, 30, 20, 40]
+    for step in steps:
+        store_result(setup, step, metrics_at(step))
+    store_result(setup, 40, [queries.MetricRow("accuracy", 0.03, 20, 0.1)], stage="quick")
+    wait_for(lambda: delivered(setup.database, 5), 60, "5 tracker messages delivered")
+    assert assert_equal_to_results(setup) == 9
+    _, run = mlflow_run(setup)
+    tags = {k: json.loads(v) for k, v in run.data.tags.items() if k.startswith("evald.job.")}
+    assert sorted(t["step"] for t in tags.values()) == [10, 20, 30, 40, 40]
+    assert all(t["checkpoint"].endswith(f"step_{t['step']}") for t in tags.values())
+    assert run.data.tags["evald.run"] == RUN
+    assert run.info.run_name == f"evald-{RUN}"
+    # What the demo prints when a tracker is configured.
+    (line,) = destinations(setup.database, setup.config.trackers)
+    assert line == (
+        f"results also went to mlflow: MLflow {setup.uri}, experiment {setup.experiment!r} (own run): "
+        "5 of 5 evaluation(s) delivered"
+    )
+
+
+def test_server_down_during_results_then_back_delivers_all_once(
+    tmp_path: Path, mlflow_server: MlflowServer, relay_for: Any
+) -> None:
+    gate = Gate(mlflow_server.port)
+    setup = _setup(tmp_path, gate.uri, extra='attach = "own"')
+    try:
+        relay_for(setup)
+        store_result(setup, 10, metrics_at(10))
+        wait_for(lambda: delivered(setup.database, 1), 60, "the first message delivered")
+        gate.close()
+        started = time.monotonic()
+        for step in (20, 30, 40):
+            store_result(setup, step, metrics_at(step))
+        # Stored while the server is away: nothing is lost, each is retried (attempts recorded).
+        wait_for(lambda: failed_attempts(setup.database) or None, 30, "a failed attempt recorded")
+        assert outbox(setup.database) == {"delivered": 1, "pending": 3}
+        assert time.monotonic() - started < 30
+        gate.open()
+        wait_for(lambda: delivered(setup.database, 4), 60, "all 4 delivered after the outage")
+        assert assert_equal_to_results(setup) == 8
+    finally:
+        gate.close()
+
+
+def test_a_redelivery_after_a_crash_logs_nothing_twice(
+    tmp_path: Path, mlflow_server: MlflowServer, relay_for: Any
+) -> None:
+    setup = _setup(tmp_path, mlflow_server.uri, extra='attach = "own"')
+    relay = relay_for(setup)
+    for step in (10, 20):
+        store_result(setup, step, metrics_at(step))
+    wait_for(lambda: delivered(setup.database, 2), 60, "2 delivered")
+    relay.stop()
+    # The daemon died after MLflow took the batch and before the outbox said so: both sent again by a
+    # new relay (a new sink: nothing remembered in memory).
+    with setup.database.session() as s:
+        s.execute(
+            OutboxMessage.__table__.update().values(state=OutboxState.PENDING, delivered_at=None)  # type: ignore[attr-defined]
+        )
+    relay_for(setup)
+    wait_for(lambda: delivered(setup.database, 2), 60, "2 delivered again")
+    assert assert_equal_to_results(setup) == 4
+
+
+def test_backfill_twice_logs_nothing_twice(
+    tmp_path: Path, mlflow_server: MlflowServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    setup = _setup(tmp_path, mlflow_server.uri, extra='attach = "own"')
+    # Stored before any tracker was configured: nothing in the outbox.
+    setup.alerter = Alerter(setup.config.model_copy(update={"trackers": ()}))
+    for step in (10, 20, 30):
+        store_result(setup, step, metrics_at(step))
+    assert outbox(setup.database) == {}
+    assert main(["--config", str(setup.config_path), "export", "mlflow", "--run", RUN]) == 0
+    first = capsys.readouterr().out
+    assert "3 sent" in first, first
+    assert main(["--config", str(setup.config_path), "export", "mlflow", "--run", RUN]) == 0
+    second = capsys.readouterr().out
+    assert "0 sent" in second and "3 already there" in second, second
+    assert assert_equal_to_results(setup) == 6
+
+
+def test_trainer_run_attached_and_a_missing_one_falls_back(
+    tmp_path: Path, mlflow_server: MlflowServer, relay_for: Any
+) -> None:
+    require_mlflow()
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(mlflow_server.uri)
+    trainer_exp = client.create_experiment(f"trainer-{uuid.uuid4().hex[:8]}")
+    trainer = client.create_run(trainer_exp, run_name="grpo")
+    client.log_metric(trainer.info.run_id, "reward", 0.5, step=10)
+    setup = _setup(tmp_path, mlflow_server.uri, extra=f'run_ids = {{ toy = "{trainer.info.run_id}" }}')
+    relay_for(setup)
+    store_result(setup, 10, metrics_at(10))
+    wait_for(lambda: delivered(setup.database, 1), 60, "delivered to the trainer's run")
+    run = client.get_run(trainer.info.run_id)
+    assert set(run.data.metrics) >= {"reward", "eval/arith/accuracy"}
+    assert [m.step for m in client.get_metric_history(trainer.info.run_id, "eval/arith/accuracy")] == [10]
+
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    missing = _setup(gone, mlflow_server.uri, extra='run_ids = { toy = "0123456789abcdef0123456789abcdef" }')
+    with structlog.testing.capture_logs() as logs:
+        relay_for(missing)
+        store_result(missing, 10, metrics_at(10))
+        wait_for(lambda: delivered(missing.database, 1), 60, "delivered to an own run")
+    said = [e for e in logs if e["event"] == "tracker.trainer_run_missing"]
+    assert len(said) == 1, logs
+    assert assert_equal_to_results(missing) == 2
+
+
+def test_a_missing_library_is_a_config_error_naming_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # find_spec answers None for a module set to None in sys.modules: mlflow as if not installed.
+    monkeypatch.setitem(sys.modules, "mlflow", None)
+    with pytest.raises(ConfigError) as raised:
+        _setup(tmp_path, "http://127.0.0.1:1")
+    text = str(raised.value)
+    assert "trackers[0]" in text and "pip install 'evald[mlflow]'" in text, text
+
+
+def test_tracker_config_errors_name_the_field(tmp_path: Path) -> None:
+    for extra, expected in (
+        ("colour = 1", "trackers[0].colour: unknown field"),
+        ('token_env = "not a name"', "trackers[0].token_env"),
+        ('runs = ["nope"]', "trackers[0].runs[0]: unknown run 'nope'"),
+    ):
+        folder = tmp_path / uuid.uuid4().hex[:6]
+        folder.mkdir()
+        with pytest.raises(ConfigError) as raised:
+            _setup(folder, "http://127.0.0.1:1", extra=extra)
+        assert expected in str(raised.value), str(raised.value)

@@ -1,0 +1,206 @@
+"""W&B (offline mode) and TensorBoard (live event files) as trackers, read back with their own readers.
+
+No W&B server can run here: the sink runs with ``WANDB_MODE``'s offline mode, and the run's ``.wandb``
+file is read back record by record, each decoded by W&B's own protobuf ``Record`` (the file's framing,
+W&B's LevelDB-style log, is checked with its CRCs). TensorBoard's event files are read with
+TensorBoard's ``EventAccumulator``. Results are stored as the runner stores them and delivered by the
+tracker relay's threads, as in tests/test_trackers_mlflow.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import struct
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from daemon.trackers.relay import TrackerRelay
+from daemon.trackers.wandb import own_run_id, trainer_run_on_disk
+from storage import queries
+from tests.harness import wait_for
+from tests.test_trackers_mlflow import RUN, Setup, _setup, delivered, metrics_at, store_result
+
+#: W&B's log framing: a 7-byte file header, 32 KiB blocks, each record's header (crc32, length, type).
+BLOCK = 32768
+FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
+
+
+def wandb_records(path: Path) -> Iterator[bytes]:
+    data = path.read_bytes()
+    ident, magic, version = struct.unpack("<4sHB", data[:7])
+    assert (ident, magic, version) == (b":W&B", 0xBEE1, 0), "not a W&B run file"
+    pos, pending = 7, b""
+    while pos + 7 <= len(data):
+        if BLOCK - pos % BLOCK < 7:
+            pos += BLOCK - pos % BLOCK
+            continue
+        crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if (crc, length, kind) == (0, 0, 0):
+            break
+        chunk = data[pos + 7 : pos + 7 + length]
+        assert zlib.crc32(chunk, zlib.crc32(bytes([kind]))) & 0xFFFFFFFF == crc, f"bad record at {pos}"
+        pos += 7 + length
+        if kind == FULL:
+            yield chunk
+        elif kind == FIRST:
+            pending = chunk
+        elif kind == MIDDLE:
+            pending += chunk
+        elif kind == LAST:
+            yield pending + chunk
+
+
+def history(run_files: list[Path]) -> list[dict[str, Any]]:
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    rows = []
+    for path in run_files:
+        for raw in wandb_records(path):
+            record = pb.Record()  # type: ignore[attr-defined]
+            record.ParseFromString(raw)
+            if record.WhichOneof("record_type") == "history":
+                rows.append(
+                    {
+                        item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                        for item in record.history.item
+                    }
+                )
+    return rows
+
+
+def expected_values(setup: Setup) -> dict[tuple[str, int], float]:
+    with setup.database.session() as s:
+        rows = queries.result_rows(s, run=RUN)
+    out: dict[tuple[str, int], float] = {}
+    for row in rows:
+        assert row.step is not None
+        base = f"eval/{row.task}" if row.stage == "full" else f"eval/{row.task}/{row.stage}"
+        out[(f"{base}/{row.metric}", row.step)] = row.value
+        if row.stderr is not None:
+            out[(f"{base}/{row.metric}/stderr", row.step)] = row.stderr
+        if row.n is not None:
+            out[(f"{base}/{row.metric}/n", row.step)] = float(row.n)
+    return out
+
+
+@pytest.fixture
+def relays() -> Iterator[list[TrackerRelay]]:
+    started: list[TrackerRelay] = []
+    yield started
+    for relay in started:
+        relay.stop(30)
+
+
+def _relay(setup: Setup, started: list[TrackerRelay]) -> TrackerRelay:
+    relay = TrackerRelay(setup.database, setup.config.trackers, {}).start()
+    started.append(relay)
+    setup.alerter._wake = relay.wake
+    return relay
+
+
+def _needs(module: str) -> None:
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} is not installed (pip install 'evald[{module}]')")
+
+
+def _wandb_setup(tmp_path: Path, extra: str = "") -> Setup:
+    setup = _setup(
+        tmp_path,
+        "",
+        kind="wandb",
+        extra=f'project = "team/grpo"\nmode = "offline"\ndir = "{tmp_path / "wb"}"\n{extra}',
+    )
+    return setup
+
+
+def test_wandb_offline_every_value_at_its_step_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, relays: list[TrackerRelay]
+) -> None:
+    _needs("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    setup = _wandb_setup(tmp_path, 'attach = "own"')
+    relay = _relay(setup, relays)
+    for step in (10, 30, 20):
+        store_result(setup, step, metrics_at(step))
+    wait_for(lambda: delivered(setup.database, 3), 120, "3 delivered to W&B")
+    relay.stop(30)
+    # A second daemon start: its sink resumes the run by id; nothing is sent twice.
+    with setup.database.session() as s:
+        from storage.models import OutboxMessage, OutboxState
+
+        s.execute(OutboxMessage.__table__.update().values(state=OutboxState.PENDING))  # type: ignore[attr-defined]
+    relay = _relay(setup, relays)
+    store_result(setup, 40, metrics_at(40))
+    wait_for(lambda: delivered(setup.database, 4), 120, "4 delivered to W&B")
+    relay.stop(30)
+    run_id = own_run_id(RUN)
+    files = sorted((tmp_path / "wb" / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
+    assert files, list((tmp_path / "wb").rglob("*.wandb"))
+    rows = history(files)
+    logged: dict[tuple[str, int], list[float]] = {}
+    for row in rows:
+        for key, value in row.items():
+            numeric = isinstance(value, int | float) and key.startswith("eval/")
+            if numeric and key != "eval/step" and not key.endswith("/job_id"):
+                logged.setdefault((key, int(row["eval/step"])), []).append(float(value))
+    expected = expected_values(setup)
+    assert logged == {k: [v] for k, v in expected.items()}
+    assert [int(r["eval/step"]) for r in rows] == [10, 30, 20, 40]
+
+
+def test_wandb_attaches_to_the_trainers_latest_run(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    folder = root / "wandb" / "run-20261201_101500-abc123xy"
+    (folder / "files").mkdir(parents=True)
+    (root / "wandb" / "latest-run").symlink_to(folder.name)
+    assert trainer_run_on_disk(root) == "abc123xy"
+    assert trainer_run_on_disk(tmp_path / "nothing") is None
+
+
+def test_tensorboard_live_event_files_every_value_once(tmp_path: Path, relays: list[TrackerRelay]) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # type: ignore[import-untyped]
+
+    logs = tmp_path / "tb"
+    setup = _setup(tmp_path, "", kind="tensorboard", extra=f'dir = "{logs}"')
+    relay = _relay(setup, relays)
+    for step in (20, 10):
+        store_result(setup, step, metrics_at(step))
+    wait_for(lambda: delivered(setup.database, 2), 60, "2 written as events")
+    relay.stop(30)
+    with setup.database.session() as s:
+        from storage.models import OutboxMessage, OutboxState
+
+        s.execute(OutboxMessage.__table__.update().values(state=OutboxState.PENDING))  # type: ignore[attr-defined]
+    relay = _relay(setup, relays)
+    wait_for(lambda: delivered(setup.database, 2), 60, "2 delivered again")
+    relay.stop(30)
+    events = EventAccumulator(str(logs / RUN))
+    events.Reload()
+    logged = {
+        (tag, e.step): [x.value for x in events.Scalars(tag) if x.step == e.step]
+        for tag in events.Tags()["scalars"]
+        for e in events.Scalars(tag)
+    }
+    expected = expected_values(setup)
+    assert set(logged) == set(expected)
+    for key, values in logged.items():
+        assert values == pytest.approx([expected[key]]), key
+    assert (logs / RUN / "evald-delivered.txt").exists()
+
+
+def test_the_demo_workspace_takes_trackers_from_trackers_toml(tmp_path: Path) -> None:
+    from daemon.config import load_config
+    from daemon.demo import write_workspace
+
+    assert load_config(write_workspace(tmp_path / "plain")).trackers == ()
+    (tmp_path / "with").mkdir()
+    (tmp_path / "with" / "trackers.toml").write_text(
+        f'[[trackers]]\nkind = "tensorboard"\ndir = "{tmp_path / "tb"}"\n', encoding="utf-8"
+    )
+    (tracker,) = load_config(write_workspace(tmp_path / "with")).trackers
+    assert tracker.kind == "tensorboard" and tracker.dir == tmp_path / "tb"
