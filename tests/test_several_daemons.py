@@ -141,3 +141,55 @@ def test_two_daemons_share_the_queue_and_take_over_a_killed_ones_job(
         in (configs[0].parent / "daemon.log").read_bytes() + (configs[1].parent / "daemon.log").read_bytes()
     )
     database.dispose()
+
+
+@pytest.mark.slow
+def test_a_holder_frozen_past_its_lease_cannot_store_a_second_result(
+    postgres_url: str, toy_run: ToyRun, tmp_path: Path
+) -> None:
+    """A holder that truly lost its lease (frozen, as a partitioned host is, while the other daemon stayed
+    connected) comes back to a job claimed again: its token is stale, so whatever it finished is refused
+    and its run is in the history as ``fenced``; the job has one success and one set of results."""
+    database = upgraded(postgres_url)
+    data = write_dataset(tmp_path / "arith.jsonl", 24)
+    root = tmp_path / "run"
+    root.mkdir()
+    configs = [_config(tmp_path, postgres_url, name, root, data) for name in ("a", "b")]
+    daemons = [DaemonProcess(c, c.parent / "daemon.log") for c in configs]
+    try:
+        for daemon in daemons:
+            daemon.wait_ready()
+        copy_checkpoint(toy_run.last_checkpoint, root / "step_10")
+        job_id, owner = wait_for(lambda: _holder(database), 60, "a claimed job")
+        by_pid = {str(d.process.pid): d for d in daemons}
+        holder = by_pid[owner.rsplit(":", 1)[1]]
+        other = next(d for d in daemons if d is not holder)
+        holder.process.send_signal(signal.SIGSTOP)
+        wait_for(lambda: _held_by_another(database, owner), LEASE_SECS + 60, "the takeover", other.process)
+        holder.process.send_signal(signal.SIGCONT)
+        rows = wait_for(lambda: _all_succeeded(database, 1), 240, "the job succeeded", other.process)
+        # The holder wakes, finds its claim gone (at its next heartbeat, or when it stores), and says so.
+        wait_for(
+            lambda: (
+                b'"job.lost_lease"'
+                in (configs[0].parent / "daemon.log").read_bytes()
+                + (configs[1].parent / "daemon.log").read_bytes()
+                or None
+            ),
+            60,
+            "job.lost_lease",
+        )
+        for daemon in daemons:
+            assert daemon.stop() == 0
+    finally:
+        for daemon in daemons:
+            if daemon.process.poll() is None:
+                daemon.process.send_signal(signal.SIGCONT)
+                daemon.process.kill()
+    assert [(j.id, j.attempts) for j in rows] == [(job_id, 2)]
+    with database.session() as session:
+        history = sorted((a.attempt, a.outcome) for a in session.scalars(select(JobAttempt)))
+        metrics = Counter(r.metric for r in queries.result_rows(session))
+    assert history == [(1, "fenced"), (2, "succeeded")]
+    assert metrics and set(metrics.values()) == {1}
+    database.dispose()

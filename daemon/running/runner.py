@@ -611,6 +611,7 @@ class JobRunner:
                 finished_at=now,
                 duration_s=(now - running.started_at).total_seconds(),
             ),
+            replaces_lost=outcome == "fenced",
         )
 
     def _store(self, running: RunningJob, outcome: Outcome, result: JobResult, duration: float) -> None:

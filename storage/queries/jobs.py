@@ -456,7 +456,25 @@ class AttemptRow:
     duration_s: float
 
 
-def record_attempt(session: Session, row: AttemptRow) -> None:
+def record_attempt(session: Session, row: AttemptRow, *, replaces_lost: bool = False) -> None:
+    """Add a worker run's history row. ``replaces_lost``: the row a recovering daemon wrote for this
+    claim, taking its daemon for dead (``lost``), is this run's, now told by the daemon that ran it
+    (alive after all, its lease gone): rewritten, so that one run stays one row."""
+    if replaces_lost:
+        lost = session.scalar(
+            select(JobAttempt)
+            .where(
+                JobAttempt.job_id == row.job_id,
+                JobAttempt.attempt == row.attempt,
+                JobAttempt.outcome == "lost",
+            )
+            .order_by(JobAttempt.id.desc())
+            .limit(1)
+        )
+        if lost is not None:
+            for name, value in asdict(row).items():
+                setattr(lost, name, value)
+            return
     session.add(JobAttempt(**asdict(row)))
 
 
