@@ -86,7 +86,10 @@ def test_the_allow_list_keeps_what_a_worker_needs_and_nothing_else(tmp_path: Pat
     [
         ('["MASTER_ADDR"]', "inference.worker_env[0]: MASTER_ADDR is set by the launcher"),
         ('["OK", "PGPASSWORD"]', "inference.worker_env[1]: PGPASSWORD is a PostgreSQL client setting"),
-        ('["EVALD_DATABASE_URL"]', "inference.worker_env[0]: EVALD_DATABASE_URL is the daemon's own configuration"),
+        (
+            '["EVALD_DATABASE_URL"]',
+            "inference.worker_env[0]: EVALD_DATABASE_URL is the daemon's own configuration",
+        ),
         ('["not a name"]', "inference.worker_env[0]: 'not a name' is not an environment variable name"),
         (
             '["DASHBOARD_TOKEN"]',
