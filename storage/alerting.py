@@ -305,6 +305,12 @@ class AlertRow:
         """The step shown by default: the onset, where a person rolls back from."""
         return self.first_step
 
+    def seen_at(self, step: int) -> bool:
+        """Whether the alert's episode covers ``step``: from its onset to the last step it fired at."""
+        if self.first_step is None:
+            return False
+        return self.first_step <= step <= (self.last_step if self.last_step is not None else self.first_step)
+
 
 def alert_rows(session: Session, *, run: str | None = None, state: str | None = None) -> list[AlertRow]:
     delivered_count = (

@@ -683,3 +683,18 @@ def test_bad_alert_settings_are_named(tmp_path: Path, extra: str, problem: str) 
     with pytest.raises(ConfigError) as raised:
         parse_config(tomllib.loads(text), base_dir=tmp_path, source="test", environ={})
     assert any(problem in p for p in raised.value.problems), raised.value.problems
+
+
+def test_an_alert_is_seen_at_every_step_of_its_episode_not_only_its_onset() -> None:
+    def row(first: int | None, last: int | None) -> alerting.AlertRow:
+        return alerting.AlertRow(
+            id=1, run="r", task="t", metric="accuracy", rule="drop_from_best", severity="warning",
+            state="firing", first_step=first, last_step=last, resolved_step=None, value=0.1, baseline=0.9,
+            best_step=720, rollback_step=720, message="m", fired_at=utcnow(), resolved_at=None,
+            repeats=1, delivered=0, queued=0,
+        )  # fmt: skip
+
+    collapse = row(840, 960)
+    assert [s for s in (720, 840, 900, 960, 1080) if collapse.seen_at(s)] == [840, 900, 960]
+    assert row(840, None).seen_at(840) and not row(840, None).seen_at(960)
+    assert not row(None, None).seen_at(840)

@@ -123,7 +123,8 @@ def _step(request: Request) -> int:
 
 
 def step_metrics(request: Request) -> JSON:
-    """One checkpoint's metrics (every task and stage) and the alerts raised at its step."""
+    """One checkpoint's metrics (every task and stage) and the alerts firing at its step: those whose episode
+    (onset to last step seen) covers it, not only the ones that began there."""
     Params.parse(request.query_params, ())
     run, step = request.path_params["run"], _step(request)
     with context(request).session() as session:
@@ -132,7 +133,7 @@ def step_metrics(request: Request) -> JSON:
         if not rows:
             steps = [c.step for c in queries.checkpoint_rows(session, run) if c.step is not None]
             raise ApiError(404, f"run {run!r} has no result at step {step} ({step_hint(steps, step)})")
-        alerts = [a for a in alerting.alert_rows(session, run=run) if a.step == step]
+        alerts = [a for a in alerting.alert_rows(session, run=run) if a.seen_at(step)]
     return JSON(
         {
             "run": run,

@@ -714,8 +714,11 @@ async function loadSamples() {
       `${body.matching_samples} ${wrong ? "wrong " : ""}of ${body.stored_samples} stored samples (${body.task}/${body.stage}, job ${body.job_id})` +
       (body.problems.length ? `; ${body.problems.length} inputs left out` : "")));
     for (const s of body.items) {
-      const sample = html("div", { class: `sample ${s.correct ? "right" : "wrong"}`, "data-index": s.index }, null, box);
-      html("div", {}, `#${s.index} · ${s.prompt_id} · ${s.correct ? "correct" : "wrong"} · ${s.tokens} tokens${s.truncated ? " · truncated" : ""}${s.error ? " · error: " + s.error : ""}`, sample);
+      // A likelihood sample (perplexity) has no right answer: its grade is null, shown as such.
+      const grade = s.correct === null ? "ungraded" : s.correct ? "right" : "wrong";
+      const said = { ungraded: "not graded", right: "correct", wrong: "wrong" }[grade];
+      const sample = html("div", { class: `sample ${grade}`, "data-index": s.index }, null, box);
+      html("div", {}, `#${s.index} · ${s.prompt_id} · ${said} · ${s.tokens} tokens${s.truncated ? " · truncated" : ""}${s.error ? " · error: " + s.error : ""}`, sample);
       html("div", { class: "muted" }, "prompt", sample); html("pre", {}, s.prompt, sample);
       html("div", { class: "muted" }, "response", sample); html("pre", {}, s.response, sample);
       html("div", {}, `extracted: ${s.extracted ?? "–"} · reference: ${s.reference}`, sample);
