@@ -240,3 +240,74 @@ def test_which_shape_of_a_step_is_evaluated(
         Shape(mine), [_other(*o) for o in others], tuple(Shape(p) for p in preference)
     )
     assert decision.choice is expected
+
+
+def test_two_shapes_ready_at_their_first_look_are_one_checkpoint_in_the_preferred_shape(
+    database: Database, written: Path, tmp_path: Path
+) -> None:
+    """With a marker there is no quiet period: both shapes of a step present at the first (start-up) scan
+    are ready at once. The scan meets ``_actor/global_stepN`` first; the step is still evaluated once, in
+    the preferred shape (it was taken as found, before the other shape was looked at)."""
+    root = tmp_path / "ckpt"
+    shutil.copytree(written, root)
+    for name in (*ACTOR_TAGS, *HF_FOLDERS):
+        (root / name / "COMPLETE").touch()
+    discovery, clock = _discovery(database, root, written, marker="COMPLETE")
+    discovery.scan()  # one pass
+    assert _checkpoints(database) == {"global_step1_hf": (1, "ready"), "global_step2_hf": (2, "ready")}
+    assert _alternates(database) == {
+        "_actor/global_step1": "global_step1_hf",
+        "_actor/global_step2": "global_step2_hf",
+    }
+    assert _jobs(database) == [("global_step1_hf", 1), ("global_step2_hf", 2)]
+    _passes(discovery, clock)
+    assert _jobs(database) == [("global_step1_hf", 1), ("global_step2_hf", 2)]
+
+    # Per run: preferring the resumable shape, the same single pass takes the engine tags.
+    other = tmp_path / "other"
+    shutil.copytree(root, other)
+    with database.session() as s:
+        run_id = queries.ensure_run(s, "o", str(other))
+    config = RunConfig(
+        name="o",
+        root=other,
+        hf_config=written.with_name("ckpt_reference") / "hf_config",
+        marker="COMPLETE",
+        prefer=("resumable", "hf_export"),
+    )
+    watched = WatchedRun(config, run_id, ("arith",))
+    scheduling = SchedulingConfig(quiet_secs=1.0, invalid_after_secs=10.0)
+    Discovery(database, [watched], scheduling, clock=Clock()).scan()
+    with database.session() as s:
+        taken = {c.name: c.state for c in queries.checkpoint_rows(s) if c.run == "o"}
+        of = {a.name: a.of for a in queries.alternate_rows(s) if a.run == "o"}
+    assert taken == {"_actor/global_step1": "ready", "_actor/global_step2": "ready"}
+    assert of == {"global_step1_hf": "_actor/global_step1", "global_step2_hf": "_actor/global_step2"}
+
+
+def test_a_ready_shape_waits_for_a_preferred_one_discovered_in_the_same_pass(
+    database: Database, written: Path, tmp_path: Path
+) -> None:
+    """The engine tag has its marker, the HF export (preferred) is there without one yet: in the same
+    pass the export is recorded as discovered, and the tag waits for it instead of being taken."""
+    root = tmp_path / "ckpt"
+    shutil.copytree(written, root)
+    (root / "_actor" / "global_step1" / "COMPLETE").touch()
+    discovery, _ = _discovery(database, root, written, marker="COMPLETE")
+    with structlog.testing.capture_logs() as captured:
+        discovery.scan()
+    # The tag was ready at its first look, so it was never recorded as discovered: it waits in memory,
+    # and says so.
+    assert _checkpoints(database) == {
+        "_actor/global_step2": (2, "discovered"),
+        "global_step1_hf": (1, "discovered"),
+        "global_step2_hf": (2, "discovered"),
+    }
+    assert [e["path"] for e in captured if e["event"] == "checkpoint.waiting"] == [
+        str(root / "_actor" / "global_step1")
+    ]
+    assert _jobs(database) == []
+    (root / "global_step1_hf" / "COMPLETE").touch()
+    discovery.hint("r", root / "global_step1_hf")
+    assert _alternates(database) == {"_actor/global_step1": "global_step1_hf"}
+    assert _jobs(database) == [("global_step1_hf", 1)]

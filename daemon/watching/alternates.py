@@ -56,7 +56,8 @@ class Decision:
         return f"waits for {self.other.name} ({self.other.shape}), the preferred shape of the same step"
 
 
-def _rank(shape: Shape, preference: Sequence[Shape]) -> int:
+def rank(shape: Shape, preference: Sequence[Shape]) -> int:
+    """Where ``shape`` comes in ``preference`` (lower first); a shape it leaves out comes after all."""
     return preference.index(shape) if shape in preference else len(preference)
 
 
@@ -67,8 +68,8 @@ def choose(
     ready = [o for o in others if o.state is CheckpointState.READY]
     if ready:
         return Decision(Choice.ALTERNATE, ready[0])
-    mine = _rank(shape, preference)
-    better = [o for o in others if _rank(o.shape, preference) < mine]
+    mine = rank(shape, preference)
+    better = [o for o in others if rank(o.shape, preference) < mine]
     if better:
         return Decision(Choice.WAIT, better[0])
     return Decision(Choice.CHECKPOINT)

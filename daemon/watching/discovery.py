@@ -194,6 +194,8 @@ class Discovery:
         #: Jobs created since the caller last reset it: the queue only needs a look when this moved.
         self.enqueued = 0
         self._discovered: list[tuple[_RunState, Path, str, str]] = []
+        #: Folders found ready in this pass, settled at its end (:meth:`_settle_ready`), by path.
+        self._ready: dict[str, tuple[_RunState, Path, str, str]] = {}
         self._settled_any = False
         for run in runs:
             with database.session() as session:
@@ -215,8 +217,14 @@ class Discovery:
         try:
             yield
         finally:
-            if self._discovered:
-                self._write_discovered()
+            try:
+                if self._discovered:
+                    self._write_discovered()
+                # After the discovered rows: a ready shape must see a preferred one still being written.
+                self._settle_ready()
+            finally:
+                # Not settled (the database went away): still candidates, looked at again by a later pass.
+                self._ready.clear()
             # Planned once per pass, in a transaction of its own: a crash in between leaves ready, unplanned
             # checkpoints, which the planner takes up at the next start. An invalid or vanished checkpoint
             # counts too: it may release newer ones held behind it.
@@ -509,8 +517,11 @@ class Discovery:
         self, state: _RunState, path: Path, layout: str, candidate: _Candidate, outcome: Outcome
     ) -> None:
         if outcome.decision is Decision.READY:
-            if not self._another_shape(state, path, layout, candidate):
-                self._settle(state, path, layout, CheckpointState.READY, outcome.reason, "ready")
+            # Settled at the end of the pass, once every folder of it has been looked at: two shapes of
+            # a step both ready at their first look (a marker, a start-up scan) are then one checkpoint,
+            # in the preferred shape, whatever order the scan met them in.
+            self._ready[str(path)] = (state, path, layout, outcome.reason)
+            candidate.last_reason = outcome.reason
         elif outcome.decision is Decision.INVALID:
             self._settle(state, path, layout, CheckpointState.INVALID, outcome.reason, "invalid")
         else:
@@ -519,6 +530,26 @@ class Discovery:
                 candidate.recorded = True
                 log.info("checkpoint.discovered", run=state.run.config.name, path=str(path), layout=layout)
             candidate.last_reason = outcome.reason
+
+    def _settle_ready(self) -> None:
+        """Settle the pass's ready folders, each step's shapes in the run's preference order: the first
+        is the checkpoint (unless a preferred shape is still being written), the others its alternates.
+        What settling releases (a shape that waited) is looked at and settled in the same loop."""
+        while self._ready:
+            ordered = sorted(self._ready.values(), key=self._ready_order)
+            self._ready.clear()
+            for state, path, layout, reason in ordered:
+                candidate = state.candidates.get(str(path))
+                if str(path) in state.settled or candidate is None:
+                    continue  # settled meanwhile (an alternate released by an earlier one)
+                if not self._another_shape(state, path, layout, candidate):
+                    self._settle(state, path, layout, CheckpointState.READY, reason, "ready")
+
+    def _ready_order(self, item: tuple[_RunState, Path, str, str]) -> tuple[str, int, int, str]:
+        state, path, layout, _ = item
+        step, _, _ = self._step(path, layout)
+        rank = alternates.rank(_shape(layout, path), state.run.config.prefer)
+        return (state.run.config.name, -1 if step is None else step, rank, str(path))
 
     def _another_shape(self, state: _RunState, path: Path, layout: str, candidate: _Candidate) -> bool:
         """Whether this ready folder is another shape of a step already taken (recorded as its alternate)
