@@ -54,14 +54,22 @@ class MlflowServer:
 
 def _healthy(uri: str) -> bool:
     try:
+        # /health answers without credentials on the basic-auth server too.
         with urllib.request.urlopen(f"{uri}/health", timeout=2) as answer:
             return bool(answer.status == 200)
     except OSError:
         return False
 
 
-def start_server(folder: Path) -> MlflowServer:
+#: The basic-auth server's admin (``--app-name basic-auth``), who owns every experiment.
+ADMIN = ("admin", "evald-admin-Passw0rd")
+
+
+def start_server(folder: Path, *, auth: bool = False) -> MlflowServer:
     folder.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    if auth:
+        env |= {"MLFLOW_AUTH_ADMIN_PASSWORD": ADMIN[1], "MLFLOW_FLASK_SERVER_SECRET_KEY": "evald-tests"}
     port = free_port()
     mlflow = Path(sys.executable).with_name("mlflow")
     command = [
@@ -77,11 +85,12 @@ def start_server(folder: Path) -> MlflowServer:
         str(port),
         "--workers",
         "1",
+        *(("--app-name", "basic-auth") if auth else ()),
     ]
     log = (folder / "server.log").open("wb")
     # A session of its own: the server's workers are ended with it.
     process = subprocess.Popen(
-        command, stdout=log, stderr=subprocess.STDOUT, cwd=folder, start_new_session=True
+        command, stdout=log, stderr=subprocess.STDOUT, cwd=folder, start_new_session=True, env=env
     )
     uri = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -177,6 +186,25 @@ def _server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
         yield server
     finally:
         stop_server(server.process)
+
+
+def _auth_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    require_mlflow()
+    if importlib.util.find_spec("flask_wtf") is None:
+        message = "mlflow's basic-auth app needs Flask-WTF (pip install 'mlflow[auth]')"
+        if os.environ.get("EVALD_REQUIRE_MLFLOW") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    server = start_server(tmp_path_factory.mktemp("mlflow-auth-server"), auth=True)
+    try:
+        yield server
+    finally:
+        stop_server(server.process)
+
+
+def mlflow_auth_server_fixture() -> Any:
+    """A second server, with ``--app-name basic-auth`` (user ``ADMIN``)."""
+    return pytest.fixture(scope="session")(_auth_server)
 
 
 def mlflow_server_fixture() -> Any:

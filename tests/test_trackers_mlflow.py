@@ -8,6 +8,7 @@ and read back through MLflow's own client: every value of ``evald results`` at i
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import uuid
@@ -30,9 +31,17 @@ from storage import queries
 from storage.database import Database
 from storage.models import CheckpointState, Delivery, OutboxMessage, OutboxState
 from tests.harness import upgraded, wait_for, write_config, write_dataset
-from tests.mlflow_server import Gate, MlflowServer, mlflow_server_fixture, require_mlflow
+from tests.mlflow_server import (
+    ADMIN,
+    Gate,
+    MlflowServer,
+    mlflow_auth_server_fixture,
+    mlflow_server_fixture,
+    require_mlflow,
+)
 
 mlflow_server = mlflow_server_fixture()
+mlflow_auth_server = mlflow_auth_server_fixture()
 
 RUN = "toy"
 TASK = "arith"
@@ -50,7 +59,13 @@ class Setup:
 
 
 def _setup(
-    tmp_path: Path, uri: str, *, extra: str = "", store_url: str | None = None, kind: str = "mlflow"
+    tmp_path: Path,
+    uri: str,
+    *,
+    extra: str = "",
+    store_url: str | None = None,
+    kind: str = "mlflow",
+    timeout_secs: float = 3,
 ) -> Setup:
     url = store_url or f"sqlite:///{tmp_path / 'evald.db'}"
     database = upgraded(url)
@@ -65,7 +80,7 @@ kind = "{kind}"
 {f'tracking_uri = "{uri}"' if uri else ""}
 experiment = "{experiment}"
 max_backoff_secs = 0.5
-timeout_secs = 3
+timeout_secs = {timeout_secs}
 {extra}
 """
         )
@@ -165,8 +180,8 @@ def assert_equal_to_results(setup: Setup) -> int:
 def relay_for() -> Iterator[Any]:
     relays: list[TrackerRelay] = []
 
-    def start(setup: Setup) -> TrackerRelay:
-        relay = TrackerRelay(setup.database, setup.config.trackers, {}).start()
+    def start(setup: Setup, environ: dict[str, str] | None = None) -> TrackerRelay:
+        relay = TrackerRelay(setup.database, setup.config.trackers, environ or {}).start()
         relays.append(relay)
         # What the service does: the alerter's after_commit wakes the relay.
         setup.alerter._wake = relay.wake
@@ -317,3 +332,39 @@ def test_tracker_config_errors_name_the_field(tmp_path: Path) -> None:
         with pytest.raises(ConfigError) as raised:
             _setup(folder, "http://127.0.0.1:1", extra=extra)
         assert expected in str(raised.value), str(raised.value)
+
+
+def test_wrong_credentials_pause_the_sink_with_one_line_and_evaluation_goes_on(
+    tmp_path: Path, mlflow_auth_server: MlflowServer, relay_for: Any
+) -> None:
+    setup = _setup(
+        tmp_path,
+        mlflow_auth_server.uri,
+        extra='attach = "own"\nuser_env = "EVALD_T_USER"\ntoken_env = "EVALD_T_PASS"\npause_secs = 0.5',
+        # The basic-auth server hashes the password at every request: seconds on two busy cores.
+        timeout_secs=60,
+    )
+    with structlog.testing.capture_logs() as logs:
+        relay = relay_for(setup, {"EVALD_T_USER": ADMIN[0], "EVALD_T_PASS": "wrong"})
+        for step in (10, 20):
+            store_result(setup, step, metrics_at(step))
+        # Paused, tried again after each pause, refused each time: still one line.
+        wait_for(lambda: failed_attempts(setup.database) >= 3 or None, 60, "3 refused attempts")
+        relay.stop()
+    paused = [e for e in logs if e["event"] == "tracker.paused"]
+    assert len(paused) == 1, paused
+    assert "credentials refused (HTTP 401)" in paused[0]["error"]
+    assert "wrong" not in json.dumps(logs, default=str), "the password must not be logged"
+    # Evaluation went on: both results stored, their messages waiting.
+    with setup.database.session() as s:
+        assert len(queries.result_rows(s, run=RUN)) == 4
+    assert outbox(setup.database) == {"pending": 2}
+    # The credential fixed (a restart, or a reload): everything delivered, once.
+    relay_for(setup, {"EVALD_T_USER": ADMIN[0], "EVALD_T_PASS": ADMIN[1]})
+    wait_for(lambda: delivered(setup.database, 2), 240, "2 delivered with the right password")
+    setup.uri = mlflow_auth_server.uri
+    os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"] = ADMIN
+    try:
+        assert assert_equal_to_results(setup) == 4
+    finally:
+        del os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"]

@@ -61,6 +61,9 @@ class TrackerConfig(BaseModel):
     run_ids: dict[str, str] = Field(default_factory=dict)
     #: The API key (W&B) or bearer token (MLflow): the NAME of the environment variable holding it.
     token_env: str | None = Field(default=None, pattern=_ENV_NAME)
+    #: MLflow basic auth (``mlflow server --app-name basic-auth``): the NAME of the variable holding the
+    #: user name; ``token_env`` then names the password's.
+    user_env: str | None = Field(default=None, pattern=_ENV_NAME)
     #: Which evald runs go there (empty: all).
     runs: tuple[str, ...] = ()
     #: Graded samples per evaluation in the sample table (W&B Table, MLflow JSON artifact); 0: none.
@@ -99,6 +102,8 @@ class TrackerConfig(BaseModel):
             raise ValueError(missing)
         if self.kind == "mlflow" and not self.tracking_uri:
             raise ValueError("kind = 'mlflow' needs tracking_uri (http://host:5000, or sqlite:///path.db)")
+        if self.user_env is not None and (self.kind != "mlflow" or self.token_env is None):
+            raise ValueError("user_env is MLflow's basic auth: it needs kind = 'mlflow' and token_env")
         if self.kind == "wandb" and not self.project:
             raise ValueError("kind = 'wandb' needs project ('entity/project' or 'project')")
         if self.kind == "wandb" and self.project is not None and self.project.count("/") > 1:

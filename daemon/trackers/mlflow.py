@@ -73,25 +73,36 @@ class MlflowSink:
         # No retries inside MLflow's client (its default backs off for minutes): the relay retries, with
         # the outbox keeping the message, and one call must end within the tracker's timeout.
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(max(1, int(config.timeout_secs))))
+        # MLflow reads both from the environment at each request: process-wide, so the newest sink's
+        # timeout holds for all (one MLflow tracker per daemon is the usual case).
+        os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(max(1, int(config.timeout_secs)))
         self.name = config.name
         self._config = config
         self._uri = config.tracking_uri or ""
         token = environ.get(config.token_env, "") if config.token_env else ""
-        self._store = self._make_store(token or None)
+        user = environ.get(config.user_env, "") if config.user_env else ""
+        for named, value in ((config.token_env, token), (config.user_env, user)):
+            if named is not None and not value:
+                # Refused, not down: the sink pauses with this line instead of retrying every second.
+                raise TrackerRefused(f"environment variable {named} is not set or empty")
+        self._store = self._make_store(token or None, user or None)
         #: evald run -> MLflow run id, and each MLflow run's delivered job tags.
         self._runs: dict[str, str] = {}
         self._delivered: dict[str, set[str]] = {}
         self._experiment_id: str | None = None
 
-    def _make_store(self, token: str | None) -> Any:
+    def _make_store(self, token: str | None, user: str | None) -> Any:
         if self._uri.startswith(("http://", "https://")):
             from mlflow.store.tracking.rest_store import RestStore
             from mlflow.utils.rest_utils import MlflowHostCreds
 
             # The token goes in this store's credentials only: not into the environment, where MLflow
             # would look for it, and from where nothing may pass it on.
-            creds = MlflowHostCreds(self._uri, token=token)  # type: ignore[no-untyped-call]
+            creds = (
+                MlflowHostCreds(self._uri, username=user, password=token)  # type: ignore[no-untyped-call]
+                if user is not None
+                else MlflowHostCreds(self._uri, token=token)  # type: ignore[no-untyped-call]
+            )
             return RestStore(lambda: creds)  # type: ignore[no-untyped-call]
         from mlflow.tracking._tracking_service.utils import _get_store
 
