@@ -23,12 +23,12 @@ or `.venv/bin/python -m reliability --short` (CI's counts; `.ci/run` runs it).
 {counters}
 
 A scenario passes with 0 lost and 0 duplicated results and alerts, no daemon exit it did not cause
-(`crashes`), no poison item unrefused or misnamed, no checkpoint `late`, no result `discarded`, a log line naming every fault it injected (`unlogged` counts those without one: the
-daemon's JSON log, or the supervisor's line where systemd would log the exit), and no configured secret
-(the webhook secret in its three spellings, the database password) in any output: every file the run
-wrote outside the checkpoints and the database (daemon and worker logs, job folders, the alert status
-file), the output of `evald status`, `evald alerts` and `evald history`, and each worker's
-`/proc/PID/environ` (`secrets`).
+(`crashes`), no poison item unrefused or misnamed, no checkpoint `late`, no result `discarded`, a log
+line naming every fault it injected (`unlogged` counts those without one: the daemon's JSON log, or the
+supervisor's line where systemd would log the exit), and no configured secret (the webhook secret in its
+three spellings, the database password) in any output: every file the run wrote outside the checkpoints
+and the database (daemon and worker logs, job folders, the alert status file), the output of `evald
+status`, `evald alerts` and `evald history`, and each worker's `/proc/PID/environ` (`secrets`).
 
 ## Figures
 

@@ -5,10 +5,10 @@ server (``tests.pgcluster``), ``lease_secs = 5`` and a heartbeat every second. E
 checkpoints, waits until a job is running and its worker has started, then stops the server (``fast``
 or ``immediate``) for 2–3 leases (10–15 s) and starts it again: when it comes back, every heartbeat is
 older than the lease although its holder is alive (the issue saw the double run after outages of 1.5
-and 1.9 leases: 45 s and 56 s against 30 s). No daemon may take over a job whose holder is alive: every job must end
-with one ``succeeded`` attempt in ``job_attempts`` (``duplicated`` counts a second one) and no finished
-result thrown away (``discarded``: ``job.lost_lease`` lines of either daemon); every checkpoint is
-evaluated once, and neither daemon may exit (``crashes``).
+and 1.9 leases: 45 s and 56 s against 30 s). No daemon may take over a job whose holder is alive: every
+job must end with one ``succeeded`` attempt in ``job_attempts`` (``duplicated`` counts a second one) and
+no finished result thrown away (``discarded``: ``job.lost_lease`` lines of either daemon); every
+checkpoint is evaluated once, and neither daemon may exit (``crashes``).
 """
 
 from __future__ import annotations
