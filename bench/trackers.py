@@ -1,0 +1,217 @@
+"""Tracker delivery: result stored -> visible in MLflow, and a backlog drained after an outage.
+
+A real ``mlflow server`` on loopback (SQLite backend store, as tests/mlflow_server.py starts it), a real
+SQLite evald database, results stored as the runner stores them (the alerter's ``after_result`` in the
+result's transaction queues the tracker message), the tracker relay's thread sending them.
+
+1. Latency: ``--results`` results stored one at a time; for each, the seconds from its commit until
+   MLflow's client reads its value back at its step. Measured both ways in one process: the relay woken
+   at the commit (what the daemon does), and the baseline, a relay that only polls the outbox.
+2. Backlog: the server unreachable (its port closed by a gate) while ``--backlog`` results are stored,
+   then reachable again: seconds until all are delivered, and duplicates in MLflow (must be 0).
+
+    python -m bench.trackers [--results 30] [--backlog 10000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from daemon.alerts.lifecycle import Alerter
+from daemon.config import Config, parse_config
+from daemon.trackers.relay import TrackerRelay
+from storage import migrations, queries
+from storage.database import Database
+from storage.models import CheckpointState, OutboxMessage, OutboxState
+from tests.mlflow_server import Gate, start_server, stop_server
+
+
+def config(folder: Path, url: str, uri: str, experiment: str) -> Config:
+    (folder / "d.jsonl").write_text('{"problem": "1+1", "answer": "2"}\n')
+    text = f"""
+[database]
+url = "{url}"
+[[runs]]
+name = "bench"
+root = "{folder}"
+tasks = ["arith"]
+[[tasks]]
+name = "arith"
+dataset = "{folder / "d.jsonl"}"
+[[trackers]]
+kind = "mlflow"
+tracking_uri = "{uri}"
+experiment = "{experiment}"
+attach = "own"
+samples = 0
+max_backoff_secs = 1
+timeout_secs = 10
+"""
+    return parse_config(tomllib.loads(text), base_dir=folder, source="bench")
+
+
+class Store:
+    def __init__(self, database: Database, cfg: Config) -> None:
+        self.database = database
+        self.alerter = Alerter(cfg)
+        with database.session() as s:
+            self.run_id = queries.ensure_run(s, "bench", "/bench")
+
+    def result(self, step: int) -> None:
+        with self.database.session() as s:
+            checkpoint_id = queries.record_checkpoint(
+                s,
+                run_id=self.run_id,
+                path=f"/bench/step_{step}",
+                name=f"step_{step}",
+                step=step,
+                epoch=None,
+                layout="hf",
+                state=CheckpointState.READY,
+            )
+            queries.enqueue_jobs(s, checkpoint_id=checkpoint_id, step=step, tasks=["arith"])
+            job = queries.claim_next_job(s, "b:1")
+            assert job is not None
+            metrics = [queries.MetricRow("accuracy", (step % 97) / 97, 100, 0.05)]
+            assert queries.complete_job(
+                s, job_id=job.id, owner="b:1", metrics=metrics, samples=[], duration_s=1.0, load_s=0.1
+            )
+            self.alerter.after_result(s, job)
+        self.alerter.after_commit()
+
+
+def delivered(database: Database) -> int:
+    from sqlalchemy import func, select
+
+    with database.session() as s:
+        return int(
+            s.scalar(
+                select(func.count())
+                .select_from(OutboxMessage)
+                .where(OutboxMessage.state == OutboxState.DELIVERED)
+            )
+            or 0
+        )
+
+
+def visible(client: Any, run_id: str | None, experiment: str, step: int) -> tuple[str | None, bool]:
+    if run_id is None:
+        found = client.search_experiments(filter_string=f"name = '{experiment}'")
+        if not found:
+            return None, False
+        runs = client.search_runs([found[0].experiment_id])
+        if not runs:
+            return None, False
+        run_id = runs[0].info.run_id
+    history = client.get_metric_history(run_id, "eval/arith/accuracy")
+    return run_id, any(m.step == step for m in history)
+
+
+def latency(folder: Path, uri: str, results: int, *, woken: bool) -> list[float]:
+    from mlflow.tracking import MlflowClient
+
+    experiment = f"latency-{'woken' if woken else 'polled'}-{int(time.time())}"
+    database = Database(f"sqlite:///{folder / 'evald.db'}")
+    migrations.upgrade(database)
+    cfg = config(folder, database.url, uri, experiment)
+    store = Store(database, cfg)
+    relay = TrackerRelay(database, cfg.trackers, {}).start()
+    if woken:
+        store.alerter._wake = relay.wake
+    client = MlflowClient(uri)
+    run_id: str | None = None
+    seconds = []
+    try:
+        for i in range(results):
+            step = (i + 1) * 10
+            store.result(step)
+            committed = time.perf_counter()
+            while True:
+                run_id, seen = visible(client, run_id, experiment, step)
+                if seen:
+                    break
+                time.sleep(0.01)
+            seconds.append(time.perf_counter() - committed)
+    finally:
+        relay.stop()
+        database.dispose()
+    return seconds
+
+
+def backlog(folder: Path, server_port: int, n: int) -> tuple[float, float, int, int]:
+    from mlflow.tracking import MlflowClient
+
+    gate = Gate(server_port)
+    experiment = f"backlog-{int(time.time())}"
+    database = Database(f"sqlite:///{folder / 'evald.db'}")
+    migrations.upgrade(database)
+    cfg = config(folder, database.url, gate.uri, experiment)
+    store = Store(database, cfg)
+    gate.close()
+    relay = TrackerRelay(database, cfg.trackers, {}).start()
+    store.alerter._wake = relay.wake
+    started = time.perf_counter()
+    for i in range(n):
+        store.result(i + 1)
+    stored_s = time.perf_counter() - started
+    gate.open()
+    reopened = time.perf_counter()
+    while delivered(database) < n:
+        time.sleep(0.2)
+    drained_s = time.perf_counter() - reopened
+    relay.stop()
+    gate.close()
+    client = MlflowClient(f"http://127.0.0.1:{server_port}")
+    found = client.search_experiments(filter_string=f"name = '{experiment}'")
+    runs = client.search_runs([found[0].experiment_id])
+    history = client.get_metric_history(runs[0].info.run_id, "eval/arith/accuracy")
+    steps = [m.step for m in history]
+    database.dispose()
+    return stored_s, drained_s, len(steps), len(steps) - len(set(steps))
+
+
+def p95(values: list[float]) -> float:
+    return sorted(values)[max(0, round(0.95 * len(values)) - 1)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=int, default=30)
+    parser.add_argument("--backlog", type=int, default=10000)
+    args = parser.parse_args(argv)
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
+    with tempfile.TemporaryDirectory(prefix="evald-bench-trackers-") as tmp:
+        root = Path(tmp)
+        server = start_server(root / "server")
+        try:
+            for name in ("a", "b", "c"):
+                (root / name).mkdir()
+            woken = latency(root / "a", server.uri, args.results, woken=True)
+            polled = latency(root / "b", server.uri, args.results, woken=False)
+            print(
+                f"stored -> visible in MLflow over {args.results} results: woken p50 "
+                f"{statistics.median(woken):.3f} s, p95 {p95(woken):.3f} s; polled (baseline) p50 "
+                f"{statistics.median(polled):.3f} s, p95 {p95(polled):.3f} s; p95 ratio "
+                f"{p95(polled) / p95(woken):.1f}x"
+            )
+            stored_s, drained_s, points, duplicates = backlog(root / "c", server.port, args.backlog)
+            print(
+                f"backlog of {args.backlog} results stored during an outage ({stored_s:.1f} s to store): "
+                f"drained in {drained_s:.1f} s after the server came back "
+                f"({args.backlog / drained_s:.0f}/s); {points} points in MLflow, {duplicates} duplicates"
+            )
+        finally:
+            stop_server(server.process)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
