@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from daemon import units
+from daemon.config_paths import base_dir, resolve_path
 from daemon.errors import ConfigError
 from daemon.scheduling import frequency, resources
 from daemon.trackers.config import TrackerConfig, tracker_problems
@@ -43,17 +44,6 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-def _base_dir(info: ValidationInfo) -> Path:
-    context = info.context if isinstance(info.context, dict) else {}
-    base = context.get("base_dir")
-    return base if isinstance(base, Path) else Path.cwd()
-
-
-def _resolve(value: Path, info: ValidationInfo) -> Path:
-    value = value.expanduser()
-    return value if value.is_absolute() else (_base_dir(info) / value).resolve()
-
-
 class DatabaseConfig(_Section):
     url: str = Field(default="sqlite:///evald.db", validate_default=True)
     #: How long the daemon keeps trying to reach the database at start before it exits non-zero (and
@@ -68,7 +58,7 @@ class DatabaseConfig(_Section):
         # A relative SQLite path means "beside the config", not "wherever systemd's cwd is".
         prefix = "sqlite:///"
         if url.startswith(prefix) and not url.startswith(prefix + "/") and url != prefix + ":memory:":
-            return prefix + str((_base_dir(info) / url[len(prefix) :]).resolve())
+            return prefix + str((base_dir(info) / url[len(prefix) :]).resolve())
         return url
 
 
@@ -134,7 +124,7 @@ class RunConfig(_Section):
     @field_validator("root")
     @classmethod
     def _root(cls, value: Path, info: ValidationInfo) -> Path:
-        root = _resolve(value, info)
+        root = resolve_path(value, info)
         if root.exists() and not root.is_dir():
             raise ValueError(f"not a directory: {root}")
         return root
@@ -151,7 +141,7 @@ class RunConfig(_Section):
     def _hf_config(cls, value: Path | None, info: ValidationInfo) -> Path | None:
         if value is None:
             return None
-        folder = _resolve(value, info)
+        folder = resolve_path(value, info)
         if not (folder / "config.json").is_file():
             raise ValueError(f"no config.json in {folder}")
         return folder
@@ -161,7 +151,7 @@ class RunConfig(_Section):
     def _base_model(cls, value: Path | None, info: ValidationInfo) -> Path | None:
         if value is None:
             return None
-        folder = _resolve(value, info)
+        folder = resolve_path(value, info)
         if not folder.is_dir():
             raise ValueError(f"not a directory: {folder}")
         return folder
@@ -311,7 +301,7 @@ class TaskConfig(_Section):
     def _include_path(cls, value: Path | None, info: ValidationInfo) -> Path | None:
         if value is None:
             return None
-        path = _resolve(value, info)
+        path = resolve_path(value, info)
         if not path.is_dir():
             raise ValueError(f"folder not found: {path}")
         return path
@@ -321,7 +311,7 @@ class TaskConfig(_Section):
     def _dataset(cls, value: Path | None, info: ValidationInfo) -> Path | None:
         if value is None:
             return None
-        path = _resolve(value, info)
+        path = resolve_path(value, info)
         if not path.is_file():
             raise ValueError(f"file not found: {path}")
         return path
@@ -490,7 +480,7 @@ class InferenceConfig(_Section):
     def _hostfile(cls, value: Path | None, info: ValidationInfo) -> Path | None:
         if value is None:
             return None
-        path = _resolve(value, info)
+        path = resolve_path(value, info)
         if not path.is_file():
             raise ValueError(f"file not found: {path}")
         return path
@@ -585,7 +575,7 @@ class DaemonConfig(_Section):
     @field_validator("state_dir")
     @classmethod
     def _state_dir(cls, value: Path, info: ValidationInfo) -> Path:
-        return _resolve(value, info)
+        return resolve_path(value, info)
 
 
 Direction = Literal["higher", "lower", "none"]
@@ -616,7 +606,7 @@ class AlertsConfig(_Section):
     @field_validator("feedback_dir")
     @classmethod
     def _feedback_dir(cls, value: Path | None, info: ValidationInfo) -> Path | None:
-        return None if value is None else _resolve(value, info)
+        return None if value is None else resolve_path(value, info)
 
     @field_validator("links")
     @classmethod
@@ -682,7 +672,7 @@ class WebhookConfig(_Section):
     @field_validator("secret_file")
     @classmethod
     def _secret_file(cls, value: Path | None, info: ValidationInfo) -> Path | None:
-        return None if value is None else _resolve(value, info)
+        return None if value is None else resolve_path(value, info)
 
 
 class WebConfig(_Section):
@@ -771,9 +761,11 @@ class Config(_Section):
         for i, run in enumerate(self.runs):
             if run.adaptive is not None:
                 problems.extend(self._adaptive_problems(f"runs[{i}].adaptive", run))
-        secrets = {self.web.token_env: "web.token_env"} | {
-            w.secret_env: f"webhooks[{j}].secret_env" for j, w in enumerate(self.webhooks) if w.secret_env
-        } | {t.token_env: f"trackers[{j}].token_env" for j, t in enumerate(self.trackers) if t.token_env}
+        secrets = (
+            {self.web.token_env: "web.token_env"}
+            | {w.secret_env: f"webhooks[{j}].secret_env" for j, w in enumerate(self.webhooks) if w.secret_env}
+            | {t.token_env: f"trackers[{j}].token_env" for j, t in enumerate(self.trackers) if t.token_env}
+        )
         problems.extend(tracker_problems(self.trackers, {r.name for r in self.runs}))
         for i, name in enumerate(self.inference.worker_env):
             if name in secrets:

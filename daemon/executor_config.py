@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
+from daemon.config_paths import resolve_path
 from daemon.errors import ConfigError
 
 ExecutorKind = Literal["local", "slurm"]
@@ -75,17 +76,6 @@ _SLURM_ONLY = (
     "setup_script",
     "slurm_conf",
 )
-
-
-def _base_dir(info: ValidationInfo) -> Path:
-    context = info.context if isinstance(info.context, dict) else {}
-    base = context.get("base_dir")
-    return base if isinstance(base, Path) else Path.cwd()
-
-
-def _resolve(value: Path, info: ValidationInfo) -> Path:
-    value = value.expanduser()
-    return value if value.is_absolute() else (_base_dir(info) / value).resolve()
 
 
 class ExecutorConfig(BaseModel):
@@ -151,7 +141,7 @@ class ExecutorConfig(BaseModel):
     def _job_dir(cls, value: Path | None, info: ValidationInfo) -> Path | None:
         if value is None:
             return None
-        path = _resolve(value, info)
+        path = resolve_path(value, info)
         # Slurm reads %j, %x, ... in --output as patterns, and #SBATCH lines split at spaces.
         if "%" in str(path) or any(c.isspace() for c in str(path)):
             raise ValueError(f"{path}: a job folder for Slurm may not contain '%' or spaces")
@@ -164,7 +154,7 @@ class ExecutorConfig(BaseModel):
     def _file(cls, value: Path | None, info: ValidationInfo) -> Path | None:
         if value is None:
             return None
-        path = _resolve(value, info)
+        path = resolve_path(value, info)
         if not path.is_file():
             raise ValueError(f"file not found: {path}")
         return path
@@ -173,7 +163,7 @@ class ExecutorConfig(BaseModel):
     @classmethod
     def _python(cls, value: Path | None, info: ValidationInfo) -> Path | None:
         # Not checked for existence: the path is the compute nodes', which this node may not have.
-        return None if value is None else _resolve(value, info)
+        return None if value is None else resolve_path(value, info)
 
     @field_validator("time_limit")
     @classmethod

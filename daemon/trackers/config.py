@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from daemon.config_paths import resolve_path
+
 Kind = Literal["mlflow", "wandb", "tensorboard"]
 
 #: The import each kind needs, and the extra that installs it.
@@ -79,14 +81,7 @@ class TrackerConfig(BaseModel):
     @field_validator("dir")
     @classmethod
     def _dir(cls, value: Path | None, info: ValidationInfo) -> Path | None:
-        if value is None:
-            return None
-        context = info.context if isinstance(info.context, dict) else {}
-        base = context.get("base_dir")
-        value = value.expanduser()
-        if not value.is_absolute() and isinstance(base, Path):
-            value = base / value
-        return value
+        return None if value is None else resolve_path(value, info)
 
     @model_validator(mode="before")
     @classmethod
