@@ -593,7 +593,9 @@ def test_upgrading_keeps_what_old_alert_rows_knew_of_their_steps(database_url: s
     ]
     _downgrade(db, "0007")
     with db.engine.connect() as conn:
-        back = dict(conn.execute(sa.text("SELECT id, step FROM alerts ORDER BY id")).all())
+        back: dict[int, int | None] = dict(
+            conn.execute(sa.text("SELECT id, step FROM alerts ORDER BY id")).all()
+        )
     assert back == {1: 960, 2: 1080, 3: None}
     db.dispose()
 

@@ -233,7 +233,7 @@ def _graded(correct: list[bool], *, per_prompt: int = 1) -> list[SampleRow]:
 def _store_job(
     database: Database, run: str, step: int, samples: list[SampleRow], *, n: int | None = None
 ) -> None:
-    hits = [s.correct for s in samples]
+    hits = [bool(s.correct) for s in samples]
     accuracy = sum(hits) / len(hits)
     q = (sum(hits) + 2) / (len(hits) + 4)
     metrics = [
@@ -319,12 +319,16 @@ def test_several_completions_per_prompt_pair_by_prompt() -> None:
     b = curves([ResultRow("b", "s", 1, None, "t", "full", "accuracy", 0.75, 8, 0.1, NOW)])
     grades_a = {
         ("t", "full", 1): {
-            1: [Grade(f"p{i // 2}", ok, 5, False, None) for i, ok in enumerate([1, 1, 0, 0, 1, 1, 0, 0])]
+            1: [
+                Grade(f"p{i // 2}", bool(ok), 5, False, None) for i, ok in enumerate([1, 1, 0, 0, 1, 1, 0, 0])
+            ]
         }
     }
     grades_b = {
         ("t", "full", 1): {
-            2: [Grade(f"p{i // 2}", ok, 5, False, None) for i, ok in enumerate([1, 1, 1, 0, 1, 1, 1, 0])]
+            2: [
+                Grade(f"p{i // 2}", bool(ok), 5, False, None) for i, ok in enumerate([1, 1, 1, 0, 1, 1, 1, 0])
+            ]
         }
     }
 

@@ -43,8 +43,9 @@ def test_sampled_metrics_agree_with_the_samples(toy_run: ToyRun, toy_dataset: Pa
     metrics = {m.name: m for m in result.metrics}
     assert len(result.samples) == 80
     by_prompt: dict[str, list[tuple[bool, str | None, float | None]]] = defaultdict(list)
+    assert all(sample.correct is not None for sample in result.samples)  # generated answers are graded
     for sample in result.samples:
-        by_prompt[sample.prompt_id].append((sample.correct, sample.extracted, sample.reward))
+        by_prompt[sample.prompt_id].append((bool(sample.correct), sample.extracted, sample.reward))
     assert all(len(completions) == 4 for completions in by_prompt.values())
     correct = [[c for c, _, _ in completions] for completions in by_prompt.values()]
     rewards = [[r or 0.0 for _, _, r in completions] for completions in by_prompt.values()]

@@ -89,7 +89,7 @@ def test_worker_evaluates_a_checkpoint(toy_run: ToyRun, toy_dataset: Path, tmp_p
     )
     assert sample.response.startswith("\\boxed{")
     assert sample.extracted is not None
-    assert sum(s.correct for s in result.samples) <= round(accuracy.value * 20)
+    assert sum(bool(s.correct) for s in result.samples) <= round(accuracy.value * 20)
 
     events = [json.loads(line)["event"] for line in done.stderr.splitlines() if line.startswith("{")]
     assert events[0] == "worker.started"
