@@ -22,6 +22,9 @@ from daemon import curves, report
 from daemon import log as logs
 from daemon.config import Config, InferenceConfig, config_path, load_config
 from daemon.errors import ConfigError, EvaldError
+from daemon.running import remote
+from daemon.running.executors.base import ExecutorError, ExecutorUnavailable
+from daemon.running.executors.slurm_cli import SlurmError
 from daemon.scheduling import stages
 from daemon.scheduling.planner import schedule_summary
 from daemon.service import resource_probe
@@ -36,6 +39,7 @@ from storage import alerting, migrations, queries, scheduling
 from storage.database import Database, describe_url, is_outage
 from storage.errors import DatabaseUnreachable, StatementFailed, StorageError
 from storage.queries import grades
+from storage.queries.jobs import executor_states
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -521,6 +525,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             stored = scheduling.schedules(session)
             ignored = queries.ignored_rows(session)
             alternates = queries.alternate_rows(session)
+            scheduled = executor_states(session)
     finally:
         database.dispose()
     schedules = {
@@ -532,15 +537,52 @@ def cmd_status(args: argparse.Namespace) -> int:
     runs = report.status(
         checkpoints, jobs, names, plans, schedules, config.inference.max_attempts, ignored, alternates
     )
+    if scheduled:
+        runs = report.with_scheduler(runs, scheduled)
+    cluster = slurm_queue(config)
     # The thresholds as they stand now, read the way the daemon reads them before starting a job.
     probe = resource_probe(config)
     check = probe.check() if probe is not None else None
     if args.format == "json":
-        print(json.dumps({"runs": runs, "resources": report.resources(check)}, indent=1))
+        shown: dict[str, Any] = {"runs": runs, "resources": report.resources(check)}
+        if cluster is not None:
+            shown["slurm"] = cluster
+        print(json.dumps(shown, indent=1))
     else:
         print(report.status_text(runs))
         print(report.resources_text(check))
+        if cluster is not None:
+            print(report.cluster_text(cluster))
     return 0
+
+
+def slurm_queue(config: Config) -> dict[str, Any] | None:
+    """evald's jobs in the Slurm queue now (``[executor] kind = "slurm"``; None otherwise): id, evald job
+    and attempt, run, state, reason, nodes; or the error that kept squeue from answering."""
+    try:
+        executor = remote.make_executor(config)
+    except ExecutorError as exc:
+        return {"partition": config.executor.partition, "prefix": "", "error": str(exc), "jobs": []}
+    if executor is None:
+        return None
+    out: dict[str, Any] = {"partition": config.executor.partition, "prefix": config.executor.name_prefix}
+    try:
+        active = executor.active()
+    except (ExecutorUnavailable, SlurmError) as exc:
+        return {**out, "error": str(exc), "jobs": []}
+    out["jobs"] = [
+        {
+            "slurm_job_id": job.job_id,
+            "job": ref.job_id,
+            "attempt": ref.attempt,
+            "run": ref.run,
+            "state": job.state,
+            "reason": job.reason,
+            "nodes": job.nodes or None,
+        }
+        for ref, job in sorted(active, key=lambda pair: int(pair[1].job_id))
+    ]
+    return out
 
 
 def evaluate_now(

@@ -28,6 +28,7 @@ from pydantic import (
 from daemon import units
 from daemon.config_paths import base_dir, resolve_path
 from daemon.errors import ConfigError
+from daemon.executor_config import ExecutorConfig
 from daemon.scheduling import frequency, resources
 from daemon.trackers.config import TrackerConfig, tracker_problems
 from inference import layouts
@@ -37,7 +38,7 @@ from inference.spec import Engine, HarnessSpec, InferenceSpec, SubsetSpec, TaskK
 
 ENV_PREFIX = "EVALD_"
 DEFAULT_CONFIG = Path("evald.toml")
-_ENV_SECTIONS = ("database", "inference", "scheduling", "daemon", "alerts", "web")
+_ENV_SECTIONS = ("database", "inference", "scheduling", "daemon", "alerts", "web", "executor")
 
 
 class _Section(BaseModel):
@@ -715,6 +716,8 @@ class Config(_Section):
     webhooks: tuple[WebhookConfig, ...] = ()
     trackers: tuple[TrackerConfig, ...] = ()
     web: WebConfig = WebConfig()
+    #: Where evaluations run: on this node (``local``, the default) or through Slurm.
+    executor: ExecutorConfig = ExecutorConfig()
 
     @model_validator(mode="before")
     @classmethod

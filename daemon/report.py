@@ -296,6 +296,10 @@ def status_text(summary: Mapping[str, Any]) -> str:
                 f"  running:     {where} on {job['held_by']}, {attempt}, "
                 f"last heartbeat {_cell(job['heartbeat_at'])}"
             )
+            if job.get("slurm_job_id") is not None:
+                lines.append(
+                    f"    slurm:     job {job['slurm_job_id']}: {job.get('scheduler_state') or 'submitted'}"
+                )
         for job in info.get("deferred", []):
             lines.append(
                 f"  deferred:    step {_cell(job['step'])} [{job['task']}/{job['stage']}]: {job['reason']}"
@@ -358,18 +362,39 @@ def history(attempts: Sequence[AttemptRow], output: str) -> str:
             "duration_s": round(a.duration_s, 3),
             "error_kind": a.error_kind,
             "error": a.error,
+            # The scheduler's view of a run through Slurm (None for a local worker).
+            "slurm_job_id": a.slurm_job_id,
+            "nodes": a.nodes,
+            "queue_wait_s": None if a.queue_wait_s is None else round(a.queue_wait_s, 1),
+            "run_s": None if a.run_s is None else round(a.run_s, 1),
+            "exit_state": a.exit_state,
         }
         for a in attempts
     ]
     if output == "json":
         return json.dumps(rows, indent=1)
-    columns = ("attempt", "outcome", "engine", "tp", "dp", "batch_size", "duration_s", "error_kind", "error")
+    columns: tuple[str, ...] = (
+        "attempt",
+        "outcome",
+        "engine",
+        "tp",
+        "dp",
+        "batch_size",
+        "duration_s",
+        "error_kind",
+        "error",
+    )
+    if any(a.slurm_job_id is not None for a in attempts):
+        columns = (*columns[:7], *SLURM_HISTORY_COLUMNS, *columns[7:])
     cut = [
         {**r, "error": None if r["error"] is None else one_line(r["error"], HISTORY_ERROR_CHARS)}
         for r in rows
     ]
     return table(columns, [tuple(r[c] for c in columns) for r in cut])
 
+
+#: The columns a job's history table gains when one of its attempts ran through Slurm.
+SLURM_HISTORY_COLUMNS = ("slurm_job_id", "nodes", "queue_wait_s", "run_s", "exit_state")
 
 #: How much of an attempt's error the table shows (``--format json`` shows all of it).
 HISTORY_ERROR_CHARS = 100
@@ -700,3 +725,43 @@ def comparison(found: Comparison, fmt: Format) -> str:
 def _sig(number: float | None) -> str:
     """A value with 6 significant digits (``%.6g``): no float noise, no meaningless trailing digits."""
     return "-" if number is None else f"{number:.6g}"
+
+
+def with_scheduler(
+    runs: Mapping[str, Any], states: Mapping[int, tuple[str | None, str | None]]
+) -> dict[str, Any]:
+    """``status``'s summary with each running job's Slurm job id and scheduler state (``PENDING
+    (Resources)``) where it was handed to Slurm; ``states``: job id → (stored handle, state)."""
+    out: dict[str, Any] = {}
+    for run, info in runs.items():
+        running = []
+        for job in info.get("running", []):
+            handle, state = states.get(job["job"], (None, None))
+            slurm_id = None
+            if handle is not None:
+                try:
+                    slurm_id = json.loads(handle).get("external_id")
+                except (ValueError, AttributeError):
+                    slurm_id = None
+            running.append({**job, "slurm_job_id": slurm_id, "scheduler_state": state})
+        out[run] = {**info, "running": running}
+    return out
+
+
+def cluster_text(cluster: Mapping[str, Any] | None) -> str:
+    """``evald status``'s lines on the Slurm queue: evald's jobs the controller holds now."""
+    if cluster is None:
+        return ""
+    head = f"slurm queue (partition {cluster['partition']}, prefix {cluster['prefix']}): "
+    if cluster.get("error"):
+        return head + f"not read: {cluster['error']}"
+    jobs = cluster["jobs"]
+    lines = [head + (f"{len(jobs)} job(s) queued or running" if jobs else "no job queued or running")]
+    for job in jobs:
+        where = f" on {job['nodes']}" if job.get("nodes") else ""
+        why = f" ({job['reason']})" if job.get("reason") and job["state"] != "RUNNING" else ""
+        lines.append(
+            f"  slurm {job['slurm_job_id']}: evald job {job['job']} attempt {job['attempt']} "
+            f"[{job['run']}] {job['state']}{why}{where}"
+        )
+    return "\n".join(lines)

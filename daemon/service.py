@@ -256,6 +256,9 @@ class Service:
                 try:
                     # One orphan the database refuses (its savepoint undone) leaves the others recovered.
                     with session.begin_nested():
+                        # A claim whose Slurm job is still queued or running: re-attached, not redone.
+                        if self.runner.reattach(session, orphan):
+                            continue
                         settled = self._settle_orphan(session, orphan, max_attempts)
                 except DatabaseUnreachable:
                     raise

@@ -243,6 +243,11 @@ class EvalJob(Base):
     #: Inputs the stored result left out of its metrics (bad dataset rows, failed samples); None for a job
     #: not yet stored, or stored before evald counted them.
     problems: Mapped[int | None] = mapped_column(Integer)
+    #: The running claim's submission to an executor other than ``local`` (``Handle.to_json``: a Slurm job
+    #: id), recorded as soon as it is queued; None for a local worker or before submission.
+    executor_handle: Mapped[str | None] = mapped_column(Text)
+    #: Where the scheduler has that submission now (``PENDING (Resources)``, ``RUNNING on node1``).
+    executor_state: Mapped[str | None] = mapped_column(Text)
 
     checkpoint: Mapped[Checkpoint] = relationship(back_populates="jobs")
     results: Mapped[list[Result]] = relationship(back_populates="job")
@@ -263,13 +268,21 @@ class JobAttempt(Base):
     dp: Mapped[int] = mapped_column(Integer)
     batch_size: Mapped[int] = mapped_column(Integer)
     #: succeeded, failed, retried (to be claimed again), out_of_memory (rerun with half the batch),
-    #: requeued (daemon shutdown).
+    #: requeued (daemon shutdown), cancelled (its checkpoint or run went away while it was queued).
     outcome: Mapped[str] = mapped_column(String(16))
     error_kind: Mapped[str | None] = mapped_column(String(64))
     error: Mapped[str | None] = mapped_column(Text)
     started_at: Mapped[datetime]
     finished_at: Mapped[datetime]
     duration_s: Mapped[float] = mapped_column(Float)
+    #: The scheduler's view of a run through Slurm (all None for a local worker): its Slurm job id, the
+    #: nodes it ran on, how long it waited in the queue and ran, and the state it ended in (``COMPLETED``,
+    #: ``TIMEOUT``, ``CANCELLED``, ...).
+    slurm_job_id: Mapped[str | None] = mapped_column(String(32))
+    nodes: Mapped[str | None] = mapped_column(Text)
+    queue_wait_s: Mapped[float | None] = mapped_column(Float)
+    run_s: Mapped[float | None] = mapped_column(Float)
+    exit_state: Mapped[str | None] = mapped_column(String(32))
 
     job: Mapped[EvalJob] = relationship(back_populates="history")
 

@@ -14,6 +14,15 @@ constraint, a trigger), a spec that cannot be built, a worker that cannot be sta
 database being away holds a job in memory, to be stored when it answers. Each claim's attempt number is
 its fencing token: a result, a failure or a heartbeat is written only under the claim that holds the job,
 so a daemon whose lease ran out can never double a result (its attempt is recorded as ``fenced``).
+
+With ``[executor] kind = "slurm"`` a claimed job is submitted (``sbatch``) instead of started here, and
+polled every ``poll_secs`` (see :mod:`daemon.running.remote` for what each end becomes). Its Slurm job id
+is stored on the job (``executor_handle``) as soon as ``sbatch`` answers and on the attempt's history row
+at its end; a daemon that restarts, or takes over a dead daemon's claim, re-attaches to the queued or
+running submission (:meth:`JobRunner.reattach`), finding one whose id was never stored by its name and
+comment, so that nothing is submitted twice. A stopping daemon leaves its jobs to the scheduler. A
+controller that does not answer pauses claiming with one ``executor.unreachable`` line; polling goes on
+and ``executor.reachable`` says when it is back.
 """
 
 from __future__ import annotations
@@ -34,7 +43,18 @@ from daemon import report
 from daemon.alerts.lifecycle import Alerter
 from daemon.config import Config
 from daemon.errors import JobSetupError
+from daemon.running import remote
 from daemon.running.environment import worker_environment
+from daemon.running.executors.base import (
+    Active,
+    ExecutorError,
+    ExecutorUnavailable,
+    Handle,
+    JobRef,
+    Phase,
+    Placement,
+)
+from daemon.running.executors.slurm import SlurmExecutor
 from daemon.running.workers import Outcome, WorkerProcess, read_outcome
 from daemon.scheduling import stages
 from daemon.scheduling.planner import Planner
@@ -46,6 +66,7 @@ from storage import scheduling as store
 from storage.database import Database, reason
 from storage.errors import DatabaseUnreachable
 from storage.models import CheckpointState, JobState, utcnow
+from storage.queries import jobs as jobs_store
 
 log = structlog.get_logger("evald.runner")
 
@@ -53,8 +74,12 @@ log = structlog.get_logger("evald.runner")
 SCRATCH_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 SCRATCH_PAUSE_MAX_SECS = 60.0
 
-#: Failures another try may cure: a rank that died, a hung worker. A rejected input fails at once.
-RETRYABLE = frozenset({"crash", "timeout"})
+#: Failures another try may cure: a rank that died, a hung worker, and the scheduler's ends a retry may
+#: cure (a preemption, a failed node, a job it forgot). A rejected input fails at once.
+RETRYABLE = frozenset({"crash", "timeout"}) | remote.SCHEDULER_RETRYABLE
+
+#: How often an executor found unusable (no such partition, a job folder not writable) is checked again.
+EXECUTOR_RECHECK_SECS = 60.0
 
 #: How much of a poisoned job's error (the database's own words) is kept on the job.
 POISON_ERROR_CHARS = 2000
@@ -116,12 +141,33 @@ class RunningJob:
     ended_at: datetime | None = None
     #: Its history row is stored: a retry after an outage must not write it twice.
     recorded: bool = False
+    #: The executor it was handed to (Slurm); None for a worker process of the daemon's own.
+    executor: SlurmExecutor | None = None
+    #: The executor's handle; None while whether ``sbatch`` queued it is unknown (slurmctld did not
+    #: answer): :meth:`SlurmExecutor.find` is asked before submitting again.
+    handle: Handle | None = None
+    #: The handle is stored on the job (``executor_handle``).
+    handle_recorded: bool = False
+    #: When the executor is asked about it next (monotonic).
+    next_poll: float = 0.0
+    #: Where the scheduler has it (``PENDING (Resources)``), and what of it is stored on the job.
+    state: str | None = None
+    state_recorded: str | None = None
+    placement: Placement = field(default_factory=Placement)
+    #: The scheduler's state it ended in (``COMPLETED``, ``TIMEOUT``, ...), for its history row.
+    exit_state: str | None = None
+
+    @property
+    def remote(self) -> bool:
+        return self.executor is not None
 
     def finish(self) -> None:
         self.ended = time.monotonic()
         self.ended_at = utcnow()
 
     def kill(self) -> None:
+        # A scheduler's job is cancelled on purpose only (JobRunner._cancel_remote), never as a side
+        # effect: it outlives its daemon, and the next one re-attaches to it.
         if self.worker is not None:
             self.worker.kill()
 
@@ -156,6 +202,14 @@ class JobRunner:
         #: The state folder was full (ENOSPC): no claim before this moment; how many times in a row.
         self._paused_until = 0.0
         self._scratch_failures = 0
+        #: The Slurm executor (``[executor] kind = "slurm"``); None: worker processes here.
+        self._executor: SlurmExecutor | None = None
+        #: Why the executor cannot take jobs (no such partition, ...), and when that is checked again.
+        self._unusable: str | None = None
+        self._recheck_at = 0.0
+        #: Since when (monotonic) the executor's controller does not answer; None while it does.
+        self._unreachable_since: float | None = None
+        self._set_executor(config)
 
     def reconfigure(
         self,
@@ -172,6 +226,74 @@ class JobRunner:
         self._alerter = alerter
         self._python = str(config.inference.python or sys.executable)
         self._deferred_reason = None
+        if config.executor != self._executor_settings:
+            self._set_executor(config)
+
+    def _set_executor(self, config: Config) -> None:
+        """Make the executor ``[executor]`` asks for and check it (jobs already handed to the old one stay
+        with it)."""
+        self._executor_settings = config.executor
+        try:
+            self._executor = remote.make_executor(config)
+        except ExecutorError as exc:
+            self._executor = None
+            self._unusable = str(exc)
+            log.error("executor.unusable", error=self._unusable, action="no job is claimed until it is fixed")
+            return
+        self._unusable = None
+        if self._executor is not None:
+            self._check_executor()
+
+    def _check_executor(self) -> bool:
+        """Whether the executor can take jobs (partition there, job folder writable); an unusable one is
+        logged once with what is wrong and checked again every :data:`EXECUTOR_RECHECK_SECS`."""
+        assert self._executor is not None
+        self._recheck_at = time.monotonic() + EXECUTOR_RECHECK_SECS
+        try:
+            self._executor.check()
+        except ExecutorUnavailable as exc:
+            self._away(str(exc))
+            return False
+        except ExecutorError as exc:
+            self._back()
+            if str(exc) != self._unusable:
+                log.error(
+                    "executor.unusable",
+                    error=str(exc),
+                    action="jobs stay queued until it is fixed (edit the config and reload)",
+                )
+            self._unusable = str(exc)
+            return False
+        self._back()
+        if self._unusable is not None:
+            log.info("executor.usable", previously=self._unusable)
+        self._unusable = None
+        return True
+
+    def _away(self, error: str) -> None:
+        """The executor's controller did not answer: one line, claiming pauses, polling goes on."""
+        if self._unreachable_since is None:
+            self._unreachable_since = time.monotonic()
+            log.warning(
+                "executor.unreachable",
+                error=error,
+                action="claiming paused; queued and running jobs are polled until it answers",
+            )
+
+    def _back(self) -> None:
+        if self._unreachable_since is not None:
+            down = time.monotonic() - self._unreachable_since
+            self._unreachable_since = None
+            log.info("executor.reachable", down_secs=round(down, 1), jobs=len(self.running))
+
+    @property
+    def executor_unusable(self) -> str | None:
+        """Why the executor takes no job now (None: it does, or jobs run here)."""
+        if self._unusable is not None:
+            return self._unusable
+        if self._unreachable_since is not None:
+            return "the Slurm controller does not answer"
+        return None
 
     def adopt(self, job: queries.ClaimedJob, spec: JobSpec, outcome: Outcome) -> None:
         """Take over a job whose daemon died after its worker had written the result: the next
@@ -210,17 +332,21 @@ class JobRunner:
 
     @property
     def paused(self) -> bool:
-        """Claiming waits for room in the state folder (see :meth:`_scratch_full`)."""
-        return self._paused_until > time.monotonic()
+        """Claiming waits for room in the state folder (see :meth:`_scratch_full`), or for the executor
+        (its controller away, or unusable as configured)."""
+        return self._paused_until > time.monotonic() or self.executor_unusable is not None
 
     def has_capacity(self) -> bool:
         if self.paused:
             return False
+        if self._executor is not None:
+            return len(self.running) < self._config.executor.max_queued
         return len(self.running) < self._config.scheduling.max_concurrent
 
     def resources_met(self) -> bool:
-        """Check the thresholds; when unmet, defer every waiting job with the reason and return False."""
-        if self._probe is None:
+        """Check the thresholds; when unmet, defer every waiting job with the reason and return False.
+        Jobs through Slurm use the cluster's resources, not this node's: no threshold applies."""
+        if self._probe is None or self._executor is not None:
             return True
         check = self._probe.check()
         if check.met:
@@ -293,17 +419,26 @@ class JobRunner:
         if not self.resources_met():
             return False
         oldest_first = self._planner.oldest_first if self._planner is not None else frozenset()
+        executor = self._executor
         with self._db.session() as session:
+            full = self._full_runs(session) if executor is not None else frozenset()
+            if full is None:
+                return False
             job = queries.claim_next_job(
                 session,
                 self._owner,
                 oldest_first=oldest_first,
                 runs=self._run_ids,
                 tasks=frozenset(t.name for t in self._config.tasks),
+                exclude_runs=full,
+                newest_first=executor is not None and self._config.executor.priority == "newest",
             )
         if job is None:
             return False
-        job_dir = self._config.daemon.state_dir / "jobs" / f"{job.id}-{job.attempts}"
+        if executor is not None:
+            job_dir = executor.job_folder(JobRef(job.id, job.attempts))
+        else:
+            job_dir = self._config.daemon.state_dir / "jobs" / f"{job.id}-{job.attempts}"
         try:
             job_dir.mkdir(parents=True, exist_ok=True)
             spec = build_spec(self._config, job, job_dir)
@@ -322,6 +457,22 @@ class JobRunner:
             return True
         self._launch(job, spec)
         return True
+
+    def _full_runs(self, session: Session) -> frozenset[int] | None:
+        """Runs at ``max_queued_per_run`` jobs queued or running in Slurm; None when all are at
+        ``max_queued`` (counted in the database, so daemons sharing it share the limit, and among this
+        daemon's own jobs, whose submission may not be stored yet)."""
+        limits = self._config.executor
+        stored = jobs_store.submitted_per_run(session)
+        own: dict[int, int] = {}
+        for running in self.running.values():
+            own[running.job.run_id] = own.get(running.job.run_id, 0) + 1
+        per_run = {run: max(stored.get(run, 0), own.get(run, 0)) for run in {*stored, *own}}
+        if max(sum(stored.values()), len(self.running)) >= limits.max_queued:
+            return None
+        if limits.max_queued_per_run is None:
+            return frozenset()
+        return frozenset(run for run, n in per_run.items() if n >= limits.max_queued_per_run)
 
     def _setup_failed(self, job: queries.ClaimedJob, exc: Exception) -> None:
         message = f"could not start worker: {type(exc).__name__}: {reason(exc)}"
@@ -366,6 +517,9 @@ class JobRunner:
     ) -> None:
         job_dir = spec.result_path.parent
         config = self._config if running_config is None else running_config
+        if self._executor is not None:
+            self._submit(job, spec, since, config, self._executor)
+            return
         try:
             job_dir.mkdir(parents=True, exist_ok=True)
             # A job given back at shutdown reuses its folder: nothing an earlier worker left may be read
@@ -408,6 +562,294 @@ class JobRunner:
             batch_size=spec.task.batch_size,
         )
 
+    # --- jobs handed to an executor (Slurm) ------------------------------------------------------------
+
+    def _submit(
+        self,
+        job: queries.ClaimedJob,
+        spec: JobSpec,
+        since: float | None,
+        config: Config,
+        executor: SlurmExecutor,
+    ) -> None:
+        """Write the job's folder under ``executor.job_dir`` and submit it; its handle is stored on the
+        job before the runner moves on (or, with the database away, at the next :meth:`poll`)."""
+        job_dir = spec.result_path.parent
+        try:
+            job_dir.mkdir(parents=True, exist_ok=True)
+            for stale in (*job_dir.glob("result*.json"), *job_dir.glob("rank-*.log")):
+                stale.unlink(missing_ok=True)
+            (job_dir / "spec.json").write_text(spec.model_dump_json(indent=1), encoding="utf-8")
+        except OSError as exc:
+            self._fail(job, "setup", f"could not write the job folder {job_dir}: {exc}", None)
+            return
+        running = RunningJob(job, spec, None, config, started=since or time.monotonic(), executor=executor)
+        self.running[job.id] = running
+        self._hand_over(running)
+        if running.handle is not None and job.id in self.running:
+            self._record_handle(running)
+
+    def _ref(self, running: RunningJob) -> JobRef:
+        job = running.job
+        return JobRef(job.id, job.attempts, job.run, job.task)
+
+    def _hand_over(self, running: RunningJob) -> None:
+        """``sbatch`` the job's folder. Refused: the job fails with sbatch's words, or, when the executor
+        itself is at fault (the partition is gone), goes back to the queue and claiming pauses.
+        Unanswered: the handle stays unknown and the next poll finds the submission or submits again."""
+        assert running.executor is not None
+        job, spec = running.job, running.spec
+        try:
+            handle = running.executor.start(spec.result_path.parent / "spec.json", self._ref(running))
+        except ExecutorUnavailable as exc:
+            self._away(str(exc))
+            running.handle = None
+            running.next_poll = time.monotonic() + self._config.executor.poll_secs
+            return
+        except (ExecutorError, OSError) as exc:
+            del self.running[job.id]
+            running.finish()
+            self._rejected(running, str(exc))
+            return
+        self._back()
+        running.handle = handle
+        running.handle_recorded = False
+        running.next_poll = time.monotonic() + self._config.executor.poll_secs
+        log.info(
+            "job.submitted",
+            job_id=job.id,
+            run=job.run,
+            step=job.step,
+            task=job.task,
+            attempt=job.attempts,
+            slurm_job_id=handle.external_id,
+            job_dir=str(handle.job_dir),
+        )
+
+    def _rejected(self, running: RunningJob, error: str) -> None:
+        """``sbatch`` refused the job. When the executor is at fault as configured (its check fails too)
+        the job goes back to the queue without spending an attempt and claiming pauses until it is fixed;
+        otherwise the job is to blame and fails with what Slurm said."""
+        job = running.job
+        if self._executor is not None and not self._check_executor():
+            self._record(running, "requeued", Outcome(error_kind="executor_unusable", error=error))
+            with self._db.session() as session:
+                queries.requeue_job(session, job_id=job.id, owner=self._owner, attempt=job.attempts)
+            return
+        self._record(running, "failed", Outcome(error_kind="rejected", error=error))
+        self._fail(job, "rejected", error, None)
+
+    def _record_handle(self, running: RunningJob) -> None:
+        job = running.job
+        handle = None if running.handle is None else running.handle.to_json()
+        with self._db.session() as session:
+            held = jobs_store.record_handle(
+                session, job_id=job.id, owner=self._owner, attempt=job.attempts, handle=handle
+            )
+        running.handle_recorded = True
+        if not held:
+            log.warning("job.handle_unrecorded", job_id=job.id, reason="the claim is no longer this daemon's")
+
+    def _poll_remote(self, now: float) -> None:
+        """Ask the executor about each job handed to it that is due (``poll_secs``); its end goes to
+        ``_finished`` like a local worker's. No database here. The first unanswered question ends the
+        round: the others would wait for the same controller."""
+        if self._unusable is not None and self._executor is not None and now >= self._recheck_at:
+            self._check_executor()
+        due = [r for r in self.running.values() if r.remote and now >= r.next_poll]
+        if not due and self._unreachable_since is not None and self._executor is not None:
+            if now >= self._recheck_at - EXECUTOR_RECHECK_SECS + self._config.executor.poll_secs:
+                self._check_executor()
+            return
+        for running in due:
+            running.next_poll = now + running.config.executor.poll_secs
+            try:
+                self._poll_one(running)
+            except ExecutorUnavailable as exc:
+                self._away(str(exc))
+                return
+            self._back()
+
+    def _poll_one(self, running: RunningJob) -> None:
+        executor, job = running.executor, running.job
+        assert executor is not None
+        if running.handle is None:
+            found = executor.find(self._ref(running))
+            if found is None:
+                log.info(
+                    "job.resubmitting", job_id=job.id, attempt=job.attempts, reason="sbatch did not answer"
+                )
+                self._hand_over(running)
+                return
+            running.handle, running.handle_recorded = found, False
+            log.info("job.reattached", job_id=job.id, attempt=job.attempts, slurm_job_id=found.external_id)
+            return
+        status = executor.poll(running.handle)
+        running.placement = status.placement
+        if isinstance(status, Active):
+            state = remote.state_line(status)
+            if state != running.state:
+                log.info(
+                    "job.scheduler_state",
+                    job_id=job.id,
+                    slurm_job_id=running.handle.external_id,
+                    state=state,
+                    reason=status.reason,
+                )
+            running.state = state
+            if status.phase in (Phase.PENDING, Phase.REQUEUED):
+                gone = self._gone(running)
+                if gone is not None:
+                    executor.cancel(running.handle)
+                    running.exit_state = "CANCELLED"
+                    self._ended(running, Outcome(error_kind=gone[0], error=gone[1]))
+            return
+        running.exit_state = status.placement.state or status.kind.value.upper()
+        try:
+            outcome = remote.outcome_of(status, running.spec)
+        except Exception as exc:
+            outcome = Outcome(error_kind="result_unreadable", error=f"reading the job's files: {exc!r}")
+        self._ended(running, outcome)
+
+    def _ended(self, running: RunningJob, outcome: Outcome) -> None:
+        del self.running[running.job.id]
+        running.finish()
+        self._finished.append((running, outcome))
+
+    def _gone(self, running: RunningJob) -> tuple[str, str] | None:
+        """Why a queued job should not run any more: its checkpoint deleted, or its run removed from the
+        config; None while it should."""
+        job = running.job
+        if self._run_ids is not None and job.run_id not in self._run_ids:
+            return "run_removed", f"run {job.run!r} was removed from the config while job {job.id} was queued"
+        if not Path(job.checkpoint_path).is_dir():
+            return (
+                "checkpoint_vanished",
+                f"{job.checkpoint_path} was deleted while job {job.id} was queued in Slurm: cancelled",
+            )
+        return None
+
+    def _remote_bookkeeping(self) -> None:
+        """Store what the database does not know yet of the jobs handed to the executor: a handle
+        (a submission found again, or one made while the database was away) and the scheduler's state."""
+        for running in list(self.running.values()):
+            if not running.remote:
+                continue
+            if running.handle is not None and not running.handle_recorded:
+                self._record_handle(running)
+            if running.state is not None and running.state != running.state_recorded:
+                job = running.job
+                with self._db.session() as session:
+                    jobs_store.set_executor_state(
+                        session, job_id=job.id, owner=self._owner, attempt=job.attempts, state=running.state
+                    )
+                running.state_recorded = running.state
+
+    def _handed_over(self, running: RunningJob) -> bool:
+        """The lease of a job in Slurm ran out: True when the daemon that took the claim re-attached to
+        the same submission (it records the attempt now; nothing is cancelled), else the submission is
+        cancelled (a new claim submits its own) and False."""
+        handle = running.handle
+        with self._db.session() as session:
+            stored = jobs_store.job_handle(session, running.job.id)
+        if handle is not None and stored == (running.job.attempts, handle.to_json()):
+            log.warning(
+                "job.handed_over",
+                job_id=running.job.id,
+                attempt=running.job.attempts,
+                slurm_job_id=handle.external_id,
+                reason="its lease ran out and another daemon re-attached to its Slurm job",
+            )
+            return True
+        self._cancel_remote(running)
+        return False
+
+    def _cancel_remote(self, running: RunningJob) -> None:
+        if running.executor is None or running.handle is None:
+            return
+        try:
+            running.executor.cancel(running.handle)
+        except ExecutorUnavailable as exc:
+            log.error(
+                "job.not_cancelled",
+                job_id=running.job.id,
+                slurm_job_id=running.handle.external_id,
+                error=str(exc),
+            )
+
+    def _leave_to_scheduler(self) -> None:
+        """At shutdown: jobs in Slurm go on there; their claims stay, and the next daemon re-attaches."""
+        for job_id, running in list(self.running.items()):
+            if not running.remote:
+                continue
+            del self.running[job_id]
+            log.info(
+                "job.left_to_scheduler",
+                job_id=job_id,
+                run=running.job.run,
+                attempt=running.job.attempts,
+                slurm_job_id=running.handle.external_id if running.handle is not None else None,
+                recorded=running.handle_recorded,
+            )
+
+    def reattach(self, session: Session, orphan: jobs_store.Orphan) -> bool:
+        """Take over an orphan (a dead daemon's claim, locked by :func:`queries.orphans`) whose Slurm job
+        is still known: by the handle stored on it, else found by name and comment; True when taken (it
+        is polled from now on and nothing is submitted again), False to recover it as usual. With the
+        controller away and a job folder for the claim, the claim is taken and its submission looked
+        for once the controller answers."""
+        executor = self._executor
+        if executor is None:
+            return False
+        ref = JobRef(orphan.id, orphan.attempts)
+        handle = _stored_handle(orphan, executor.kind)
+        recorded = handle is not None
+        how = "recorded"
+        if handle is None:
+            try:
+                handle = executor.find(ref)
+                how = "found by name"
+            except ExecutorUnavailable as exc:
+                self._away(str(exc))
+                how = "to be found"
+        folder = handle.job_dir if handle is not None else executor.job_folder(ref)
+        try:
+            spec = JobSpec.model_validate_json((folder / "spec.json").read_bytes())
+        except (OSError, ValueError):
+            if handle is not None:
+                # Without its spec nobody can store what it returns: it would only hold the cluster.
+                with contextlib.suppress(ExecutorUnavailable):
+                    executor.cancel(handle)
+            return False
+        if handle is None and how != "to be found":
+            return False
+        job = queries.take_over(session, orphan.id, self._owner)
+        if handle is not None and not recorded:
+            jobs_store.record_handle(
+                session, job_id=job.id, owner=self._owner, attempt=job.attempts, handle=handle.to_json()
+            )
+        running = RunningJob(
+            job,
+            spec,
+            None,
+            self._config,
+            started_at=orphan.started_at or utcnow(),
+            executor=executor,
+            handle=handle,
+            handle_recorded=handle is not None,
+        )
+        self.running[job.id] = running
+        log.info(
+            "job.reattached",
+            job_id=job.id,
+            run=job.run,
+            attempt=job.attempts,
+            slurm_job_id=handle.external_id if handle is not None else None,
+            how=how,
+            was=orphan.claimed_by,
+        )
+        return True
+
     def poll(self) -> int:
         """Collect finished workers, kill timed-out ones, store what they returned, and keep the leases of
         the rest fresh.
@@ -418,6 +860,7 @@ class JobRunner:
         """
         before = len(self.running) + len(self._finished)
         now = time.monotonic()
+        self._poll_remote(now)
         for job_id, running in list(self.running.items()):
             if running.worker is None:
                 continue
@@ -444,6 +887,7 @@ class JobRunner:
                 # This job's, not the loop's: it fails, and the ones behind it are stored.
                 self._poisoned(running, exc)
             self._finished.pop(0)
+        self._remote_bookkeeping()
         self._heartbeats(now)
         return before - len(self.running) - len(self._finished)
 
@@ -545,6 +989,8 @@ class JobRunner:
         is stopped, its attempt is recorded as ``fenced``, and nothing it returns is stored."""
         job = running.job
         del self.running[job.id]
+        if running.remote and self._handed_over(running):
+            return
         running.kill()
         running.finish()
         note = "its lease ran out and another claim holds the job; the worker was stopped"
@@ -560,6 +1006,17 @@ class JobRunner:
             self._store(running, outcome, outcome.result, duration)
             return
         kind = outcome.error_kind or "crash"
+        if kind == "run_removed":
+            # Its run left the config while it was queued: back to the queue for a daemon that has it.
+            self._record(running, "cancelled", outcome)
+            with self._db.session() as session:
+                queries.requeue_job(session, job_id=job.id, owner=self._owner, attempt=job.attempts)
+            log.info("job.cancelled", job_id=job.id, run=job.run, step=job.step, reason=outcome.error)
+            return
+        if kind == "checkpoint_vanished" and running.remote:
+            self._record(running, "cancelled", outcome)
+            self._fail(job, kind, outcome.error, duration)
+            return
         if kind == "out_of_memory" and batch > 1 and self._stopping:
             # Shutting down: the rerun would only be killed; the next claim starts it again.
             self._record(running, "requeued", outcome)
@@ -610,6 +1067,11 @@ class JobRunner:
                 started_at=running.started_at,
                 finished_at=now,
                 duration_s=(now - running.started_at).total_seconds(),
+                slurm_job_id=running.handle.external_id if running.handle is not None else None,
+                nodes=running.placement.nodes or None,
+                queue_wait_s=running.placement.queue_wait_s,
+                run_s=running.placement.run_s,
+                exit_state=running.exit_state,
             ),
             replaces_lost=outcome == "fenced",
         )
@@ -782,6 +1244,7 @@ class JobRunner:
         this daemon until their lease hands them to the next one.
         """
         self._stopping = True
+        self._leave_to_scheduler()
         deadline = time.monotonic() + grace_secs
         while (self.running or self._finished) and time.monotonic() < deadline:
             with contextlib.suppress(DatabaseUnreachable):
@@ -810,3 +1273,16 @@ class JobRunner:
                 reason="the database did not answer before the daemon stopped",
             )
         self._finished.clear()
+
+
+def _stored_handle(orphan: jobs_store.Orphan, kind: str) -> Handle | None:
+    """The handle stored on an orphan's claim, if it is this claim's and this executor's."""
+    if not orphan.executor_handle:
+        return None
+    try:
+        handle = Handle.from_json(orphan.executor_handle)
+    except (ValueError, KeyError, TypeError):
+        return None
+    if handle.executor != kind or handle.attempt != orphan.attempts or handle.job_id != orphan.id:
+        return None
+    return handle

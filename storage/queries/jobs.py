@@ -193,10 +193,14 @@ def _pairs(rows: Iterable[Any]) -> dict[Any, Any]:
     return {key: value for key, value in rows}
 
 
-def _claimable(runs: Collection[int] | None, tasks: Collection[str] | None) -> ColumnElement[bool]:
+def _claimable(
+    runs: Collection[int] | None, tasks: Collection[str] | None, exclude_runs: Collection[int] = ()
+) -> ColumnElement[bool]:
     condition: ColumnElement[bool] = EvalJob.state.in_(CLAIMABLE)
     if runs is not None:
         condition = and_(condition, Checkpoint.run_id.in_(list(runs)))
+    if exclude_runs:
+        condition = and_(condition, Checkpoint.run_id.not_in(list(exclude_runs)))
     if tasks is not None:
         condition = and_(condition, EvalJob.task.in_(list(tasks)))
     return condition
@@ -252,6 +256,8 @@ def claim_next_job(
     oldest_first: Collection[int] = frozenset(),
     runs: Collection[int] | None = None,
     tasks: Collection[str] | None = None,
+    newest_first: bool = False,
+    exclude_runs: Collection[int] = (),
 ) -> ClaimedJob | None:
     """Move the most urgent pending (or deferred) job to ``running`` for ``owner``.
 
@@ -260,8 +266,22 @@ def claim_next_job(
     lets daemons on PostgreSQL share the queue without two taking one job; on SQLite the transaction
     already holds the database's write lock. ``runs`` and ``tasks`` (None: any) keep a daemon to the
     jobs its config knows: a run or task removed by a reload waits for a daemon that has it.
+    ``exclude_runs``: runs at their limit of jobs in Slurm. ``newest_first`` (``priority = "newest"``):
+    the job of the checkpoint that became ready last, whichever its run, quick before full within it.
     """
+    if newest_first:
+        job = session.scalar(
+            select(EvalJob)
+            .join(Checkpoint, EvalJob.checkpoint_id == Checkpoint.id)
+            .where(_claimable(runs, tasks, exclude_runs))
+            .order_by(Checkpoint.ready_at.desc().nulls_last(), EvalJob.priority.desc(), EvalJob.id)
+            .limit(1)
+            .with_for_update(skip_locked=True, of=EvalJob)
+        )
+        return None if job is None else _claim(session, job, owner)
     for run_id in _fair_run_order(session, runs, tasks):
+        if run_id in exclude_runs:
+            continue
         by_step = EvalJob.step.asc() if run_id in oldest_first else EvalJob.step.desc()
         job = session.scalar(
             select(EvalJob)
@@ -301,6 +321,9 @@ def _claim(session: Session, job: EvalJob, owner: str) -> ClaimedJob:
     job.wait_reason = None
     job.deferred_at = None
     job.stuck_at = None
+    # A new claim is submitted anew: the last one's submission is its history row's now.
+    job.executor_handle = None
+    job.executor_state = None
     session.flush()
     return _claimed(job)
 
@@ -454,6 +477,12 @@ class AttemptRow:
     started_at: datetime
     finished_at: datetime
     duration_s: float
+    #: The scheduler's view of a run through Slurm; None for a local worker.
+    slurm_job_id: str | None = None
+    nodes: str | None = None
+    queue_wait_s: float | None = None
+    run_s: float | None = None
+    exit_state: str | None = None
 
 
 def record_attempt(session: Session, row: AttemptRow, *, replaces_lost: bool = False) -> None:
@@ -504,9 +533,64 @@ def job_history(session: Session, job_id: int) -> list[AttemptRow]:
             started_at=a.started_at,
             finished_at=a.finished_at,
             duration_s=a.duration_s,
+            slurm_job_id=a.slurm_job_id,
+            nodes=a.nodes,
+            queue_wait_s=a.queue_wait_s,
+            run_s=a.run_s,
+            exit_state=a.exit_state,
         )
         for a in attempts
     ]
+
+
+def record_handle(session: Session, *, job_id: int, owner: str, attempt: int, handle: str | None) -> bool:
+    """Record the claim's submission to a scheduler (``Handle.to_json``; None clears it), fenced by the
+    claim ``attempt`` like a result; False if the job is no longer ours."""
+    result = session.execute(
+        update(EvalJob).where(_owned_running(job_id, owner, attempt)).values(executor_handle=handle)
+    )
+    return bool(getattr(result, "rowcount", 0))
+
+
+def set_executor_state(session: Session, *, job_id: int, owner: str, attempt: int, state: str) -> bool:
+    """Where the scheduler has the claim's submission now (``PENDING (Resources)``), for ``evald status``."""
+    result = session.execute(
+        update(EvalJob).where(_owned_running(job_id, owner, attempt)).values(executor_state=state)
+    )
+    return bool(getattr(result, "rowcount", 0))
+
+
+def job_handle(session: Session, job_id: int) -> tuple[int, str | None] | None:
+    """A running job's claim number and the submission stored with it; None unless it is running."""
+    row = session.execute(
+        select(EvalJob.attempts, EvalJob.executor_handle).where(
+            EvalJob.id == job_id, EvalJob.state == JobState.RUNNING
+        )
+    ).first()
+    return None if row is None else (row[0], row[1])
+
+
+def executor_states(session: Session) -> dict[int, tuple[str | None, str | None]]:
+    """Job id → (stored handle, scheduler state) of every running job handed to an executor."""
+    rows = session.execute(
+        select(EvalJob.id, EvalJob.executor_handle, EvalJob.executor_state).where(
+            EvalJob.state == JobState.RUNNING, EvalJob.executor_handle.is_not(None)
+        )
+    )
+    return {job_id: (handle, state) for job_id, handle, state in rows}
+
+
+def submitted_per_run(session: Session) -> dict[int, int]:
+    """Run id → jobs of it running through an executor (submitted to Slurm, by any daemon)."""
+    return _pairs(
+        session.execute(
+            select(Checkpoint.run_id, func.count())
+            .select_from(EvalJob)
+            .join(Checkpoint, EvalJob.checkpoint_id == Checkpoint.id)
+            .where(EvalJob.state == JobState.RUNNING, EvalJob.executor_handle.is_not(None))
+            .group_by(Checkpoint.run_id)
+        )
+    )
 
 
 def requeue_job(session: Session, *, job_id: int, owner: str, attempt: int | None = None) -> bool:
@@ -519,6 +603,8 @@ def requeue_job(session: Session, *, job_id: int, owner: str, attempt: int | Non
             claimed_by=None,
             heartbeat_at=None,
             attempts=EvalJob.attempts - 1,
+            executor_handle=None,
+            executor_state=None,
         )
     )
     return bool(getattr(result, "rowcount", 0))
@@ -535,6 +621,8 @@ class Orphan:
     started_at: datetime | None
     heartbeat_at: datetime | None
     task: str
+    #: The claim's submission to a scheduler (``Handle.to_json``), if one was recorded.
+    executor_handle: str | None = None
 
 
 def orphans(
@@ -561,6 +649,7 @@ def orphans(
             EvalJob.started_at,
             EvalJob.heartbeat_at,
             EvalJob.task,
+            EvalJob.executor_handle,
         )
         .where(condition)
         .order_by(EvalJob.id)

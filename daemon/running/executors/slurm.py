@@ -129,6 +129,10 @@ class SlurmExecutor:
     def job_dir(self) -> Path:
         return self._job_dir
 
+    @property
+    def config(self) -> ExecutorConfig:
+        return self._config
+
     # --- naming ---------------------------------------------------------------------------------------
 
     def job_name(self, job: JobRef) -> str:

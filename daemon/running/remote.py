@@ -1,0 +1,99 @@
+"""Jobs run by an executor other than the daemon's own processes (Slurm): what the runner makes of the
+executor's answers.
+
+Pure functions over the executor's :class:`Ended` and :class:`Active` and the job's files: how an end
+becomes the runner's :class:`Outcome` (the same kinds a local worker's end has, so that the retry and
+storing rules are one), and the one line ``evald status`` shows for a job still queued or running.
+
+Scheduler ends and the outcome kinds they become::
+
+    SUCCEEDED      the worker's result (read like a local worker's)
+    FAILED         the worker's own error kind (checkpoint_invalid, out_of_memory, ...), else crash with
+                   the scheduler's line and the failed rank's log tail
+    TIMEOUT        timeout          (retried within max_attempts)
+    PREEMPTED      preempted        (retried)
+    NODE_FAIL      node_fail        (retried)
+    OUT_OF_MEMORY  out_of_memory    (rerun at half the batch size, like a local one)
+    LOST           lost             (retried: the scheduler forgot it and it left no exit status)
+    CANCELLED      cancelled        (not retried: someone meant it)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+
+from daemon.config import Config
+from daemon.running.environment import worker_environment
+from daemon.running.executors.base import Active, Ended, EndKind, Phase
+from daemon.running.executors.slurm import LOG_NAME, SlurmExecutor
+from daemon.running.workers import Outcome, read_outcome
+from inference.spec import JobSpec
+
+#: Outcome kinds of a scheduler's end that another attempt may cure.
+SCHEDULER_RETRYABLE = frozenset({"timeout", "preempted", "node_fail", "lost"})
+
+_KINDS = {
+    EndKind.TIMEOUT: "timeout",
+    EndKind.PREEMPTED: "preempted",
+    EndKind.NODE_FAIL: "node_fail",
+    EndKind.OUT_OF_MEMORY: "out_of_memory",
+    EndKind.LOST: "lost",
+    EndKind.CANCELLED: "cancelled",
+}
+
+
+def make_executor(config: Config, environ: Mapping[str, str] | None = None) -> SlurmExecutor | None:
+    """The executor ``[executor]`` asks for; None for ``local`` (the runner's own worker processes).
+
+    The submission environment is the workers' (the job inherits it with ``--export=ALL``) plus
+    ``SLURM_CONF`` where the daemon has one and the config names none: the Slurm tools need it to find
+    the cluster."""
+    if config.executor.kind != "slurm":
+        return None
+    source = os.environ if environ is None else environ
+    env = worker_environment(config, source)
+    if config.executor.slurm_conf is None and source.get("SLURM_CONF"):
+        env["SLURM_CONF"] = source["SLURM_CONF"]
+    return SlurmExecutor(
+        config.executor,
+        python=str(config.inference.python or sys.executable),
+        env=env,
+        default_time_limit_s=config.inference.job_timeout_secs,
+    )
+
+
+def outcome_of(ended: Ended, spec: JobSpec) -> Outcome:
+    """The runner's outcome of a job the scheduler says has ended (see the module's table)."""
+    folder = spec.result_path.parent
+    if ended.kind is EndKind.SUCCEEDED:
+        outcome = read_outcome(spec, 0, folder / LOG_NAME)
+        if outcome.result is not None:
+            return outcome
+        return Outcome(error_kind="crash", error=f"{ended.detail}: {outcome.error}")
+    if ended.kind is EndKind.FAILED:
+        code = ended.exit_code if ended.exit_code is not None else 1
+        outcome = read_outcome(spec, code or 1, folder / LOG_NAME)
+        if outcome.error_kind not in (None, "crash"):
+            return outcome
+        tail = ended.log_tail or outcome.error
+        return Outcome(
+            error_kind="crash", error=f"{ended.detail}; log ends: {tail}" if tail else ended.detail
+        )
+    if ended.kind is EndKind.OUT_OF_MEMORY:
+        # The worker's own report (CUDA out of memory) says more than the scheduler's cgroup kill.
+        own = read_outcome(spec, ended.exit_code or 1, folder / LOG_NAME)
+        if own.error_kind == "out_of_memory":
+            return own
+    detail = ended.detail + (f"; log ends: {ended.log_tail}" if ended.log_tail else "")
+    return Outcome(error_kind=_KINDS[ended.kind], error=detail)
+
+
+def state_line(status: Active) -> str:
+    """``PENDING (Resources)``, ``RUNNING on node1``, ``REQUEUED (BeginTime)``: for ``evald status``."""
+    placement = status.placement
+    word = placement.state or status.phase.value.upper()
+    if status.phase is Phase.RUNNING:
+        return f"{word} on {placement.nodes}" if placement.nodes else word
+    return f"{word} ({status.reason})" if status.reason else word

@@ -1,0 +1,440 @@
+"""The daemon with ``[executor] kind = "slurm"`` against the real one-host cluster (tests/slurmcluster.py).
+
+The toy checkpoints are evaluated through ``sbatch`` by a real daemon process; submissions are counted
+by an ``sbatch`` on the daemon's PATH that logs each call before running the real one
+(tests/slurmdaemon.py). A job that must stay queued is submitted held (``--hold`` in ``extra_sbatch``)
+and released with ``scontrol release``; one that must stay running waits in its setup script for a file
+the test writes into its job folder. Skipped where no cluster answers unless ``EVALD_REQUIRE_SLURM=1``.
+
+The fast tests (unmarked) check the wiring: the ``[executor]`` section, the scheduler's ends mapped to
+attempt outcomes, and one checkpoint evaluated through Slurm by the runner in this process. The
+multi-process scenarios (kill -9, outages, scancel from outside) are ``long``.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from daemon.config import load_config
+from daemon.errors import ConfigError
+from daemon.running import remote
+from daemon.running.executors.base import Ended, EndKind, Placement
+from daemon.running.runner import RETRYABLE, JobRunner
+from inference.spec import InferenceSpec, JobSpec, TaskSpec
+from storage import queries
+from storage.database import Database
+from storage.models import CheckpointState
+from storage.queries.jobs import job_handle
+from tests.checkpoints import copy_checkpoint
+from tests.conftest import ToyRun
+from tests.harness import (
+    DaemonProcess,
+    all_jobs_done,
+    evald,
+    jobs,
+    running_daemon,
+    upgraded,
+    wait_for,
+    write_config,
+    write_dataset,
+)
+from tests.slurmcluster import SlurmCluster, slurm_cluster
+from tests.slurmdaemon import SlurmDaemon, history_json, slurm_config
+
+__all__ = ["slurm_cluster"]
+
+#: Metrics that are the same wherever the worker runs (the timings are not).
+STABLE = ("accuracy", "response_length", "truncation_rate")
+WAIT_FOR_GO = "while [ ! -e go ]; do sleep 0.2; done\n"
+WAIT_S = 240.0
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_dataset(tmp_path_factory.mktemp("slurm-daemon-data") / "arith.jsonl", 8)
+
+
+@pytest.fixture
+def trained(toy_run: ToyRun) -> Path:
+    return toy_run.last_checkpoint
+
+
+def _stable_results(database: Database) -> dict[tuple[str, str], float]:
+    with database.session() as session:
+        rows = queries.result_rows(session)
+    return {(r.checkpoint, r.metric): r.value for r in rows if r.metric in STABLE}
+
+
+def _log_events(log: Path) -> Counter[str]:
+    events: Counter[str] = Counter()
+    for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
+        if line.startswith("{"):
+            events[json.loads(line).get("event", "")] += 1
+    return events
+
+
+def _release_all(daemon: SlurmDaemon) -> None:
+    for job in daemon.queue():
+        subprocess.run(["scontrol", "release", job["id"]], env=daemon.env, capture_output=True, timeout=60)
+
+
+def _go(daemon: SlurmDaemon) -> None:
+    """Let every job waiting in its setup script go on."""
+    for folder in daemon.job_dir.iterdir():
+        if folder.is_dir():
+            (folder / "go").touch()
+
+
+def _states(daemon: SlurmDaemon) -> list[str]:
+    return [j["state"] for j in daemon.queue()]
+
+
+# --- fast: the wiring ------------------------------------------------------------------------------
+
+
+def test_the_executor_section_is_part_of_the_config(tmp_path: Path, dataset: Path) -> None:
+    path = write_config(tmp_path, f"sqlite:///{tmp_path}/db.sqlite", dataset=dataset)
+    assert load_config(path).executor.kind == "local"
+    jobs_dir = tmp_path / "jobs"
+    jobs_dir.mkdir()
+    text = path.read_text(encoding="utf-8")
+    path.write_text(
+        text + f'\n[executor]\nkind = "slurm"\npartition = "gpu"\njob_dir = "{jobs_dir}"\nmax_queued = 3\n'
+    )
+    loaded = load_config(path).executor
+    assert (loaded.kind, loaded.partition, loaded.job_dir, loaded.max_queued) == ("slurm", "gpu", jobs_dir, 3)
+    path.write_text(text + '\n[executor]\nkind = "slurm"\njob_dir = "/nowhere/at/all"\n')
+    with pytest.raises(ConfigError) as raised:
+        load_config(path)
+    said = "\n".join(raised.value.problems)
+    assert "executor.partition" in said and "executor.job_dir" in said and "/nowhere/at/all" in said
+
+
+def _spec(folder: Path) -> JobSpec:
+    folder.mkdir(parents=True, exist_ok=True)
+    return JobSpec(
+        job_id=1,
+        checkpoint_path=folder,
+        task=TaskSpec(name="arith", dataset=folder / "d.jsonl"),
+        inference=InferenceSpec(),
+        result_path=folder / "result.json",
+    )
+
+
+@pytest.mark.parametrize(
+    ("kind", "outcome_kind", "retried"),
+    [
+        (EndKind.TIMEOUT, "timeout", True),
+        (EndKind.PREEMPTED, "preempted", True),
+        (EndKind.NODE_FAIL, "node_fail", True),
+        (EndKind.LOST, "lost", True),
+        (EndKind.CANCELLED, "cancelled", False),
+        (EndKind.OUT_OF_MEMORY, "out_of_memory", False),
+    ],
+)
+def test_scheduler_ends_become_attempt_outcomes(
+    tmp_path: Path, kind: EndKind, outcome_kind: str, retried: bool
+) -> None:
+    spec = _spec(tmp_path / "job")
+    ended = Ended(
+        kind, f"Slurm job 7 {kind.value.upper()} on node3", log_tail="the last line", placement=Placement()
+    )
+    outcome = remote.outcome_of(ended, spec)
+    assert outcome.error_kind == outcome_kind and outcome.result is None
+    assert "Slurm job 7" in outcome.error and "the last line" in outcome.error
+    # out_of_memory is rerun at half the batch size (its own path), not retried as is.
+    assert (outcome_kind in RETRYABLE) is retried
+
+
+def test_a_failed_job_keeps_the_log_tail_and_the_workers_own_error(tmp_path: Path) -> None:
+    spec = _spec(tmp_path / "job")
+    (spec.result_path.parent / "worker.log").write_text("Traceback ...\nRuntimeError: boom\n")
+    crashed = remote.outcome_of(
+        Ended(
+            EndKind.FAILED,
+            "Slurm job 9 FAILED on vm: exit status 1",
+            exit_code=1,
+            log_tail="RuntimeError: boom",
+        ),
+        spec,
+    )
+    assert crashed.error_kind == "crash" and "Slurm job 9 FAILED" in crashed.error and "boom" in crashed.error
+    spec.result_path.write_text(
+        json.dumps(
+            {"job_id": 1, "error": {"kind": "checkpoint_invalid", "message": "no config.json in step_5"}}
+        )
+    )
+    rejected = remote.outcome_of(Ended(EndKind.FAILED, "Slurm job 9 FAILED", exit_code=3), spec)
+    assert (rejected.error_kind, rejected.error) == ("checkpoint_invalid", "no config.json in step_5")
+
+
+def test_the_runner_evaluates_a_checkpoint_through_slurm_and_records_the_slurm_job(
+    slurm_cluster: SlurmCluster,
+    sqlite_url: str,
+    dataset: Path,
+    trained: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name, value in slurm_cluster.env.items():
+        monkeypatch.setenv(name, value)
+    daemon = slurm_config(tmp_path, sqlite_url, slurm_cluster, dataset=dataset)
+    monkeypatch.setenv("PATH", daemon.env["PATH"])
+    database = upgraded(sqlite_url)
+    config = load_config(daemon.config)
+    copy_checkpoint(trained, tmp_path / "run" / "step_10")
+    with database.session() as session:
+        run_id = queries.ensure_run(session, "toy", str(tmp_path / "run"))
+        checkpoint = queries.record_checkpoint(
+            session,
+            run_id=run_id,
+            path=str(tmp_path / "run" / "step_10"),
+            name="step_10",
+            step=10,
+            epoch=None,
+            layout="hf",
+            state=CheckpointState.READY,
+        )
+        queries.enqueue_jobs(session, checkpoint_id=checkpoint, step=10, tasks=["arith"])
+    runner = JobRunner(config, database, "test:1")
+    assert runner.claim_and_start()
+    (job_id,) = runner.running
+    with database.session() as session:
+        stored = job_handle(session, job_id)
+    assert stored is not None and stored[1] is not None and '"executor": "slurm"' in stored[1]
+    deadline = time.monotonic() + WAIT_S
+    while runner.running and time.monotonic() < deadline:
+        runner.poll()
+        time.sleep(0.2)
+    assert not runner.running
+    (row,) = jobs(database)
+    assert row.state == "succeeded", row.error
+    with database.session() as session:
+        (attempt,) = queries.job_history(session, job_id)
+    assert attempt.slurm_job_id is not None and attempt.slurm_job_id.isdigit()
+    assert (attempt.outcome, attempt.exit_state, attempt.nodes) == (
+        "succeeded",
+        "COMPLETED",
+        slurm_cluster.node,
+    )
+    assert attempt.run_s is not None and attempt.queue_wait_s is not None
+    assert daemon.sbatch_calls() == 1
+    assert set(_stable_results(database)) == {("step_10", m) for m in STABLE}
+    database.dispose()
+
+
+# --- long: the daemon as a process -------------------------------------------------------------------
+
+
+@pytest.mark.long
+def test_toy_checkpoints_through_slurm_equal_the_local_executors_results(
+    slurm_cluster: SlurmCluster, dataset: Path, trained: Path, tmp_path: Path
+) -> None:
+    results = {}
+    for kind in ("local", "slurm"):
+        folder = tmp_path / kind
+        folder.mkdir()
+        url = f"sqlite:///{folder / 'evald.sqlite'}"
+        database = upgraded(url)
+        if kind == "slurm":
+            daemon = slurm_config(folder, url, slurm_cluster, dataset=dataset)
+            config, env = daemon.config, daemon.env
+        else:
+            config, env = write_config(folder, url, dataset=dataset), None
+        for step in (10, 20):
+            copy_checkpoint(trained, folder / "run" / f"step_{step}")
+        with running_daemon(config, folder / "daemon.log", env) as process:
+            wait_for(lambda: all_jobs_done(database, 2), WAIT_S, "both jobs", process.process)  # noqa: B023
+            assert process.stop() == 0
+        assert [j.state for j in jobs(database)] == ["succeeded", "succeeded"]
+        results[kind] = _stable_results(database)
+        if kind == "slurm":
+            assert daemon.sbatch_calls() == 2
+            for job in jobs(database):
+                (attempt,) = history_json(config, job.id, env or {})
+                assert str(attempt["slurm_job_id"]).isdigit() and attempt["exit_state"] == "COMPLETED"
+        database.dispose()
+    assert results["slurm"] == results["local"] and len(results["local"]) == 2 * len(STABLE)
+
+
+@pytest.mark.long
+def test_kill_9_while_queued_and_while_running_reattaches_without_a_second_submission(
+    slurm_cluster: SlurmCluster, sqlite_url: str, dataset: Path, trained: Path, tmp_path: Path
+) -> None:
+    setup = tmp_path / "setup.sh"
+    setup.write_text(WAIT_FOR_GO)
+    database = upgraded(sqlite_url)
+    daemon = slurm_config(
+        tmp_path,
+        sqlite_url,
+        slurm_cluster,
+        dataset=dataset,
+        executor_extra=f'extra_sbatch = ["--hold"]\nsetup_script = "{setup}"',
+    )
+    for step in (10, 20):
+        copy_checkpoint(trained, tmp_path / "run" / f"step_{step}")
+    try:
+        first = DaemonProcess(daemon.config, tmp_path / "daemon-1.log", daemon.env)
+        first.wait_ready()
+        wait_for(
+            lambda: _states(daemon) == ["PENDING", "PENDING"] or None, 60, "two held jobs", first.process
+        )
+        # Killed while both are queued (held): the next daemon re-attaches to them.
+        assert first.stop(signal.SIGKILL) == -signal.SIGKILL
+        second = DaemonProcess(daemon.config, tmp_path / "daemon-2.log", daemon.env)
+        second.wait_ready()
+        wait_for(
+            lambda: _log_events(second.log)["job.reattached"] == 2 or None, 60, "re-attached", second.process
+        )
+        _release_all(daemon)
+        wait_for(
+            lambda: _states(daemon) == ["RUNNING", "RUNNING"] or None, 120, "both running", second.process
+        )
+        # Killed while both run (waiting in their setup script): the third re-attaches again.
+        assert second.stop(signal.SIGKILL) == -signal.SIGKILL
+        with running_daemon(daemon.config, tmp_path / "daemon-3.log", daemon.env) as third:
+            wait_for(
+                lambda: _log_events(third.log)["job.reattached"] == 2 or None,
+                60,
+                "re-attached",
+                third.process,
+            )
+            _go(daemon)
+            rows = wait_for(lambda: all_jobs_done(database, 2), WAIT_S, "both stored", third.process)
+            assert third.stop() == 0
+    finally:
+        daemon.cancel_all()
+    assert [(j.state, j.attempts) for j in rows] == [("succeeded", 1), ("succeeded", 1)]
+    assert daemon.sbatch_calls() == 2
+    with database.session() as session:
+        counts = Counter(r.checkpoint for r in queries.result_rows(session))
+        histories = [queries.job_history(session, j.id) for j in rows]
+    assert set(counts) == {"step_10", "step_20"} and len(set(counts.values())) == 1
+    assert [[(a.outcome, a.exit_state) for a in h] for h in histories] == [[("succeeded", "COMPLETED")]] * 2
+    database.dispose()
+
+
+@pytest.mark.long
+def test_scancel_from_outside_a_deleted_checkpoint_and_the_queue_limit(
+    slurm_cluster: SlurmCluster, sqlite_url: str, dataset: Path, trained: Path, tmp_path: Path
+) -> None:
+    database = upgraded(sqlite_url)
+    daemon = slurm_config(
+        tmp_path,
+        sqlite_url,
+        slurm_cluster,
+        dataset=dataset,
+        executor_extra='extra_sbatch = ["--hold"]\nmax_queued = 1',
+    )
+    for step in (10, 20):
+        copy_checkpoint(trained, tmp_path / "run" / f"step_{step}")
+    try:
+        with running_daemon(daemon.config, tmp_path / "daemon.log", daemon.env) as process:
+            queued = wait_for(lambda: daemon.queue() or None, 60, "a held job", process.process)
+            time.sleep(2.0)
+            # max_queued = 1: the second job waits in evald's queue, not in Slurm's.
+            assert len(daemon.queue()) == 1 and daemon.sbatch_calls() == 1
+            status = evald("--config", str(daemon.config), "status", env=daemon.env)
+            assert status.returncode == 0, status.stderr
+            assert "PENDING (JobHeldUser)" in status.stdout and f"slurm {queued[0]['id']}:" in status.stdout
+            subprocess.run(["scancel", queued[0]["id"]], env=daemon.env, check=True, timeout=60)
+            # The cancelled one fails (someone meant it); the other is submitted in its room.
+            wait_for(lambda: daemon.sbatch_calls() == 2 or None, 60, "the second submission", process.process)
+            wait_for(
+                lambda: len([j for j in daemon.queue() if j["state"] == "PENDING"]) == 1 or None, 60, "held"
+            )
+            second = next(j for j in jobs(database) if j.state == "running")
+            path = tmp_path / "run" / f"step_{second.step}"
+            for item in path.iterdir():
+                item.unlink()
+            path.rmdir()
+            rows = wait_for(lambda: all_jobs_done(database, 2), 60, "both ended", process.process)
+            assert process.stop() == 0
+    finally:
+        daemon.cancel_all()
+    by_kind = {j.error_kind: j for j in rows}
+    assert set(by_kind) == {"cancelled", "checkpoint_vanished"}
+    assert all(j.state == "failed" for j in rows) and daemon.sbatch_calls() == 2
+    assert "outside evald" in (by_kind["cancelled"].error or "")
+    with database.session() as session:
+        cancelled = queries.job_history(session, by_kind["cancelled"].id)
+        vanished = queries.job_history(session, by_kind["checkpoint_vanished"].id)
+    assert [(a.outcome, a.exit_state) for a in cancelled] == [("failed", "CANCELLED")]
+    assert [(a.outcome, a.exit_state) for a in vanished] == [("cancelled", "CANCELLED")]
+    assert daemon.queue() == [] or all(j["state"] == "CANCELLED" for j in daemon.queue())
+    database.dispose()
+
+
+@pytest.mark.long
+def test_a_bad_partition_is_one_clear_error_and_the_daemon_goes_on_once_it_is_fixed(
+    slurm_cluster: SlurmCluster, sqlite_url: str, dataset: Path, trained: Path, tmp_path: Path
+) -> None:
+    database = upgraded(sqlite_url)
+    daemon = slurm_config(tmp_path, sqlite_url, slurm_cluster, dataset=dataset, partition="nosuchpart")
+    copy_checkpoint(trained, tmp_path / "run" / "step_10")
+    try:
+        with running_daemon(daemon.config, tmp_path / "daemon.log", daemon.env) as process:
+            wait_for(lambda: _log_events(process.log)["executor.unusable"] or None, 60, "executor.unusable")
+            wait_for(lambda: [j for j in jobs(database) if j.state == "pending"] or None, 60, "a pending job")
+            time.sleep(2.0)
+            assert [j.state for j in jobs(database)] == ["pending"] and daemon.sbatch_calls() == 0
+            line = next(
+                json.loads(x) for x in process.log.read_text().splitlines() if '"executor.unusable"' in x
+            )
+            assert "executor.partition" in line["error"] and "'nosuchpart'" in line["error"]
+            assert "debug" in line["error"]  # the partitions there are
+            assert process.process.poll() is None
+            text = daemon.config.read_text().replace('partition = "nosuchpart"', 'partition = "debug"')
+            daemon.config.write_text(text)
+            process.process.send_signal(signal.SIGHUP)
+            rows = wait_for(lambda: all_jobs_done(database, 1), WAIT_S, "the job", process.process)
+            assert process.stop() == 0
+    finally:
+        daemon.cancel_all()
+    assert [(j.state, j.attempts) for j in rows] == [("succeeded", 1)] and daemon.sbatch_calls() == 1
+    assert _log_events(tmp_path / "daemon.log")["executor.usable"] == 1
+    database.dispose()
+
+
+@pytest.mark.long
+def test_slurmctld_restarted_mid_job_the_daemon_lives_and_nothing_is_lost_or_doubled(
+    slurm_cluster: SlurmCluster, sqlite_url: str, dataset: Path, trained: Path, tmp_path: Path
+) -> None:
+    setup = tmp_path / "setup.sh"
+    setup.write_text(WAIT_FOR_GO)
+    database = upgraded(sqlite_url)
+    daemon = slurm_config(
+        tmp_path, sqlite_url, slurm_cluster, dataset=dataset, executor_extra=f'setup_script = "{setup}"'
+    )
+    copy_checkpoint(trained, tmp_path / "run" / "step_10")
+    try:
+        with running_daemon(daemon.config, tmp_path / "daemon.log", daemon.env) as process:
+            wait_for(lambda: _states(daemon) == ["RUNNING"] or None, 120, "a running job", process.process)
+            slurm_cluster.stop_controller()
+            try:
+                wait_for(lambda: _log_events(process.log)["executor.unreachable"] or None, 60, "unreachable")
+                time.sleep(2.0)
+                assert process.process.poll() is None
+            finally:
+                slurm_cluster.start_controller()
+            wait_for(lambda: _log_events(process.log)["executor.reachable"] or None, 60, "reachable")
+            _go(daemon)
+            rows = wait_for(lambda: all_jobs_done(database, 1), WAIT_S, "the job", process.process)
+            assert process.stop() == 0
+    finally:
+        if not slurm_cluster.controller_answers():
+            slurm_cluster.start_controller()
+        daemon.cancel_all()
+    assert [(j.state, j.attempts) for j in rows] == [("succeeded", 1)] and daemon.sbatch_calls() == 1
+    events = _log_events(tmp_path / "daemon.log")
+    assert events["executor.unreachable"] == 1 and events["executor.reachable"] == 1
+    assert "scheduler.pass_failed" not in events
+    with database.session() as session:
+        assert len(queries.result_rows(session)) > 0
