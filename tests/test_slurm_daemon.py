@@ -14,13 +14,16 @@ multi-process scenarios (kill -9, outages, scancel from outside) are ``long``.
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import time
 from collections import Counter
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from sqlalchemy import update
 
 from daemon.config import load_config
 from daemon.errors import ConfigError
@@ -30,7 +33,7 @@ from daemon.running.runner import RETRYABLE, JobRunner
 from inference.spec import InferenceSpec, JobSpec, TaskSpec
 from storage import queries
 from storage.database import Database
-from storage.models import CheckpointState
+from storage.models import CheckpointState, EvalJob
 from storage.queries.jobs import job_handle
 from tests.checkpoints import copy_checkpoint
 from tests.conftest import ToyRun
@@ -352,9 +355,7 @@ def test_scancel_from_outside_a_deleted_checkpoint_and_the_queue_limit(
             )
             second = next(j for j in jobs(database) if j.state == "running")
             path = tmp_path / "run" / f"step_{second.step}"
-            for item in path.iterdir():
-                item.unlink()
-            path.rmdir()
+            shutil.rmtree(path)
             rows = wait_for(lambda: all_jobs_done(database, 2), 60, "both ended", process.process)
             assert process.stop() == 0
     finally:
@@ -438,3 +439,75 @@ def test_slurmctld_restarted_mid_job_the_daemon_lives_and_nothing_is_lost_or_dou
     assert "scheduler.pass_failed" not in events
     with database.session() as session:
         assert len(queries.result_rows(session)) > 0
+
+
+def _one_ready_job(database: Database, root: Path, trained: Path) -> None:
+    copy_checkpoint(trained, root / "step_10")
+    with database.session() as session:
+        run_id = queries.ensure_run(session, "toy", str(root))
+        checkpoint = queries.record_checkpoint(
+            session,
+            run_id=run_id,
+            path=str(root / "step_10"),
+            name="step_10",
+            step=10,
+            epoch=None,
+            layout="hf",
+            state=CheckpointState.READY,
+        )
+        queries.enqueue_jobs(session, checkpoint_id=checkpoint, step=10, tasks=["arith"])
+
+
+@pytest.mark.long
+@pytest.mark.postgres
+def test_a_daemon_taking_over_a_lease_reattaches_and_the_old_holder_leaves_the_slurm_job_alone(
+    slurm_cluster: SlurmCluster,
+    postgres_url: str,
+    dataset: Path,
+    trained: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name, value in slurm_cluster.env.items():
+        monkeypatch.setenv(name, value)
+    daemon = slurm_config(
+        tmp_path, postgres_url, slurm_cluster, dataset=dataset, executor_extra='extra_sbatch = ["--hold"]'
+    )
+    monkeypatch.setenv("PATH", daemon.env["PATH"])
+    database = upgraded(postgres_url)
+    config = load_config(daemon.config)
+    _one_ready_job(database, tmp_path / "run", trained)
+    try:
+        holder = JobRunner(config, database, "host-a:1")
+        assert holder.claim_and_start()
+        (job_id,) = holder.running
+        # The holder goes silent past its lease; the other daemon finds the claim orphaned.
+        with database.session() as session:
+            session.execute(
+                update(EvalJob)
+                .where(EvalJob.id == job_id)
+                .values(heartbeat_at=datetime(2000, 1, 1, tzinfo=UTC))
+            )
+        taker = JobRunner(config, database, "host-b:2")
+        with database.session() as session:
+            (orphan,) = queries.orphans(session, lease=timedelta(seconds=5), every_running=False)
+            assert taker.reattach(session, orphan)
+        assert job_id in taker.running
+        # The old holder's next beat finds the claim taken: it lets go without cancelling the Slurm job.
+        holder.running[job_id].last_heartbeat = 0.0
+        holder.poll()
+        assert not holder.running
+        _release_all(daemon)
+        deadline = time.monotonic() + WAIT_S
+        while taker.running and time.monotonic() < deadline:
+            taker.poll()
+            time.sleep(0.2)
+        (row,) = jobs(database)
+        assert (row.state, row.attempts) == ("succeeded", 1), row.error
+        with database.session() as session:
+            history = queries.job_history(session, job_id)
+        assert [(a.outcome, a.exit_state) for a in history] == [("succeeded", "COMPLETED")]
+        assert daemon.sbatch_calls() == 1
+    finally:
+        daemon.cancel_all()
+        database.dispose()

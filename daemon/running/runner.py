@@ -240,9 +240,10 @@ class JobRunner:
             self._unusable = str(exc)
             log.error("executor.unusable", error=self._unusable, action="no job is claimed until it is fixed")
             return
-        self._unusable = None
-        if self._executor is not None:
-            self._check_executor()
+        if self._executor is None:
+            self._unusable = None
+            return
+        self._check_executor()
 
     def _check_executor(self) -> bool:
         """Whether the executor can take jobs (partition there, job folder writable); an unusable one is

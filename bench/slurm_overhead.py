@@ -1,0 +1,226 @@
+"""Slurm executor overhead (issue 21): one job through Slurm against the local executor, same checkpoint.
+
+Per job, from the claim (submit) to the result stored in the database, the daemon's runner (JobRunner) in
+this process, on a fresh SQLite database each time: ``local`` starts the worker process here, ``slurm``
+``sbatch``es it to the tests' one-host cluster (tests/slurmcluster.py, started if needed) and polls it
+every ``--poll-secs``. Printed: each repeat, the medians and the ratio slurm / local (local is the
+baseline, in the same process, alternating), and for Slurm the queue wait and run time Slurm reports.
+
+Second figure: slurmctld stopped while a job runs, then started again; the time from the controller
+answering again (``start_controller`` returns once ``scontrol ping`` says UP) to the runner polling
+again (its ``executor.reachable``), in seconds.
+
+    python -m bench.slurm_overhead [--repeats 3] [--poll-secs 0.5] [--checkpoint PATH]
+
+Needs root (slurmd) and Debian's slurm-wlm + munge, like the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from daemon.config import Config, load_config
+from daemon.running.runner import JobRunner
+from inference.toy.problems import held_out_problems, write_jsonl
+from storage import migrations, queries
+from storage.database import Database
+from storage.models import CheckpointState
+from tests.slurmcluster import PARTITION, SlurmCluster, ensure_cluster
+
+CONFIG = """\
+[database]
+url = "sqlite:///{db}"
+
+[[runs]]
+name = "toy"
+root = "{root}"
+
+[[tasks]]
+name = "arith"
+dataset = "{dataset}"
+prompt_field = "problem"
+id_field = "id"
+prompt_template = "{{prompt}}="
+max_new_tokens = 12
+batch_size = 16
+
+[inference]
+threads = 1
+
+[daemon]
+state_dir = "{state}"
+log_format = "json"
+"""
+
+EXECUTOR = """
+[executor]
+kind = "slurm"
+partition = "{partition}"
+job_dir = "{job_dir}"
+name_prefix = "bench"
+time_limit = "10"
+poll_secs = {poll}
+{extra}
+"""
+
+
+def train_checkpoint(work: Path) -> Path:
+    out = work / "trained"
+    subprocess.run(
+        [
+            *(sys.executable, "-m", "inference.toy.trainer", "--out", str(out), "--threads", "1"),
+            *("--steps", "15", "--save-every", "15"),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    return sorted(p for p in out.iterdir() if p.is_dir())[-1]
+
+
+def write_config(
+    work: Path, checkpoint: Path, dataset: Path, kind: str, poll: float, extra: str = ""
+) -> Config:
+    root = checkpoint.parent
+    text = CONFIG.format(db=work / "e.db", root=root, dataset=dataset, state=work / "state")
+    if kind == "slurm":
+        job_dir = work / "jobs"
+        job_dir.mkdir(parents=True, exist_ok=True)
+        text += EXECUTOR.format(partition=PARTITION, job_dir=job_dir, poll=poll, extra=extra)
+    path = work / "evald.toml"
+    path.write_text(text, encoding="utf-8")
+    return load_config(path)
+
+
+def enqueue(config: Config, checkpoint: Path) -> Database:
+    database = Database(config.database.url)
+    migrations.upgrade(database)
+    with database.session() as session:
+        run_id = queries.ensure_run(session, "toy", str(checkpoint.parent))
+        checkpoint_id = queries.record_checkpoint(
+            session,
+            run_id=run_id,
+            path=str(checkpoint),
+            name=checkpoint.name,
+            step=1,
+            epoch=None,
+            layout="hf",
+            state=CheckpointState.READY,
+        )
+        queries.enqueue_jobs(session, checkpoint_id=checkpoint_id, step=1, tasks=["arith"])
+    return database
+
+
+def one_job(
+    work: Path, checkpoint: Path, dataset: Path, kind: str, poll: float
+) -> tuple[float, dict[str, float]]:
+    """Seconds from claim to the stored result; for Slurm, the queue wait and run time it reported."""
+    config = write_config(work, checkpoint, dataset, kind, poll)
+    database = enqueue(config, checkpoint)
+    runner = JobRunner(config, database, f"bench:{os.getpid()}")
+    began = time.monotonic()
+    if not runner.claim_and_start():
+        raise SystemExit(f"{kind}: nothing claimed")
+    while runner.running or runner.unrecorded:
+        runner.poll()
+        time.sleep(0.02)
+    took = time.monotonic() - began
+    with database.session() as session:
+        (row,) = queries.job_rows(session)
+        if row.state != "succeeded":
+            raise SystemExit(f"{kind}: job {row.state}: {row.error}")
+        (attempt,) = queries.job_history(session, row.id)
+    database.dispose()
+    extra = {}
+    if attempt.queue_wait_s is not None and attempt.run_s is not None:
+        extra = {"queue_wait_s": attempt.queue_wait_s, "run_s": attempt.run_s}
+    return took, extra
+
+
+def outage(work: Path, checkpoint: Path, dataset: Path, cluster: SlurmCluster, poll: float) -> float:
+    """Seconds from slurmctld answering again to the runner polling again."""
+    setup = work / "setup.sh"
+    setup.write_text("while [ ! -e go ]; do sleep 0.2; done\n", encoding="utf-8")
+    config = write_config(work, checkpoint, dataset, "slurm", poll, extra=f'setup_script = "{setup}"')
+    database = enqueue(config, checkpoint)
+    runner = JobRunner(config, database, f"bench:{os.getpid()}")
+    runner.claim_and_start()
+    ((_, running),) = runner.running.items()
+    while not running.state or not running.state.startswith("RUNNING"):
+        runner.poll()
+        time.sleep(0.05)
+    cluster.stop_controller()
+    while runner.executor_unusable is None:
+        runner.poll()
+        time.sleep(0.05)
+    cluster.start_controller()
+    back = time.monotonic()
+    while runner.executor_unusable is not None:
+        runner.poll()
+        time.sleep(0.02)
+    polling = time.monotonic() - back
+    assert running.handle is not None
+    (running.handle.job_dir / "go").touch()
+    while runner.running or runner.unrecorded:
+        runner.poll()
+        time.sleep(0.05)
+    database.dispose()
+    return polling
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--poll-secs", type=float, default=0.5)
+    parser.add_argument("--checkpoint", type=Path, help="a toy checkpoint (default: train one, ~1 min)")
+    args = parser.parse_args(argv)
+    cluster = ensure_cluster()
+    os.environ.update(cluster.env)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    with tempfile.TemporaryDirectory(prefix="evald-slurm-bench-") as tmp:
+        work = Path(tmp)
+        checkpoint = args.checkpoint or train_checkpoint(work)
+        dataset = work / "heldout.jsonl"
+        write_jsonl(held_out_problems(8, seed=1), dataset)
+        times: dict[str, list[float]] = {"local": [], "slurm": []}
+        slurm_parts: list[dict[str, float]] = []
+        for i in range(args.repeats):
+            for kind in ("local", "slurm"):
+                folder = work / f"{kind}-{i}"
+                folder.mkdir()
+                took, extra = one_job(folder, checkpoint, dataset, kind, args.poll_secs)
+                times[kind].append(took)
+                if extra:
+                    slurm_parts.append(extra)
+                print(f"repeat {i + 1} {kind}: {took:.2f} s claim -> result stored {extra or ''}", flush=True)
+        local, slurm = statistics.median(times["local"]), statistics.median(times["slurm"])
+        print(
+            f"per job, median of {args.repeats}: local {local:.2f} s, slurm {slurm:.2f} s "
+            f"(poll_secs {args.poll_secs:g}): ratio {slurm / local:.2f}x, overhead {slurm - local:+.2f} s"
+        )
+        if slurm_parts:
+            waits = statistics.median(p["queue_wait_s"] for p in slurm_parts)
+            runs = statistics.median(p["run_s"] for p in slurm_parts)
+            print(f"slurm's own record, median: queue wait {waits:.0f} s, run {runs:.0f} s (whole seconds)")
+        backs = []
+        for i in range(args.repeats):
+            folder = work / f"outage-{i}"
+            folder.mkdir()
+            backs.append(outage(folder, checkpoint, dataset, cluster, args.poll_secs))
+            print(f"outage {i + 1}: polling again {backs[-1]:.2f} s after slurmctld answered", flush=True)
+        print(
+            f"slurmctld back -> daemon polling again: median {statistics.median(backs):.2f} s, "
+            f"max {max(backs):.2f} s (poll_secs {args.poll_secs:g})"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
