@@ -23,6 +23,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from sqlalchemy import inspect as sa_inspect
+from sqlalchemy import text as sa_text
 from sqlalchemy import update
 
 from daemon.config import load_config
@@ -33,8 +35,8 @@ from daemon.running.runner import RETRYABLE, JobRunner
 from inference.spec import InferenceSpec, JobSpec, TaskSpec
 from storage import queries
 from storage.database import Database
-from storage.models import CheckpointState, EvalJob
-from storage.queries.jobs import job_handle
+from storage.models import Checkpoint, CheckpointState, EvalJob
+from storage.queries.jobs import job_handle, record_handle, submitted_per_run
 from tests.checkpoints import copy_checkpoint
 from tests.conftest import ToyRun
 from tests.harness import (
@@ -511,3 +513,115 @@ def test_a_daemon_taking_over_a_lease_reattaches_and_the_old_holder_leaves_the_s
     finally:
         daemon.cancel_all()
         database.dispose()
+
+
+# --- fast: storage -------------------------------------------------------------------------------------
+
+
+def _downgrade(db: Database, revision: str) -> None:
+    from alembic import command
+    from storage import migrations
+
+    config = migrations._config()
+    with db.engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.downgrade(config, revision)
+
+
+def test_migration_0011_adds_the_slurm_columns_and_goes_back(database: Database) -> None:
+    from storage import migrations
+
+    with database.session() as session:
+        run_id = queries.ensure_run(session, "toy", "/runs/toy")
+        checkpoint = queries.record_checkpoint(
+            session,
+            run_id=run_id,
+            path="/runs/toy/step_1",
+            name="step_1",
+            step=1,
+            epoch=None,
+            layout="hf",
+            state=CheckpointState.READY,
+        )
+        queries.enqueue_jobs(session, checkpoint_id=checkpoint, step=1, tasks=["arith"])
+        job = queries.claim_next_job(session, "test:1")
+        assert job is not None
+        assert record_handle(session, job_id=job.id, owner="test:1", attempt=1, handle='{"external_id": "7"}')
+        now = datetime.now(UTC)
+        queries.record_attempt(
+            session,
+            queries.AttemptRow(
+                job_id=job.id,
+                attempt=1,
+                engine="hf",
+                tp=1,
+                dp=1,
+                batch_size=4,
+                outcome="succeeded",
+                error_kind=None,
+                error=None,
+                started_at=now,
+                finished_at=now,
+                duration_s=1.0,
+                slurm_job_id="7",
+                nodes="node[1-2]",
+                queue_wait_s=3.0,
+                run_s=9.0,
+                exit_state="COMPLETED",
+            ),
+        )
+    with database.session() as session:
+        (attempt,) = queries.job_history(session, job.id)
+        assert (attempt.slurm_job_id, attempt.nodes, attempt.queue_wait_s, attempt.exit_state) == (
+            "7",
+            "node[1-2]",
+            3.0,
+            "COMPLETED",
+        )
+        assert job_handle(session, job.id) == (1, '{"external_id": "7"}')
+    _downgrade(database, "0010")
+    with database.engine.connect() as conn:
+        columns = {c["name"] for c in sa_inspect(conn).get_columns("job_attempts")}
+        jobs_columns = {c["name"] for c in sa_inspect(conn).get_columns("eval_jobs")}
+        kept = conn.execute(sa_text("SELECT outcome FROM job_attempts")).scalars().all()
+    assert "slurm_job_id" not in columns and "executor_handle" not in jobs_columns and kept == ["succeeded"]
+    migrations.upgrade(database)
+    assert migrations.current_revision(database) == migrations.head_revision() == "0011"
+
+
+def test_newest_first_and_runs_at_their_limit_in_the_claim(database: Database) -> None:
+    with database.session() as session:
+        ids = {}
+        for run in ("a", "b"):
+            run_id = queries.ensure_run(session, run, f"/runs/{run}")
+            ids[run] = run_id
+            for step in (1, 2):
+                checkpoint = queries.record_checkpoint(
+                    session,
+                    run_id=run_id,
+                    path=f"/runs/{run}/step_{step}",
+                    name=f"step_{step}",
+                    step=step,
+                    epoch=None,
+                    layout="hf",
+                    state=CheckpointState.READY,
+                )
+                queries.enqueue_jobs(session, checkpoint_id=checkpoint, step=step, tasks=["arith"])
+        # Run a's step 1 became ready last: "newest" takes it, whatever the steps and the run order.
+        session.execute(
+            update(Checkpoint)
+            .where(Checkpoint.path == "/runs/a/step_1")
+            .values(ready_at=datetime(2030, 1, 1, tzinfo=UTC))
+        )
+    with database.session() as session:
+        first = queries.claim_next_job(session, "test:1", newest_first=True)
+        assert first is not None and (first.run, first.step) == ("a", 1)
+        assert record_handle(session, job_id=first.id, owner="test:1", attempt=1, handle="{}")
+        assert submitted_per_run(session) == {ids["a"]: 1}
+    with database.session() as session:
+        # Run a at its per-run limit: only b's jobs are claimed, in the schedule's order (newest step).
+        second = queries.claim_next_job(session, "test:1", exclude_runs={ids["a"]})
+        third = queries.claim_next_job(session, "test:1", exclude_runs={ids["a"]})
+        fourth = queries.claim_next_job(session, "test:1", exclude_runs={ids["a"]})
+    assert second is not None and third is not None and fourth is None
+    assert [(second.run, second.step), (third.run, third.step)] == [("b", 2), ("b", 1)]

@@ -35,10 +35,12 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("eval_jobs", schema=None) as batch_op:
+    # ALTER TABLE ... DROP COLUMN (SQLite 3.35 and later), never a copy of the table: on SQLite a copy
+    # drops eval_jobs, and with foreign keys on that deletes every job's results, samples and history.
+    with op.batch_alter_table("eval_jobs", schema=None, recreate="never") as batch_op:
         batch_op.drop_column("executor_state")
         batch_op.drop_column("executor_handle")
-    with op.batch_alter_table("job_attempts", schema=None) as batch_op:
+    with op.batch_alter_table("job_attempts", schema=None, recreate="never") as batch_op:
         batch_op.drop_column("exit_state")
         batch_op.drop_column("run_s")
         batch_op.drop_column("queue_wait_s")
