@@ -6,9 +6,10 @@ this process, on a fresh SQLite database each time: ``local`` starts the worker 
 every ``--poll-secs``. Printed: each repeat, the medians and the ratio slurm / local (local is the
 baseline, in the same process, alternating), and for Slurm the queue wait and run time Slurm reports.
 
-Second figure: slurmctld stopped while a job runs, then started again; the time from the controller
-answering again (``start_controller`` returns once ``scontrol ping`` says UP) to the runner polling
-again (its ``executor.reachable``), in seconds.
+Second figure: slurmctld stopped while a job runs, then started again, the runner's loop going on in a
+thread as the daemon's does; the time from the controller answering again (``start_controller`` returns
+once ``scontrol ping`` says UP) to the runner polling again (its ``executor.reachable``), in seconds, and
+the longest pass of the loop while the controller was away (a Slurm tool waiting for it blocks the pass).
 
     python -m bench.slurm_overhead [--repeats 3] [--poll-secs 0.5] [--checkpoint PATH]
 
@@ -23,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -144,8 +146,12 @@ def one_job(
     return took, extra
 
 
-def outage(work: Path, checkpoint: Path, dataset: Path, cluster: SlurmCluster, poll: float) -> float:
-    """Seconds from slurmctld answering again to the runner polling again."""
+def outage(
+    work: Path, checkpoint: Path, dataset: Path, cluster: SlurmCluster, poll: float
+) -> tuple[float, float]:
+    """Seconds from slurmctld answering again to the runner polling again, with the runner's loop in a
+    thread of its own (as the daemon's main loop, which goes on polling through the outage); and the
+    longest one pass of that loop took while the controller was away (the loop is blocked that long)."""
     setup = work / "setup.sh"
     setup.write_text("while [ ! -e go ]; do sleep 0.2; done\n", encoding="utf-8")
     config = write_config(work, checkpoint, dataset, "slurm", poll, extra=f'setup_script = "{setup}"')
@@ -153,26 +159,43 @@ def outage(work: Path, checkpoint: Path, dataset: Path, cluster: SlurmCluster, p
     runner = JobRunner(config, database, f"bench:{os.getpid()}")
     runner.claim_and_start()
     ((_, running),) = runner.running.items()
-    while not running.state or not running.state.startswith("RUNNING"):
-        runner.poll()
-        time.sleep(0.05)
-    cluster.stop_controller()
-    while runner.executor_unusable is None:
-        runner.poll()
-        time.sleep(0.05)
-    cluster.start_controller()
-    back = time.monotonic()
-    while runner.executor_unusable is not None:
-        runner.poll()
-        time.sleep(0.02)
-    polling = time.monotonic() - back
-    assert running.handle is not None
-    (running.handle.job_dir / "go").touch()
-    while runner.running or runner.unrecorded:
-        runner.poll()
-        time.sleep(0.05)
+    stop = threading.Event()
+    passes: list[tuple[float, float]] = []
+
+    def loop() -> None:
+        while not stop.is_set():
+            began = time.monotonic()
+            runner.poll()
+            passes.append((began, time.monotonic() - began))
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        while not running.state or not running.state.startswith("RUNNING"):
+            time.sleep(0.05)
+        cluster.stop_controller()
+        down = time.monotonic()
+        while runner.executor_unusable is None:
+            time.sleep(0.02)
+        time.sleep(3 * poll)
+        cluster.start_controller()
+        back = time.monotonic()
+        while runner.executor_unusable is not None:
+            time.sleep(0.01)
+        polling = time.monotonic() - back
+        longest = max(took for began, took in passes if down <= began <= back)
+        assert running.handle is not None
+        (running.handle.job_dir / "go").touch()
+        while runner.running or runner.unrecorded:
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        thread.join()
+        if not cluster.controller_answers():
+            cluster.start_controller()
     database.dispose()
-    return polling
+    return polling, longest
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -209,15 +232,22 @@ def main(argv: list[str] | None = None) -> int:
             waits = statistics.median(p["queue_wait_s"] for p in slurm_parts)
             runs = statistics.median(p["run_s"] for p in slurm_parts)
             print(f"slurm's own record, median: queue wait {waits:.0f} s, run {runs:.0f} s (whole seconds)")
-        backs = []
+        backs, blocked = [], []
         for i in range(args.repeats):
             folder = work / f"outage-{i}"
             folder.mkdir()
-            backs.append(outage(folder, checkpoint, dataset, cluster, args.poll_secs))
-            print(f"outage {i + 1}: polling again {backs[-1]:.2f} s after slurmctld answered", flush=True)
+            back, longest = outage(folder, checkpoint, dataset, cluster, args.poll_secs)
+            backs.append(back)
+            blocked.append(longest)
+            print(
+                f"outage {i + 1}: polling again {back:.2f} s after slurmctld answered; "
+                f"longest pass while it was away {longest:.2f} s",
+                flush=True,
+            )
         print(
             f"slurmctld back -> daemon polling again: median {statistics.median(backs):.2f} s, "
-            f"max {max(backs):.2f} s (poll_secs {args.poll_secs:g})"
+            f"max {max(backs):.2f} s (poll_secs {args.poll_secs:g}); longest loop pass during the outage "
+            f"{max(blocked):.2f} s"
         )
     return 0
 

@@ -570,6 +570,11 @@ def slurm_queue(config: Config) -> dict[str, Any] | None:
         active = executor.active()
     except (ExecutorUnavailable, SlurmError) as exc:
         return {**out, "error": str(exc), "jobs": []}
+    try:
+        executor.check()
+    except (ExecutorError, ExecutorUnavailable, SlurmError) as exc:
+        # What keeps the daemon from submitting (no such partition): its jobs wait in evald's queue.
+        out["problem"] = str(exc)
     out["jobs"] = [
         {
             "slurm_job_id": job.job_id,

@@ -757,6 +757,8 @@ def cluster_text(cluster: Mapping[str, Any] | None) -> str:
         return head + f"not read: {cluster['error']}"
     jobs = cluster["jobs"]
     lines = [head + (f"{len(jobs)} job(s) queued or running" if jobs else "no job queued or running")]
+    if cluster.get("problem"):
+        lines.append(f"  not submitting: {cluster['problem']}")
     for job in jobs:
         where = f" on {job['nodes']}" if job.get("nodes") else ""
         why = f" ({job['reason']})" if job.get("reason") and job["state"] != "RUNNING" else ""

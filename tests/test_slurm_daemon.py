@@ -394,6 +394,8 @@ def test_a_bad_partition_is_one_clear_error_and_the_daemon_goes_on_once_it_is_fi
             assert "executor.partition" in line["error"] and "'nosuchpart'" in line["error"]
             assert "debug" in line["error"]  # the partitions there are
             assert process.process.poll() is None
+            status = evald("--config", str(daemon.config), "status", env=daemon.env)
+            assert status.returncode == 0 and "not submitting: executor.partition" in status.stdout
             text = daemon.config.read_text().replace('partition = "nosuchpart"', 'partition = "debug"')
             daemon.config.write_text(text)
             process.process.send_signal(signal.SIGHUP)
