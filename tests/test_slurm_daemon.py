@@ -627,3 +627,47 @@ def test_newest_first_and_runs_at_their_limit_in_the_claim(database: Database) -
         fourth = queries.claim_next_job(session, "test:1", exclude_runs={ids["a"]})
     assert second is not None and third is not None and fourth is None
     assert [(second.run, second.step), (third.run, third.step)] == [("b", 2), ("b", 1)]
+
+
+def test_a_submission_whose_id_was_never_stored_is_found_by_name_and_adopted(
+    slurm_cluster: SlurmCluster,
+    sqlite_url: str,
+    dataset: Path,
+    trained: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name, value in slurm_cluster.env.items():
+        monkeypatch.setenv(name, value)
+    daemon = slurm_config(
+        tmp_path, sqlite_url, slurm_cluster, dataset=dataset, executor_extra='extra_sbatch = ["--hold"]'
+    )
+    monkeypatch.setenv("PATH", daemon.env["PATH"])
+    database = upgraded(sqlite_url)
+    config = load_config(daemon.config)
+    _one_ready_job(database, tmp_path / "run", trained)
+    try:
+        first = JobRunner(config, database, "host-a:1")
+        assert first.claim_and_start()
+        (job_id,) = first.running
+        # The daemon died between sbatch and storing the id: the claim has no handle, and the folder's
+        # own record of it is gone too; only the controller knows the job, by its name and comment.
+        with database.session() as session:
+            record_handle(session, job_id=job_id, owner="host-a:1", attempt=1, handle=None)
+        (daemon.job_dir / f"{job_id}-1" / "slurm_job_id").unlink()
+        (queued,) = daemon.queue()
+        second = JobRunner(config, database, "host-b:2")
+        with database.session() as session:
+            (orphan,) = queries.orphans(session, lease=timedelta(seconds=5), every_running=True)
+            assert orphan.executor_handle is None
+            assert second.reattach(session, orphan)
+        assert second.running[job_id].handle is not None
+        assert second.running[job_id].handle.external_id == queued["id"]  # type: ignore[union-attr]
+        with database.session() as session:
+            stored = job_handle(session, job_id)
+        assert stored is not None and f'"external_id": "{queued["id"]}"' in (stored[1] or "")
+        second.poll()
+        assert daemon.sbatch_calls() == 1 and len(daemon.queue()) == 1
+    finally:
+        daemon.cancel_all()
+        database.dispose()
