@@ -1,6 +1,6 @@
 """Tracker delivery: result stored -> visible in MLflow, and a backlog drained after an outage.
 
-A real ``mlflow server`` on loopback (SQLite backend store, as tests/mlflow_server.py starts it), a real
+A real ``mlflow server`` on loopback (SQLite backend store, as tests/mlflowserver.py starts it), a real
 SQLite evald database, results stored as the runner stores them (the alerter's ``after_result`` in the
 result's transaction queues the tracker message), the tracker relay's thread sending them.
 
@@ -31,7 +31,7 @@ from daemon.trackers.relay import TrackerRelay
 from storage import migrations, queries
 from storage.database import Database
 from storage.models import CheckpointState, OutboxMessage, OutboxState
-from tests.mlflow_server import Gate, start_server, stop_server
+from tests.mlflowserver import Gate, start_server, stop
 
 
 def config(folder: Path, url: str, uri: str, experiment: str) -> Config:
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"({args.backlog / drained_s:.0f}/s); {points} points in MLflow, {duplicates} duplicates"
             )
         finally:
-            stop_server(server.process)
+            stop(server)
     return 0
 
 

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import and_, func, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from storage.models import (
     Alert,
@@ -166,6 +166,46 @@ def due(
     return [Due(r.id, endpoint, r.event_id, r.body, r.attempts) for r in rows]
 
 
+def due_many(
+    session: Session,
+    *,
+    endpoint: str,
+    now: datetime,
+    lease: timedelta,
+    limit: int,
+) -> list[Due]:
+    """Claim up to ``limit`` pending messages for ``endpoint`` in one transaction, several of a run at once
+    (a tracker's batch), each run's in the order queued: a run takes part only while its oldest pending
+    message is due, so one claimed by another relay, or backing off, holds back the run's later ones.
+
+    Claimed as ``due`` claims (moved ``lease`` into the future, rows locked, others skip them). The
+    webhooks' relay keeps to ``due``: one message per run in flight."""
+    if disabled(session, endpoint) is not None:
+        return due(session, endpoint=endpoint, now=now, lease=lease, limit=limit)
+    heads = _heads(endpoint)
+    head = aliased(OutboxMessage)
+    rows = session.scalars(
+        select(OutboxMessage)
+        .join(heads, OutboxMessage.run_id == heads.c.run_id)
+        .join(head, head.id == heads.c.first)
+        .where(
+            OutboxMessage.endpoint == endpoint,
+            OutboxMessage.state == OutboxState.PENDING,
+            OutboxMessage.next_attempt_at <= now,
+            head.next_attempt_at <= now,
+        )
+        .order_by(OutboxMessage.id)
+        .limit(limit)
+        .with_for_update(skip_locked=True, of=OutboxMessage)
+    ).all()
+    ids = [r.id for r in rows]
+    if ids:
+        session.execute(
+            update(OutboxMessage).where(OutboxMessage.id.in_(ids)).values(next_attempt_at=now + lease)
+        )
+    return [Due(r.id, endpoint, r.event_id, r.body, r.attempts) for r in rows]
+
+
 def _heads(endpoint: str) -> Any:
     """Each run's oldest pending message for ``endpoint``: the only one of the run that may be sent."""
     return (
@@ -212,6 +252,57 @@ def record_attempt(session: Session, message_id: int, attempt: Attempt) -> int:
         )
     )
     return message.attempts
+
+
+def record_attempts(session: Session, message_ids: Sequence[int], attempt: Attempt) -> int:
+    """``record_attempt`` for several messages that went in one call (one history row each); returns the
+    highest attempt number among them."""
+    if not message_ids:
+        return 0
+    counts = dict(
+        session.execute(
+            select(OutboxMessage.id, OutboxMessage.attempts)
+            .where(OutboxMessage.id.in_(message_ids))
+            .with_for_update()
+        ).all()
+    )
+    session.execute(
+        update(OutboxMessage)
+        .where(OutboxMessage.id.in_(message_ids))
+        .values(attempts=OutboxMessage.attempts + 1)
+    )
+    session.add_all(
+        Delivery(
+            outbox_id=message_id,
+            attempt=counts[message_id] + 1,
+            started_at=attempt.started_at,
+            duration_s=attempt.duration_s,
+            status_code=attempt.status_code,
+            error=attempt.error,
+            retry_after_s=attempt.retry_after_s,
+        )
+        for message_id in message_ids
+    )
+    return max(counts.values()) + 1
+
+
+def delivered_many(session: Session, message_ids: Sequence[int]) -> None:
+    """Several messages delivered, marked in the caller's one transaction."""
+    if message_ids:
+        session.execute(
+            update(OutboxMessage)
+            .where(OutboxMessage.id.in_(message_ids))
+            .values(state=OutboxState.DELIVERED, delivered_at=utcnow(), last_error=None)
+        )
+
+
+def retry_many_at(session: Session, message_ids: Sequence[int], when: datetime, error: str) -> None:
+    if message_ids:
+        session.execute(
+            update(OutboxMessage)
+            .where(OutboxMessage.id.in_(message_ids))
+            .values(next_attempt_at=when, last_error=error)
+        )
 
 
 def delivered(session: Session, message_id: int) -> None:

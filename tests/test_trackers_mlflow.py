@@ -1,4 +1,4 @@
-"""MLflow as a tracker, against a real ``mlflow server`` on loopback (tests/mlflow_server.py).
+"""MLflow as a tracker, against a real ``mlflow server`` on loopback (tests/mlflowserver.py).
 
 Results are stored the way the runner stores them (the job completed, then the alerter's ``after_result``
 in the same transaction, which queues the tracker's message), delivered by the tracker relay's threads,
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import structlog
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from daemon.alerts.lifecycle import Alerter
 from daemon.cli import main
@@ -27,11 +27,11 @@ from daemon.config import Config, load_config
 from daemon.errors import ConfigError
 from daemon.trackers.relay import TrackerRelay
 from daemon.trackers.report import destinations
-from storage import queries
+from storage import alerting, queries
 from storage.database import Database
-from storage.models import CheckpointState, Delivery, OutboxMessage, OutboxState
+from storage.models import CheckpointState, Delivery, OutboxMessage, OutboxState, utcnow
 from tests.harness import upgraded, wait_for, write_config, write_dataset
-from tests.mlflow_server import (
+from tests.mlflowserver import (
     ADMIN,
     Gate,
     MlflowServer,
@@ -66,6 +66,7 @@ def _setup(
     store_url: str | None = None,
     kind: str = "mlflow",
     timeout_secs: float = 3,
+    after: str = "",
 ) -> Setup:
     url = store_url or f"sqlite:///{tmp_path / 'evald.db'}"
     database = upgraded(url)
@@ -82,6 +83,7 @@ experiment = "{experiment}"
 max_backoff_secs = 0.5
 timeout_secs = {timeout_secs}
 {extra}
+{after}
 """
         )
     config = load_config(path)
@@ -130,6 +132,17 @@ def outbox(database: Database) -> dict[str, int]:
             .group_by(OutboxMessage.state)
         ).all()
     return {state.value: int(n) for state, n in rows}
+
+
+def redeliver(database: Database) -> None:
+    """As after a crash between the tracker taking the messages and the outbox's mark: all pending again,
+    due now."""
+    with database.session() as s:
+        s.execute(
+            update(OutboxMessage).values(
+                state=OutboxState.PENDING, delivered_at=None, next_attempt_at=utcnow()
+            )
+        )
 
 
 def failed_attempts(database: Database) -> int:
@@ -253,10 +266,7 @@ def test_a_redelivery_after_a_crash_logs_nothing_twice(
     relay.stop()
     # The daemon died after MLflow took the batch and before the outbox said so: both sent again by a
     # new relay (a new sink: nothing remembered in memory).
-    with setup.database.session() as s:
-        s.execute(
-            OutboxMessage.__table__.update().values(state=OutboxState.PENDING, delivered_at=None)  # type: ignore[attr-defined]
-        )
+    redeliver(setup.database)
     relay_for(setup)
     wait_for(lambda: delivered(setup.database, 2), 60, "2 delivered again")
     assert assert_equal_to_results(setup) == 4
@@ -334,6 +344,7 @@ def test_tracker_config_errors_name_the_field(tmp_path: Path) -> None:
         assert expected in str(raised.value), str(raised.value)
 
 
+@pytest.mark.long
 def test_wrong_credentials_pause_the_sink_with_one_line_and_evaluation_goes_on(
     tmp_path: Path, mlflow_auth_server: MlflowServer, relay_for: Any
 ) -> None:
@@ -368,3 +379,145 @@ def test_wrong_credentials_pause_the_sink_with_one_line_and_evaluation_goes_on(
         assert assert_equal_to_results(setup) == 4
     finally:
         del os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"]
+
+
+def test_an_unset_token_pauses_the_sink_with_its_name_and_results_wait(
+    tmp_path: Path, mlflow_server: MlflowServer, relay_for: Any
+) -> None:
+    # The fast half of the wrong-credentials case (the basic-auth server's is marked long): refused, not
+    # down: one tracker.paused line naming the variable, results stored and waiting, none dropped.
+    setup = _setup(
+        tmp_path, mlflow_server.uri, extra='attach = "own"\ntoken_env = "EVALD_T_TOKEN"\npause_secs = 0.3'
+    )
+    with structlog.testing.capture_logs() as logs:
+        relay = relay_for(setup, {})
+        for step in (10, 20):
+            store_result(setup, step, metrics_at(step))
+        wait_for(lambda: failed_attempts(setup.database) >= 4 or None, 30, "refused attempts after pauses")
+        relay.stop()
+    paused = [e for e in logs if e["event"] == "tracker.paused"]
+    assert len(paused) == 1, paused
+    assert "EVALD_T_TOKEN is not set or empty" in paused[0]["error"]
+    assert outbox(setup.database) == {"pending": 2}
+
+
+def test_a_backlog_goes_in_batches_once_each(
+    tmp_path: Path, mlflow_server: MlflowServer, relay_for: Any
+) -> None:
+    gate = Gate(mlflow_server.port)
+    setup = _setup(tmp_path, gate.uri, extra='attach = "own"\nbatch = 200')
+    try:
+        relay_for(setup)
+        store_result(setup, 1, metrics_at(1))
+        wait_for(lambda: delivered(setup.database, 1), 60, "the first message delivered")
+        gate.close()
+        steps = range(2, 152)
+        for step in steps:
+            store_result(setup, step, metrics_at(step))
+        wait_for(lambda: failed_attempts(setup.database) or None, 30, "a failed attempt recorded")
+        with structlog.testing.capture_logs() as logs:
+            gate.open()
+            wait_for(lambda: delivered(setup.database, 151), 60, "the backlog delivered")
+        # 150 claimed in one transaction, in two log_batch calls (MLflow takes 100 tags a call), marked
+        # delivered in one: a line for the lot.
+        sent = [e for e in logs if e["event"] == "tracker.delivered"]
+        assert [e["messages"] for e in sent] == [150], sent
+        assert assert_equal_to_results(setup) == 151 * 2
+    finally:
+        gate.close()
+
+
+def test_values_taken_without_their_delivery_tag_are_not_logged_twice(
+    tmp_path: Path, mlflow_server: MlflowServer, relay_for: Any
+) -> None:
+    # MLflow's SQL store commits a batch's metrics and its tags in two transactions: a server that died
+    # between them kept the values but not the tag that says they were delivered. Sent again, the values
+    # carry the evaluation's own timestamp, so the store keeps each once.
+    setup = _setup(tmp_path, mlflow_server.uri, extra='attach = "own"')
+    relay = relay_for(setup)
+    for step in (10, 20, 30):
+        store_result(setup, step, metrics_at(step))
+    wait_for(lambda: delivered(setup.database, 3), 60, "3 delivered")
+    relay.stop()
+    client, run = mlflow_run(setup)
+    for key in [k for k in run.data.tags if k.startswith("evald.job.")]:
+        client.delete_tag(run.info.run_id, key)
+    redeliver(setup.database)
+    with structlog.testing.capture_logs() as logs:
+        relay_for(setup)
+        wait_for(lambda: delivered(setup.database, 3), 60, "3 delivered again")
+    assert sum(e["messages"] - e["already_there"] for e in logs if e["event"] == "tracker.delivered") == 3
+    assert assert_equal_to_results(setup) == 6
+    _, run = mlflow_run(setup)
+    assert len([k for k in run.data.tags if k.startswith("evald.job.")]) == 3
+
+
+def test_a_message_mlflow_rejects_is_given_up_and_the_rest_of_its_batch_delivered(
+    tmp_path: Path, mlflow_server: MlflowServer, relay_for: Any
+) -> None:
+    from daemon.trackers.messages import MetricValue, ResultMessage
+
+    setup = _setup(tmp_path, mlflow_server.uri, extra='attach = "own"')
+    # Queued with no relay running, so the four go in one claim and one log_batch.
+    store_result(setup, 10, metrics_at(10))
+    bad = ResultMessage(
+        RUN, "/r", 999, "no!good", "full", 15, "step_15", "/r/step_15", (MetricValue("a", 1.0, None, 1),)
+    )
+    with setup.database.session() as s:
+        assert enqueue_raw(s, setup, bad)
+    for step in (20, 30):
+        store_result(setup, step, metrics_at(step))
+    with structlog.testing.capture_logs() as logs:
+        relay_for(setup)
+        wait_for(lambda: outbox(setup.database) == {"delivered": 3, "failed": 1} or None, 60, "3 in, 1 out")
+    rejected = [e for e in logs if e["event"] == "tracker.rejected"]
+    assert len(rejected) == 1 and "INVALID_PARAMETER_VALUE" in rejected[0]["error"], rejected
+    assert assert_equal_to_results(setup) == 6
+
+
+def enqueue_raw(session: Any, setup: Setup, message: Any) -> bool:
+    """A message put in the outbox as is, not built from a stored result."""
+    return alerting.enqueue_message(
+        session,
+        run_id=setup.run_id,
+        endpoint=setup.config.trackers[0].endpoint,
+        event_id=f"trk_test_{uuid.uuid4().hex[:12]}",
+        body=message.to_json(),
+    )
+
+
+ALERT_ON_ACCURACY = "[alerts.thresholds.accuracy]\nmin = 0.05\n"
+
+
+def test_alerts_go_to_mlflow_as_tags_with_their_state(
+    tmp_path: Path, mlflow_server: MlflowServer, relay_for: Any
+) -> None:
+    setup = _setup(tmp_path, mlflow_server.uri, extra='attach = "own"', after=ALERT_ON_ACCURACY)
+    relay_for(setup)
+    # Accuracy 0.01 at step 10: the threshold fires; 0.1 at step 100: it resolves.
+    store_result(setup, 10, metrics_at(10))
+    wait_for(lambda: outbox(setup.database).get("pending", 0) == 0 or None, 60, "sent")
+    _, run = mlflow_run(setup)
+    with setup.database.session() as s:
+        (alert,) = [a for a in alerting.alert_rows(s, run=RUN) if a.rule == "threshold"]
+    fired = json.loads(run.data.tags[f"evald.alert.{alert.id}"])
+    assert (fired["state"], fired["rule"], fired["metric"], fired["step"]) == (
+        "firing",
+        "threshold",
+        "accuracy",
+        10,
+    )
+    assert run.data.tags[f"evald.alert.{alert.id}.state"] == "firing"
+    assert run.data.tags[f"evald.alert.{alert.id}.severity"] == "critical"
+    store_result(setup, 100, metrics_at(100))
+    wait_for(lambda: outbox(setup.database).get("pending", 0) == 0 or None, 60, "sent")
+    _, run = mlflow_run(setup)
+    with setup.database.session() as s:
+        rows = alerting.alert_rows(s, run=RUN)
+    assert rows
+    for row in rows:
+        # Every alert evald stored, in MLflow with the state evald says.
+        assert json.loads(run.data.tags[f"evald.alert.{row.id}"])["state"] == row.state, row
+    resolved = json.loads(run.data.tags[f"evald.alert.{alert.id}"])
+    assert (resolved["state"], resolved["step"]) == ("resolved", 100)
+    assert assert_equal_to_results(setup) == 4

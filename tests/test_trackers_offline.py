@@ -23,7 +23,7 @@ from daemon.trackers.relay import TrackerRelay
 from daemon.trackers.wandb import own_run_id, trainer_run_on_disk
 from storage import queries
 from tests.harness import wait_for
-from tests.test_trackers_mlflow import RUN, Setup, _setup, delivered, metrics_at, store_result
+from tests.test_trackers_mlflow import RUN, Setup, _setup, delivered, metrics_at, redeliver, store_result
 
 #: W&B's log framing: a 7-byte file header, 32 KiB blocks, each record's header (crc32, length, type).
 BLOCK = 32768
@@ -130,10 +130,7 @@ def test_wandb_offline_every_value_at_its_step_once(
     wait_for(lambda: delivered(setup.database, 3), 120, "3 delivered to W&B")
     relay.stop(30)
     # A second daemon start: its sink resumes the run by id; nothing is sent twice.
-    with setup.database.session() as s:
-        from storage.models import OutboxMessage, OutboxState
-
-        s.execute(OutboxMessage.__table__.update().values(state=OutboxState.PENDING))  # type: ignore[attr-defined]
+    redeliver(setup.database)
     relay = _relay(setup, relays)
     store_result(setup, 40, metrics_at(40))
     wait_for(lambda: delivered(setup.database, 4), 120, "4 delivered to W&B")
@@ -172,10 +169,7 @@ def test_tensorboard_live_event_files_every_value_once(tmp_path: Path, relays: l
         store_result(setup, step, metrics_at(step))
     wait_for(lambda: delivered(setup.database, 2), 60, "2 written as events")
     relay.stop(30)
-    with setup.database.session() as s:
-        from storage.models import OutboxMessage, OutboxState
-
-        s.execute(OutboxMessage.__table__.update().values(state=OutboxState.PENDING))  # type: ignore[attr-defined]
+    redeliver(setup.database)
     relay = _relay(setup, relays)
     wait_for(lambda: delivered(setup.database, 2), 60, "2 delivered again")
     relay.stop(30)

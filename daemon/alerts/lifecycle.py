@@ -316,6 +316,11 @@ class Alerter:
         }
 
     def _enqueue(self, session: Session, notice: Notice) -> None:
+        if self._trackers:
+            # ``[[trackers]]`` get the notice too (W&B alerts, MLflow tags): their own rows and relay.
+            self._trackers.after_alert(
+                session, alert_id=notice.alert_id, run_id=self._run_id(session, notice), body=notice.body
+            )
         endpoints = [
             w.name
             for w in self._config.webhooks
@@ -336,6 +341,12 @@ class Alerter:
             event_ids=[f"evald_{uuid.uuid4().hex}" for _ in endpoints],
             body=body,
         )
+
+    @staticmethod
+    def _run_id(session: Session, notice: Notice) -> int:
+        alert = session.get(Alert, notice.alert_id)
+        assert alert is not None, f"alert {notice.alert_id} of a notice is not in its own transaction"
+        return alert.run_id
 
     def _status(self, session: Session, job: queries.ClaimedJob, best: Best | None) -> dict[str, Any]:
         firing = [a for a in alerting.alert_rows(session, run=job.run, state="firing")]

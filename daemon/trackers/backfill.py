@@ -85,15 +85,13 @@ def backfill(
     worker = SinkWorker(database, tracker, environ)
     sent = already = 0
     try:
-        while (due := worker.claim()) is not None:
-            outcome = worker.send_one(due)
-            if not outcome.delivered:
+        while dues := worker.claim():
+            outcome = worker.send(dues)
+            sent += outcome.fresh
+            already += outcome.delivered - outcome.fresh
+            if outcome.stopped:
                 # Down or refusing: what is left waits in the outbox, retried with its backoff.
                 break
-            if outcome.fresh:
-                sent += 1
-            else:
-                already += 1
         where = worker.sink.where(run)
     finally:
         worker.close()

@@ -1,16 +1,19 @@
-"""The sink protocol: deliver one message to a tracker, idempotently, by its stable id.
+"""The sink protocol: deliver a batch of messages to a tracker, idempotently, by their stable ids.
 
-The relay (``daemon/trackers/relay.py``) claims a message from the outbox, hands it to the sink, and marks
-it delivered only when ``deliver`` returned; a sink raises one of the errors below to say what to do
-instead. Since a crash can fall between a sink's write and the outbox's mark, each sink also remembers
-what it delivered (in the tracker itself where it can), so a message sent again is logged once.
+The relay (``daemon/trackers/relay.py``) claims a tracker's due messages from the outbox (many in one
+transaction), hands them to the sink in one ``deliver_many``, and marks delivered, in one transaction, those
+the sink says it delivered; a sink stops at the first message it could not deliver and says why with one
+of the errors below. Since a crash can fall between a sink's write and the outbox's mark, each sink also
+remembers what it delivered (in the tracker itself where it can), so a message sent again is logged once.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
-from daemon.trackers.messages import ResultMessage
+from daemon.trackers.messages import Message
 
 
 class TrackerError(Exception):
@@ -26,14 +29,26 @@ class TrackerRefused(TrackerError):
 
 
 class TrackerRejected(TrackerError):
-    """This message can never be taken (malformed for the tracker): given up, so it stops blocking."""
+    """This message can never be taken (malformed for the tracker): given up, so it stops blocking.
+    Raised for a call that carried several messages, the relay sends them again one by one to find it."""
+
+
+@dataclass(frozen=True)
+class Batch:
+    """What ``deliver_many`` did: the first ``len(fresh)`` messages are delivered (each True when logged
+    now, False when the tracker had it already); ``error`` says why it stopped before the rest (None: all
+    delivered)."""
+
+    fresh: tuple[bool, ...]
+    error: TrackerError | None = None
 
 
 class Sink(Protocol):
     name: str
 
-    def deliver(self, event_id: str, message: ResultMessage) -> bool:
-        """Log ``message`` (known by ``event_id``); returns False when it had been delivered already."""
+    def deliver_many(self, items: Sequence[tuple[str, Message]]) -> Batch:
+        """Log ``items`` (each an event id and its message), in order, in as few tracker calls as the
+        tracker's API allows."""
         ...
 
     def where(self, run: str) -> str:

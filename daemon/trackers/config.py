@@ -77,6 +77,9 @@ class TrackerConfig(BaseModel):
     pause_secs: float = Field(default=600.0, gt=0)
     #: One delivery call's limit.
     timeout_secs: float = Field(default=10.0, gt=0)
+    #: Messages claimed from the outbox in one transaction and handed to the tracker together (MLflow:
+    #: one ``log_batch`` per 100 evaluations; W&B: one ``log`` per step); 1: one message per claim.
+    batch: int = Field(default=200, ge=1, le=1000)
 
     @field_validator("dir")
     @classmethod

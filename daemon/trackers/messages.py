@@ -1,9 +1,11 @@
-"""What a tracker is sent: one evaluation's results (and a bounded sample table), as stored.
+"""What a tracker is sent: one evaluation's results (and a bounded sample table), as stored, or one alert
+event (fired, notified again, resolved).
 
-A message is built in the transaction that stores the result (or, for a backfill, from what is stored) and
-queued in the outbox under a stable id: ``tracker:<name>`` and the job id give the same id every time, so a
-backfill of what was already sent live queues nothing, and a sink that records delivered ids logs nothing
-twice.
+A result message is built in the transaction that stores the result (or, for a backfill, from what is
+stored) and queued in the outbox under a stable id: ``tracker:<name>`` and the job id give the same id every
+time, so a backfill of what was already sent live queues nothing, and a sink that records delivered ids logs
+nothing twice. An alert event is built in the transaction that stores the alert's change, under an id of
+its own (each notice is one event), like a webhook's.
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import uuid
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import select
@@ -53,6 +57,10 @@ class ResultMessage:
     metrics: tuple[MetricValue, ...]
     samples: tuple[SampleEntry, ...] = field(default=())
     kind: str = "result"
+    #: When the evaluation finished (ms since the epoch): every value's timestamp, the same at each
+    #: redelivery, so MLflow's store takes a value sent twice as one (its key includes the timestamp).
+    #: None in messages queued before it was kept: the sending time.
+    finished_ms: int | None = None
 
     def key(self, metric: str, part: str | None = None) -> str:
         """``eval/<task>/<metric>`` (``/stderr``, ``/n`` beside it); the quick stage under its own name."""
@@ -80,6 +88,107 @@ class ResultMessage:
         data["metrics"] = tuple(MetricValue(**m) for m in data["metrics"])
         data["samples"] = tuple(SampleEntry(**s) for s in data.get("samples", ()))
         return cls(**data)
+
+
+@dataclass(frozen=True)
+class AlertEvent:
+    """One notice of an alert (as the webhooks get it): fired, notified again after its cooldown, resolved."""
+
+    run: str
+    run_root: str
+    alert_id: int
+    rule: str
+    severity: str
+    #: ``firing`` or ``resolved``.
+    state: str
+    #: The onset while it fires, the step that resolved it after; None: a run-level event.
+    step: int | None
+    task: str | None
+    metric: str | None
+    value: float | None
+    baseline: float | None
+    message: str
+    #: ISO time it fired (``starts_at``) and, resolved, when (``ends_at``).
+    starts_at: str
+    ends_at: str | None = None
+    checkpoint: str | None = None
+    rollback_step: int | None = None
+    kind: str = "alert"
+
+    @property
+    def title(self) -> str:
+        """One line naming the alert (W&B's alert title; also its tag's summary)."""
+        what = "/".join(p for p in (self.task, self.metric) if p) or self.rule
+        at = f" at step {self.step}" if self.step is not None else ""
+        return f"evald {self.run}: {self.rule} on {what}{at} ({self.state})"
+
+    def facts(self, event_id: str) -> dict[str, Any]:
+        """What a tracker keeps of the event (MLflow's tag, W&B's summary)."""
+        return {
+            "event_id": event_id,
+            "state": self.state,
+            "rule": self.rule,
+            "severity": self.severity,
+            "task": self.task,
+            "metric": self.metric,
+            "step": self.step,
+            "value": None if self.value is None or not math.isfinite(self.value) else self.value,
+            "baseline": self.baseline,
+            "rollback_step": self.rollback_step,
+            "checkpoint": self.checkpoint,
+            "message": self.message,
+            "starts_at": self.starts_at,
+            "ends_at": self.ends_at,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), allow_nan=True)
+
+    @classmethod
+    def from_notice(cls, body: dict[str, Any], *, alert_id: int, run_root: str) -> AlertEvent:
+        """From the alert's notice body (``Alerter._body``: what the webhooks are sent)."""
+        value = body.get("value")
+        return cls(
+            run=str(body["run"]),
+            run_root=run_root,
+            alert_id=alert_id,
+            rule=str(body["rule"]),
+            severity=str(body["severity"]),
+            state=str(body["state"]),
+            step=body.get("step"),
+            task=body.get("task"),
+            metric=body.get("metric"),
+            value=None if value is None else float(value),
+            baseline=body.get("baseline"),
+            message=str(body.get("message") or ""),
+            starts_at=str(body.get("starts_at") or ""),
+            ends_at=body.get("ends_at"),
+            checkpoint=body.get("checkpoint"),
+            rollback_step=body.get("rollback_step"),
+        )
+
+
+Message = ResultMessage | AlertEvent
+
+
+def parse(body: str) -> Message:
+    """An outbox body back as its message (by its ``kind``); ValueError/KeyError/TypeError when unreadable."""
+    data: dict[str, Any] = json.loads(body)
+    if data.get("kind", "result") == "alert":
+        return AlertEvent(**data)
+    return ResultMessage.from_json(body)
+
+
+def alert_event_id(endpoint: str) -> str:
+    """A fresh id for one alert event to ``endpoint`` (each notice is its own event)."""
+    digest = hashlib.sha256(f"{endpoint}|alert|{uuid.uuid4().hex}".encode()).hexdigest()[:40]
+    return f"trk_{digest}"
+
+
+def epoch_ms(when: datetime) -> int:
+    """``when`` in ms since the epoch (a naive time is UTC, as SQLite hands them back)."""
+    aware = when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+    return int(aware.timestamp() * 1000)
 
 
 def event_id(endpoint: str, job_id: int) -> str:
@@ -129,6 +238,7 @@ def result_message(session: Session, job_id: int, *, samples: int) -> ResultMess
         checkpoint_path=checkpoint.path,
         metrics=metrics,
         samples=table,
+        finished_ms=None if job.finished_at is None else epoch_ms(job.finished_at),
     )
 
 

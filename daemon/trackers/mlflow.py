@@ -1,10 +1,16 @@
 """The MLflow sink: each evaluation's values logged at the checkpoint's training step.
 
 Keys ``eval/<task>/<metric>`` with ``/stderr`` and ``/n`` beside them, all of one evaluation in one
-``log_batch`` together with the tag ``evald.job.<job id>`` (its task, stage, step and checkpoint path).
-MLflow's ``log_metric`` with a step is not idempotent (the same value twice is two history entries), so
-that tag is the record of what was delivered: a message whose tag is on the run is not logged again, and
-the server writes the batch's metrics and tag in one transaction, so none can be there without the other.
+``log_batch`` together with the tag ``evald.job.<job id>`` (its task, stage, step and checkpoint path);
+consecutive evaluations of one run share the call, up to 100 (MLflow's limit of 100 tags per batch).
+MLflow's ``log_metric`` with a step is not idempotent (the same value at a new timestamp is a second
+history entry), so delivery is made idempotent twice over: that tag is the record of what was delivered
+(a message whose tag is on the run is not logged again), and each value carries the evaluation's own
+finish time as its timestamp, so a batch sent again after the server took it (a crash before the
+outbox's mark, or a server that died between writing the batch's metrics and its tags, which MLflow's
+SQL store commits separately) repeats the same (key, step, timestamp, value), which the store keeps once.
+
+An alert event sets the tags ``evald.alert.<id>`` (the event as JSON), ``.state`` and ``.severity``.
 
 The run is the trainer's where it can be found (``run_ids`` in the tracker's config, else the newest run
 under ``<run root>/mlruns``), checked to exist; else one own run per evald run, found again by its
@@ -16,23 +22,47 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from daemon.trackers.base import TrackerRefused, TrackerRejected, TrackerUnavailable
+from daemon.trackers.base import Batch, TrackerError, TrackerRefused, TrackerRejected, TrackerUnavailable
 from daemon.trackers.config import TrackerConfig
-from daemon.trackers.messages import ResultMessage
+from daemon.trackers.messages import AlertEvent, Message, ResultMessage
 
 log = structlog.get_logger("daemon.trackers.mlflow")
 
 #: The per-job delivery tag's prefix: its presence on the run means the job's values are there.
 JOB_TAG = "evald.job."
 RUN_TAG = "evald.run"
+#: An alert's tags: ``evald.alert.<id>`` (its latest event as JSON, with the event id), ``.state``,
+#: ``.severity`` beside it (so ``tags."evald.alert.7.state" = 'firing'`` finds the runs).
+ALERT_TAG = "evald.alert."
 #: MLflow's limit on a tag's value.
 TAG_CHARS = 5000
+#: MLflow's ``log_batch`` limits: 1,000 metrics, params and tags together, 100 tags.
+MAX_ENTITIES = 1000
+MAX_TAGS = 100
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """One message's share of a ``log_batch``."""
+
+    message: Message
+    metrics: tuple[Any, ...]
+    tags: tuple[Any, ...]
+    #: Already on the run (its delivery tag there): nothing to send.
+    already: bool = False
+    #: The delivery tag and event id remembered once the batch is taken.
+    mark: tuple[str, str] | None = None
+
+    @property
+    def size(self) -> int:
+        return len(self.metrics) + len(self.tags)
 
 
 def trainer_run_on_disk(root: Path) -> str | None:
@@ -86,9 +116,9 @@ class MlflowSink:
                 # Refused, not down: the sink pauses with this line instead of retrying every second.
                 raise TrackerRefused(f"environment variable {named} is not set or empty")
         self._store = self._make_store(token or None, user or None)
-        #: evald run -> MLflow run id, and each MLflow run's delivered job tags.
+        #: evald run -> MLflow run id, and each MLflow run's delivery tags (``_delivered_tags``).
         self._runs: dict[str, str] = {}
-        self._delivered: dict[str, set[str]] = {}
+        self._delivered: dict[str, dict[str, str]] = {}
         self._experiment_id: str | None = None
 
     def _make_store(self, token: str | None, user: str | None) -> Any:
@@ -119,7 +149,7 @@ class MlflowSink:
         self._runs.clear()
         self._delivered.clear()
 
-    def run_id(self, message: ResultMessage) -> str:
+    def run_id(self, message: Message) -> str:
         """The MLflow run ``message``'s evald run logs into (found or created once per sink)."""
         known = self._runs.get(message.run)
         if known is not None:
@@ -133,7 +163,7 @@ class MlflowSink:
         self._delivered[run_id] = self._delivered_tags(run_id)
         return run_id
 
-    def _trainer_run(self, message: ResultMessage) -> str | None:
+    def _trainer_run(self, message: Message) -> str | None:
         from mlflow.exceptions import MlflowException
 
         candidate = self._config.run_ids.get(message.run) or trainer_run_on_disk(Path(message.run_root))
@@ -180,7 +210,7 @@ class MlflowSink:
             raise _classify(exc, f"get experiment {self._config.experiment!r}") from exc
         return self._experiment_id
 
-    def _own_run(self, message: ResultMessage) -> str:
+    def _own_run(self, message: Message) -> str:
         from mlflow.entities import RunTag, ViewType
 
         experiment = self._experiment()
@@ -210,25 +240,70 @@ class MlflowSink:
         log.info("tracker.own_run", tracker=self.name, run=message.run, mlflow_run=run.info.run_id)
         return str(run.info.run_id)
 
-    def _delivered_tags(self, run_id: str) -> set[str]:
+    def _delivered_tags(self, run_id: str) -> dict[str, str]:
+        """The run's delivery tags: each evaluation's (its value unused), each alert's latest event id."""
         try:
             run = self._store.get_run(run_id)
         except Exception as exc:
             raise _classify(exc, f"read run {run_id}") from exc
-        return {key for key in run.data.tags if key.startswith(JOB_TAG)}
+        found: dict[str, str] = {}
+        for key, value in run.data.tags.items():
+            if key.startswith(JOB_TAG):
+                found[key] = ""
+            elif key.startswith(ALERT_TAG) and key.count(".") == 2:
+                try:
+                    found[key] = str(json.loads(value).get("event_id", ""))
+                except (ValueError, AttributeError):
+                    continue
+        return found
 
-    def deliver(self, event_id: str, message: ResultMessage) -> bool:
+    def deliver_many(self, items: Sequence[tuple[str, Message]]) -> Batch:
+        """Consecutive messages of one MLflow run go in one ``log_batch`` while it stays within MLflow's
+        limits (1,000 entities, 100 tags: one tag per evaluation), each evaluation whole in one call."""
+        fresh: list[bool] = []
+        chunk: list[_Entry] = []
+        chunk_run: str | None = None
+        try:
+            for event_id, message in items:
+                run_id = self.run_id(message)
+                entry = self._entry(run_id, event_id, message)
+                fits = len(chunk) < MAX_TAGS and sum(e.size for e in chunk) + entry.size <= MAX_ENTITIES
+                if chunk and (run_id != chunk_run or not fits):
+                    fresh += self._flush(chunk_run or run_id, chunk)
+                    chunk = []
+                chunk_run = run_id
+                chunk.append(entry)
+            if chunk:
+                fresh += self._flush(chunk_run or "", chunk)
+        except TrackerError as exc:
+            return Batch(tuple(fresh), exc)
+        return Batch(tuple(fresh))
+
+    def _entry(self, run_id: str, event_id: str, message: Message) -> _Entry:
         from mlflow.entities import Metric, RunTag
 
-        run_id = self.run_id(message)
+        delivered = self._delivered[run_id]
+        if isinstance(message, AlertEvent):
+            key = f"{ALERT_TAG}{message.alert_id}"
+            if delivered.get(key) == event_id:
+                return _Entry(message, (), (), already=True)
+            event = json.dumps(message.facts(event_id), allow_nan=False, default=str)[:TAG_CHARS]
+            tags = (
+                RunTag(key, event),
+                RunTag(f"{key}.state", message.state),
+                RunTag(f"{key}.severity", message.severity),
+            )
+            return _Entry(message, (), tags, mark=(key, event_id))
         tag = f"{JOB_TAG}{message.job_id}"
-        if tag in self._delivered[run_id]:
-            return False
-        stamp = int(time.time() * 1000)
-        metrics = [
+        if tag in delivered:
+            return _Entry(message, (), (), already=True)
+        # The evaluation's own time, not the sending time: a value sent again has the same key, value,
+        # step and timestamp, which MLflow's store keeps once.
+        stamp = message.finished_ms if message.finished_ms is not None else int(time.time() * 1000)
+        metrics = tuple(
             Metric(key=key, value=value, timestamp=stamp, step=message.step)
             for key, value in message.scalars()
-        ]
+        )
         facts = {
             "event_id": event_id,
             "task": message.task,
@@ -236,19 +311,29 @@ class MlflowSink:
             "step": message.step,
             "checkpoint": message.checkpoint_path,
         }
-        tags = [RunTag(tag, json.dumps(facts)[:TAG_CHARS])]
+        return _Entry(message, metrics, (RunTag(tag, json.dumps(facts)[:TAG_CHARS]),), mark=(tag, event_id))
+
+    def _flush(self, run_id: str, chunk: list[_Entry]) -> list[bool]:
+        """One ``log_batch`` for ``chunk`` (the sample tables first, one artifact each)."""
+        metrics = [m for e in chunk for m in e.metrics]
+        tags = [t for e in chunk for t in e.tags]
         try:
-            if message.samples:
-                self._log_samples(run_id, message)
-            self._store.log_batch(run_id, metrics=metrics, params=[], tags=tags)
+            for entry in chunk:
+                if isinstance(entry.message, ResultMessage) and entry.message.samples and not entry.already:
+                    self._log_samples(run_id, entry.message)
+            if metrics or tags:
+                self._store.log_batch(run_id, metrics=metrics, params=[], tags=tags)
         except Exception as exc:
             error = _classify(exc, "log_batch")
             if isinstance(error, TrackerUnavailable):
                 # The run may have gone (deleted while we were away): found or made again next time.
-                self._runs.pop(message.run, None)
+                for entry in chunk:
+                    self._runs.pop(entry.message.run, None)
             raise error from exc
-        self._delivered[run_id].add(tag)
-        return True
+        for entry in chunk:
+            if entry.mark is not None:
+                self._delivered[run_id][entry.mark[0]] = entry.mark[1]
+        return [not e.already for e in chunk]
 
     def _log_samples(self, run_id: str, message: ResultMessage) -> None:
         """The sample table as a JSON artifact (overwritten, not doubled, when sent again)."""

@@ -1,16 +1,19 @@
 """Tracker messages queued in the result's transaction: a result is never stored without its messages,
-nor a message queued for a result that did not commit."""
+nor a message queued for a result that did not commit; an alert's event likewise, in the transaction that
+stores the alert's change, beside its webhook rows."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import structlog
 from sqlalchemy.orm import Session
 
 from daemon.trackers.config import TrackerConfig
-from daemon.trackers.messages import event_id, result_message
+from daemon.trackers.messages import AlertEvent, alert_event_id, event_id, result_message
 from storage import alerting
+from storage.models import Run
 
 log = structlog.get_logger("daemon.trackers")
 
@@ -52,4 +55,31 @@ class TrackerQueue:
                 return self.queue(session, job_id=job_id, run=run, run_id=run_id)
         except Exception as exc:
             log.exception("tracker.queue_failed", job_id=job_id, run=run, error=repr(exc))
+            return 0
+
+    def after_alert(self, session: Session, *, alert_id: int, run_id: int, body: Mapping[str, Any]) -> int:
+        """One outbox row per tracker that takes the alert's run, for one notice of it (``body``: what
+        the webhooks get); in a savepoint, so a failure here leaves the alert and its webhooks as they
+        are. Returns how many were queued."""
+        run = str(body.get("run", ""))
+        takers = [t for t in self._trackers if t.takes(run)]
+        if not takers:
+            return 0
+        try:
+            with session.begin_nested():
+                root = session.get(Run, run_id)
+                message = AlertEvent.from_notice(
+                    dict(body), alert_id=alert_id, run_root=root.root if root is not None else ""
+                ).to_json()
+                for tracker in takers:
+                    alerting.enqueue_message(
+                        session,
+                        run_id=run_id,
+                        endpoint=tracker.endpoint,
+                        event_id=alert_event_id(tracker.endpoint),
+                        body=message,
+                    )
+                return len(takers)
+        except Exception as exc:
+            log.exception("tracker.alert_queue_failed", alert_id=alert_id, run=run, error=repr(exc))
             return 0

@@ -1,14 +1,17 @@
 """The tracker relay: sends each tracker's outbox messages until the tracker has them.
 
-One thread per tracker (the libraries block), sharing the webhook relay's outbox discipline: a message is
-claimed under a lease (another daemon's relay skips it), handed to the sink, and marked delivered only when
-the sink returned; a tracker that is down is tried again after an exponential backoff with jitter, for as
-long as it takes; refused credentials pause the sink (one error line, evaluation goes on, nothing queued is
-dropped) and it tries again after ``pause_secs``. A run's messages go in the order they were queued.
+One thread per tracker (the libraries block), sharing the webhook relay's outbox discipline: messages are
+claimed under a lease (another daemon's relay skips them), up to ``batch`` of them in one transaction,
+handed to the sink in one ``deliver_many`` (one MLflow ``log_batch`` per hundred evaluations, one W&B
+``log`` per step), and those it took marked delivered in one transaction; a tracker that is down is tried
+again after an exponential backoff with jitter, for as long as it takes; refused credentials pause the sink
+(one error line, evaluation goes on, nothing queued is dropped) and it tries again after ``pause_secs``. A
+run's messages go in the order they were queued. ``batch = 1`` sends one message per claim, as before.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 import time
@@ -19,9 +22,16 @@ from datetime import timedelta
 import structlog
 
 from daemon.alerts.relay import backoff
-from daemon.trackers.base import Sink, TrackerRefused, TrackerRejected
+from daemon.trackers.base import (
+    Batch,
+    Sink,
+    TrackerError,
+    TrackerRefused,
+    TrackerRejected,
+    TrackerUnavailable,
+)
 from daemon.trackers.config import TrackerConfig
-from daemon.trackers.messages import ResultMessage
+from daemon.trackers.messages import AlertEvent, Message, parse
 from storage import alerting
 from storage.database import Database
 from storage.errors import DatabaseUnreachable
@@ -31,6 +41,9 @@ log = structlog.get_logger("daemon.trackers.relay")
 
 POLL_SECS = 1.0
 CLAIM_MARGIN_SECS = 5.0
+#: Messages one tracker call carries at most (MLflow's ``log_batch``: 100 tags, one per evaluation): the
+#: claim's lease allows a timeout for each such call.
+CALL_MESSAGES = 100
 
 
 def make_sink(config: TrackerConfig, environ: Mapping[str, str]) -> Sink:
@@ -50,12 +63,23 @@ def make_sink(config: TrackerConfig, environ: Mapping[str, str]) -> Sink:
 
 @dataclass(frozen=True)
 class Sent:
-    """What one ``send_one`` did."""
+    """What one ``send`` did."""
 
-    delivered: bool
-    #: False: the sink had it already (sent before a crash, or a backfill of what went live).
-    fresh: bool = False
+    #: Delivered now, or found in the tracker already.
+    delivered: int = 0
+    #: Of those, logged now (the rest the sink had already: sent before a crash, or a backfill).
+    fresh: int = 0
+    #: Some were left for later (the tracker down or refusing): a backfill stops there.
+    stopped: bool = False
     paused: bool = False
+
+    def __add__(self, other: Sent) -> Sent:
+        return Sent(
+            self.delivered + other.delivered,
+            self.fresh + other.fresh,
+            self.stopped or other.stopped,
+            self.paused or other.paused,
+        )
 
 
 class SinkWorker:
@@ -84,87 +108,121 @@ class SinkWorker:
             self._sink = self._factory(self.config, self._environ)
         return self._sink
 
-    def claim(self) -> alerting.Due | None:
-        lease = timedelta(seconds=self.config.timeout_secs * 3 + CLAIM_MARGIN_SECS)
+    def claim(self) -> list[alerting.Due]:
+        """Up to ``batch`` due messages, claimed in one transaction, long enough for the calls they take."""
+        calls = math.ceil(self.config.batch / CALL_MESSAGES)
+        lease = timedelta(seconds=self.config.timeout_secs * (2 + calls) + CLAIM_MARGIN_SECS)
         with self._db.session() as session:
-            claimed = alerting.due(session, endpoint=self.config.endpoint, now=utcnow(), lease=lease, limit=1)
-        return claimed[0] if claimed else None
+            return alerting.due_many(
+                session, endpoint=self.config.endpoint, now=utcnow(), lease=lease, limit=self.config.batch
+            )
 
-    def send_one(self, due: alerting.Due) -> Sent:
-        endpoint = self.config.endpoint
-        try:
-            message = ResultMessage.from_json(due.body)
-        except (ValueError, KeyError, TypeError) as exc:
+    def send(self, dues: Sequence[alerting.Due]) -> Sent:
+        """Hand ``dues`` to the sink in one ``deliver_many``; mark what it took in one transaction, and
+        what it did not for a retry after a backoff (or a pause)."""
+        items: list[tuple[alerting.Due, Message]] = []
+        unreadable: list[tuple[alerting.Due, str]] = []
+        for due in dues:
+            try:
+                items.append((due, parse(due.body)))
+            except (ValueError, KeyError, TypeError) as exc:
+                unreadable.append((due, f"cannot be read: {exc}"))
+        if unreadable:
             with self._db.session() as session:
-                alerting.give_up(session, due.id, f"cannot be read: {exc}")
-            log.error("tracker.unreadable", tracker=self.config.name, event_id=due.event_id, error=str(exc))
-            return Sent(delivered=False)
+                for due, why in unreadable:
+                    alerting.give_up(session, due.id, why)
+                    log.error(
+                        "tracker.unreadable", tracker=self.config.name, event_id=due.event_id, error=why
+                    )
+        if not items:
+            return Sent()
         started_at = utcnow()
         started = time.perf_counter()
-        error: str | None = None
-        fresh = False
-        refused = rejected = False
         try:
-            fresh = self.sink.deliver(due.event_id, message)
-        except TrackerRefused as exc:
-            error, refused = str(exc), True
-        except TrackerRejected as exc:
-            error, rejected = str(exc), True
+            batch = self.sink.deliver_many([(due.event_id, message) for due, message in items])
+        except TrackerError as exc:
+            batch = Batch((), exc)
         except Exception as exc:
-            # Down, slow, or a library's own error: the message waits in the outbox and is tried again.
-            error = str(exc) or type(exc).__name__
+            # A library's own error (or the sink failing to start): the messages wait and are tried again.
+            batch = Batch((), TrackerUnavailable(str(exc) or type(exc).__name__))
         duration = time.perf_counter() - started
+        done, left = items[: len(batch.fresh)], items[len(batch.fresh) :]
+        fresh = sum(batch.fresh)
+        error = batch.error if left else None
+        if left and error is None:
+            error = TrackerUnavailable("the sink stopped without saying why")
+        why = str(error) if error is not None else ""
         with self._db.session() as session:
-            attempts = alerting.record_attempt(
-                session, due.id, alerting.Attempt(started_at, duration, None, error)
+            if done:
+                alerting.record_attempts(
+                    session, [due.id for due, _ in done], alerting.Attempt(started_at, duration, None, None)
+                )
+                alerting.delivered_many(session, [due.id for due, _ in done])
+            attempts, delay = 0, 0.0
+            if left and not isinstance(error, TrackerRejected):
+                ids = [due.id for due, _ in left]
+                attempts = alerting.record_attempts(
+                    session, ids, alerting.Attempt(started_at, duration, None, why)
+                )
+                if isinstance(error, TrackerRefused):
+                    delay = self.config.pause_secs
+                else:
+                    delay = backoff(attempts, self.config.max_backoff_secs, self._rng)
+                alerting.retry_many_at(session, ids, utcnow() + timedelta(seconds=delay), why)
+        if done:
+            if self.paused_until is not None:
+                log.info("tracker.resumed", tracker=self.config.name)
+            self.paused_until = None
+            steps = [m.step for _, m in done if m.step is not None]
+            log.info(
+                "tracker.delivered",
+                tracker=self.config.name,
+                messages=len(done),
+                runs=sorted({m.run for _, m in done}),
+                steps=f"{min(steps)}..{max(steps)}" if steps else None,
+                alerts=sum(isinstance(m, AlertEvent) for _, m in done),
+                already_there=len(done) - fresh,
+                seconds=round(duration, 3),
             )
-            if error is None:
-                alerting.delivered(session, due.id)
-                if self.paused_until is not None:
-                    log.info("tracker.resumed", tracker=self.config.name)
-                self.paused_until = None
-                log.info(
-                    "tracker.delivered",
+        sent = Sent(delivered=len(done), fresh=fresh)
+        if not left:
+            return sent
+        if isinstance(error, TrackerRejected):
+            if len(left) > 1:
+                # One call carried several: sent one by one, the malformed one is found and given up.
+                for due, _ in left:
+                    sent = sent + self.send([due])
+                return sent
+            ((due, _),) = left
+            with self._db.session() as session:
+                alerting.record_attempt(session, due.id, alerting.Attempt(started_at, duration, None, why))
+                alerting.give_up(session, due.id, why)
+            log.error("tracker.rejected", tracker=self.config.name, event_id=due.event_id, error=why)
+            return sent
+        if isinstance(error, TrackerRefused):
+            if self.paused_until is None:
+                # One line per pause, not per try: the operator fixes the credential and reloads.
+                log.error(
+                    "tracker.paused",
                     tracker=self.config.name,
-                    event_id=due.event_id,
-                    run=message.run,
-                    step=message.step,
-                    task=message.task,
-                    attempts=attempts,
-                    already_there=not fresh,
+                    endpoint=self.config.endpoint,
+                    error=why,
+                    retry_in_s=self.config.pause_secs,
+                    waiting=len(left),
+                    detail="credentials refused: results wait in the outbox, evaluation goes on",
                 )
-                return Sent(delivered=True, fresh=fresh)
-            if rejected:
-                alerting.give_up(session, due.id, error)
-                log.error("tracker.rejected", tracker=self.config.name, event_id=due.event_id, error=error)
-                return Sent(delivered=False)
-            if refused:
-                alerting.retry_at(
-                    session, due.id, utcnow() + timedelta(seconds=self.config.pause_secs), error
-                )
-                if self.paused_until is None:
-                    # One line per pause, not per try: the operator fixes the credential and reloads.
-                    log.error(
-                        "tracker.paused",
-                        tracker=self.config.name,
-                        endpoint=endpoint,
-                        error=error,
-                        retry_in_s=self.config.pause_secs,
-                        detail="credentials refused: results wait in the outbox, evaluation goes on",
-                    )
-                self.paused_until = time.monotonic() + self.config.pause_secs
-                return Sent(delivered=False, paused=True)
-            delay = backoff(attempts, self.config.max_backoff_secs, self._rng)
-            alerting.retry_at(session, due.id, utcnow() + timedelta(seconds=delay), error)
+            self.paused_until = time.monotonic() + self.config.pause_secs
+            return sent + Sent(stopped=True, paused=True)
         log.warning(
             "tracker.retry",
             tracker=self.config.name,
-            event_id=due.event_id,
+            messages=len(left),
+            first_event_id=left[0][0].event_id,
             attempts=attempts,
-            error=error,
+            error=why,
             retry_in_s=round(delay, 3),
         )
-        return Sent(delivered=False)
+        return sent + Sent(stopped=True)
 
     def wait_hint(self) -> float:
         """Seconds until the next message is due (at most the poll interval)."""
@@ -232,9 +290,9 @@ class TrackerRelay:
                         # A wake during a pause is not a reason to try the refused credential again.
                         self._stopping.wait(max(wait, 0.01))
                         continue
-                    due = worker.claim()
-                    if due is not None:
-                        worker.send_one(due)
+                    dues = worker.claim()
+                    if dues:
+                        worker.send(dues)
                         continue
                     wait = worker.wait_hint()
                 except DatabaseUnreachable as exc:

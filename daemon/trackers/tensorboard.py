@@ -2,25 +2,29 @@
 
 ``<dir>/<run>/`` (default ``<run root>/evald_tensorboard/``) gets each value as a scalar at the
 checkpoint's training step under ``eval/<task>/<metric>`` (``/stderr``, ``/n`` beside it), and the sample
-table as text. Event files are append-only, so delivered ids are kept in a ledger beside them, appended
-once the writer flushed: a message sent again is not written twice. Point TensorBoard at the trainer's
-log folder and this one (``--logdir_spec trainer:...,evald:...``) to see both.
+table as text, each alert event as text under ``eval/alerts``. Event files are append-only, so delivered
+ids are kept in a ledger beside them, appended once the writer flushed: a message sent again is not
+written twice. Point TensorBoard at the trainer's log folder and this one
+(``--logdir_spec trainer:...,evald:...``) to see both.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from daemon.trackers.base import TrackerUnavailable
+from daemon.trackers.base import Batch, TrackerError, TrackerUnavailable
 from daemon.trackers.config import TrackerConfig
-from daemon.trackers.messages import ResultMessage
+from daemon.trackers.messages import AlertEvent, Message, ResultMessage
 
 log = structlog.get_logger("daemon.trackers.tensorboard")
 
 LEDGER = "evald-delivered.txt"
+#: Alert events as text at their step.
+ALERTS_TAG = "eval/alerts"
 
 
 class TensorBoardSink:
@@ -37,7 +41,7 @@ class TensorBoardSink:
         known = self._writers.get(run)
         return f"TensorBoard event files in {known[1]}" if known else "TensorBoard event files"
 
-    def _writer(self, message: ResultMessage) -> tuple[Any, Path, set[str]]:
+    def _writer(self, message: Message) -> tuple[Any, Path, set[str]]:
         known = self._writers.get(message.run)
         if known is not None:
             return known
@@ -54,21 +58,29 @@ class TensorBoardSink:
         self._writers[message.run] = (writer, folder, done)
         return self._writers[message.run]
 
-    def deliver(self, event_id: str, message: ResultMessage) -> bool:
+    def deliver_many(self, items: Sequence[tuple[str, Message]]) -> Batch:
+        fresh: list[bool] = []
+        try:
+            for event_id, message in items:
+                fresh.append(self._deliver(event_id, message))
+        except TrackerError as exc:
+            return Batch(tuple(fresh), exc)
+        return Batch(tuple(fresh))
+
+    def _deliver(self, event_id: str, message: Message) -> bool:
         writer, folder, done = self._writer(message)
         if event_id in done:
             return False
         try:
-            for key, value in message.scalars():
-                writer.add_scalar(key, value, global_step=message.step)
-            if message.samples:
-                lines = ["| grade | prompt | response | reference |", "|---|---|---|---|"]
-                for s in message.samples:
-                    grade = "not graded" if s.correct is None else ("correct" if s.correct else "wrong")
-                    cells = [grade, s.prompt, s.response, s.reference]
-                    escaped = (c.replace("|", "\\|").replace("\n", " ") for c in cells)
-                    lines.append("| " + " | ".join(escaped) + " |")
-                writer.add_text(message.key("samples"), "\n".join(lines), global_step=message.step)
+            if isinstance(message, AlertEvent):
+                writer.add_text(
+                    ALERTS_TAG,
+                    f"**{message.title}** ({message.severity}): {message.message}",
+                    global_step=message.step or 0,
+                )
+            else:
+                self._write(writer, message)
+            # One flush and ledger line per message: a crash between them repeats one message at most.
             writer.flush()
             with (folder / LEDGER).open("a", encoding="utf-8") as out:
                 out.write(event_id + "\n")
@@ -76,6 +88,19 @@ class TensorBoardSink:
             raise TrackerUnavailable(f"{folder}: {exc.strerror or exc}") from exc
         done.add(event_id)
         return True
+
+    @staticmethod
+    def _write(writer: Any, message: ResultMessage) -> None:
+        for key, value in message.scalars():
+            writer.add_scalar(key, value, global_step=message.step)
+        if message.samples:
+            lines = ["| grade | prompt | response | reference |", "|---|---|---|---|"]
+            for s in message.samples:
+                grade = "not graded" if s.correct is None else ("correct" if s.correct else "wrong")
+                cells = [grade, s.prompt, s.response, s.reference]
+                escaped = (c.replace("|", "\\|").replace("\n", " ") for c in cells)
+                lines.append("| " + " | ".join(escaped) + " |")
+            writer.add_text(message.key("samples"), "\n".join(lines), global_step=message.step)
 
     def close(self) -> None:
         writers, self._writers = self._writers, {}

@@ -4,7 +4,9 @@
 step metric (``define_metric``), so a late or out-of-order checkpoint still plots at its step, whatever
 W&B's own ``_step`` counter says. Values are ``eval/<task>/<metric>`` with ``/stderr`` and ``/n`` beside
 them, ``eval/<task>/job_id`` naming the evald job, and a bounded sample table ``eval/<task>/samples``
-(step, checkpoint path, prompt, response, reference, grade).
+(step, checkpoint path, prompt, response, reference, grade); the evaluations of one step that arrive
+together (a backlog, several tasks) go in one ``log``. An alert is a W&B alert (``run.alert``: W&B sends it
+on to Slack or e-mail where the user set that up) and its event in the summary, ``evald/alerts/<id>``.
 
 The run is the trainer's where its id is found (``run_ids`` in the tracker's config, else W&B's
 ``wandb/latest-run`` link under the run root or one folder below it), resumed by id; else one own run
@@ -18,20 +20,22 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from daemon.trackers.base import TrackerRefused, TrackerUnavailable
+from daemon.trackers.base import Batch, TrackerError, TrackerRefused, TrackerUnavailable
 from daemon.trackers.config import TrackerConfig
-from daemon.trackers.messages import ResultMessage
+from daemon.trackers.messages import AlertEvent, Message, ResultMessage
 
 log = structlog.get_logger("daemon.trackers.wandb")
 
 STEP_KEY = "eval/step"
 LEDGER_DIR = "evald-delivered"
+#: Each alert's latest event in the run's summary: ``evald/alerts/<alert id>``.
+ALERT_KEY = "evald/alerts"
 
 
 def own_run_id(run: str) -> str:
@@ -75,7 +79,7 @@ class WandbSink:
         url = getattr(handle, "url", None) if handle is not None else None
         return f"W&B {url}" if url else f"W&B project {self._config.project}"
 
-    def _open(self, message: ResultMessage) -> Any:
+    def _open(self, message: Message) -> Any:
         handle = self._runs.get(message.run)
         if handle is not None:
             return handle
@@ -129,33 +133,93 @@ class WandbSink:
         except FileNotFoundError:
             return set()
 
-    def deliver(self, event_id: str, message: ResultMessage) -> bool:
+    def deliver_many(self, items: Sequence[tuple[str, Message]]) -> Batch:
+        """One ``log`` per step: consecutive evaluations of one run at one step go in one row (the tasks'
+        keys differ); an alert is ``run.alert`` and its facts in the summary. The ledger is appended once
+        W&B took each row."""
+        fresh: list[bool] = []
+        group: list[tuple[str, ResultMessage]] = []
+        try:
+            for event_id, message in items:
+                handle = self._open(message)
+                if event_id in self._ledgers[handle.id]:
+                    fresh += self._log_row(group)
+                    group = []
+                    fresh.append(False)
+                    continue
+                if isinstance(message, AlertEvent):
+                    fresh += self._log_row(group)
+                    group = []
+                    self._alert(handle, event_id, message)
+                    fresh.append(True)
+                    continue
+                same_row = bool(group) and (
+                    group[0][1].run == message.run
+                    and group[0][1].step == message.step
+                    # A second evaluation of one task at one step (a re-run) is a row of its own.
+                    and all((m.task, m.stage) != (message.task, message.stage) for _, m in group)
+                )
+                if group and not same_row:
+                    fresh += self._log_row(group)
+                    group = []
+                group.append((event_id, message))
+            fresh += self._log_row(group)
+        except TrackerError as exc:
+            return Batch(tuple(fresh), exc)
+        return Batch(tuple(fresh))
+
+    def _log_row(self, group: list[tuple[str, ResultMessage]]) -> list[bool]:
+        """One ``log`` of ``group`` (one run, one step); [] for none."""
+        if not group:
+            return []
         import wandb
 
-        handle = self._open(message)
-        ledger = self._ledgers[handle.id]
-        if event_id in ledger:
-            return False
-        row: dict[str, Any] = {STEP_KEY: message.step, **dict(message.scalars())}
-        row[message.key("job_id")] = message.job_id
-        if message.samples:
-            table = wandb.Table(columns=["step", "checkpoint", "prompt", "response", "reference", "grade"])
-            for s in message.samples:
-                grade = "not graded" if s.correct is None else ("correct" if s.correct else "wrong")
-                table.add_data(
-                    message.step, message.checkpoint_path, s.prompt, s.response, s.reference, grade
+        handle = self._open(group[0][1])
+        row: dict[str, Any] = {STEP_KEY: group[0][1].step}
+        for _, message in group:
+            row.update(message.scalars())
+            row[message.key("job_id")] = message.job_id
+            if message.samples:
+                table = wandb.Table(
+                    columns=["step", "checkpoint", "prompt", "response", "reference", "grade"]
                 )
-            row[message.key("samples")] = table
+                for s in message.samples:
+                    grade = "not graded" if s.correct is None else ("correct" if s.correct else "wrong")
+                    table.add_data(
+                        message.step, message.checkpoint_path, s.prompt, s.response, s.reference, grade
+                    )
+                row[message.key("samples")] = table
         try:
             handle.log(row)
         except Exception as exc:
             raise TrackerUnavailable(f"log: {type(exc).__name__}: {str(exc)[:300]}") from exc
-        path = self._ledger_path(handle.id)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a", encoding="utf-8") as out:
-            out.write(event_id + "\n")
-        ledger.add(event_id)
-        return True
+        self._remember(handle.id, [event_id for event_id, _ in group])
+        return [True] * len(group)
+
+    def _alert(self, handle: Any, event_id: str, message: AlertEvent) -> None:
+        """``run.alert`` (W&B's own alerts: Slack or e-mail where the user set them up) and the event in
+        the summary under ``evald/alerts/<id>``, so the run's page shows it."""
+        level = {"critical": "ERROR", "warning": "WARN"}.get(message.severity, "INFO")
+        if message.state == "resolved":
+            level = "INFO"
+        try:
+            # W&B holds back an alert whose title it sent within ``wait_duration`` (a minute by default);
+            # each event's title names its step and state, and each is its own.
+            handle.alert(title=message.title, text=message.message, level=level, wait_duration=1)
+            handle.summary[f"{ALERT_KEY}/{message.alert_id}"] = message.facts(event_id)
+        except Exception as exc:
+            raise TrackerUnavailable(f"alert: {type(exc).__name__}: {str(exc)[:300]}") from exc
+        self._remember(handle.id, [event_id])
+
+    def _remember(self, run_id: str, event_ids: list[str]) -> None:
+        path = self._ledger_path(run_id)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a", encoding="utf-8") as out:
+                out.write("".join(f"{e}\n" for e in event_ids))
+        except OSError as exc:
+            raise TrackerUnavailable(f"ledger {path}: {exc.strerror or exc}") from exc
+        self._ledgers[run_id].update(event_ids)
 
     def close(self) -> None:
         runs, self._runs = self._runs, {}

@@ -1,7 +1,10 @@
 """A real MLflow tracking server on loopback for the tracker tests, and a gate in front of it.
 
 The server (``mlflow server``: SQLite backend store, artifacts proxied into a temp folder, a free port) is
-started once per test session and process; it takes tens of seconds to come up on a busy machine. The
+started once per test session, shared by every module that binds ``mlflow_server_fixture()`` and by every
+xdist worker of the run (it takes 70-120 s to come up on a busy machine): the first user starts it and
+writes where it is beside the run's temp folders; the others find it there; the last to finish stops it
+(a count kept under a file lock). Tests isolate themselves by experiment name. The
 gate is a TCP forwarder on a port of its own: closing it makes the server unreachable for the client
 (connection refused, as a server that is down), opening it again on the same port brings it back, without
 waiting for the server to restart. Without mlflow installed the tests skip with a message, unless
@@ -11,7 +14,9 @@ waiting for the server to restart. Without mlflow installed the tests skip with 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -32,6 +37,8 @@ from tests.harness import free_port
 
 #: A cold start (the store's migrations, the server's imports) on two shared cores.
 START_TIMEOUT_S = 240.0
+#: SIGTERM, then SIGKILL after this long (its uvicorn workers may take 20 s to drain on SIGTERM).
+STOP_WAIT_S = 3.0
 
 
 def require_mlflow() -> None:
@@ -49,7 +56,10 @@ class MlflowServer:
     uri: str
     port: int
     folder: Path
-    process: subprocess.Popen[bytes]
+    #: The server's process (a process group of its own).
+    pid: int
+    #: None: started by another process of this test run (the shared server), stopped by its last user.
+    process: subprocess.Popen[bytes] | None
 
 
 def _healthy(uri: str) -> bool:
@@ -100,14 +110,15 @@ def start_server(folder: Path, *, auth: bool = False) -> MlflowServer:
             tail = (folder / "server.log").read_text(errors="replace")[-2000:]
             raise AssertionError(f"mlflow server did not come up on {uri}:\n{tail}")
         time.sleep(0.5)
-    return MlflowServer(uri, port, folder, process)
+    return MlflowServer(uri, port, folder, process.pid, process)
 
 
 def stop_server(process: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGTERM)
     try:
-        process.wait(20)
+        # Its state is thrown away with the test's folder: no need to wait long for a clean exit.
+        process.wait(STOP_WAIT_S)
     except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
@@ -179,13 +190,76 @@ class Gate:
                     s.shutdown(socket.SHUT_RDWR)
 
 
-def _server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _shared_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder every process of this pytest run shares: xdist's workers each have a basetemp below it."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    """The run's one plain server: started by its first user, stopped by its last (see the docstring)."""
     require_mlflow()
-    server = start_server(tmp_path_factory.mktemp("mlflow-server"))
+    root = _shared_root(tmp_path_factory)
+    state, lock = root / "mlflow-server.json", root / "mlflow-server.lock"
+    with _locked(lock):
+        known = json.loads(state.read_text()) if state.exists() else None
+        if known is not None and _healthy(known["uri"]):
+            known["users"] += 1
+            server = MlflowServer(known["uri"], known["port"], Path(known["folder"]), known["pid"], None)
+        else:
+            server = start_server(root / "mlflow-server")
+            known = {
+                "uri": server.uri,
+                "port": server.port,
+                "folder": str(server.folder),
+                "pid": server.pid,
+                "users": 1,
+            }
+        state.write_text(json.dumps(known))
     try:
         yield server
     finally:
+        with _locked(lock):
+            known = json.loads(state.read_text())
+            known["users"] -= 1
+            if known["users"] > 0:
+                state.write_text(json.dumps(known))
+            else:
+                state.unlink()
+                stop(server)
+
+
+def stop(server: MlflowServer) -> None:
+    """Stop ``server``, whichever process of this run started it."""
+    if server.process is not None:
         stop_server(server.process)
+        return
+    pid = server.pid
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def _server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    yield from shared_server(tmp_path_factory)
 
 
 def _auth_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
@@ -199,14 +273,15 @@ def _auth_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowSer
     try:
         yield server
     finally:
-        stop_server(server.process)
+        stop(server)
 
 
 def mlflow_auth_server_fixture() -> Any:
-    """A second server, with ``--app-name basic-auth`` (user ``ADMIN``)."""
+    """A second server, with ``--app-name basic-auth`` (user ``ADMIN``): its own start (70-120 s), so the
+    one test that binds it is marked long."""
     return pytest.fixture(scope="session")(_auth_server)
 
 
 def mlflow_server_fixture() -> Any:
-    """The session's server, for a test module to bind: ``mlflow_server = mlflow_server_fixture()``."""
+    """The run's shared server, for a test module to bind: ``mlflow_server = mlflow_server_fixture()``."""
     return pytest.fixture(scope="session")(_server)
