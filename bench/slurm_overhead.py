@@ -30,6 +30,7 @@ from pathlib import Path
 
 from daemon.config import Config, load_config
 from daemon.running.runner import JobRunner
+from inference.spec import JobResult
 from inference.toy.problems import held_out_problems, write_jsonl
 from storage import migrations, queries
 from storage.database import Database
@@ -140,9 +141,15 @@ def one_job(
             raise SystemExit(f"{kind}: job {row.state}: {row.error}")
         (attempt,) = queries.job_history(session, row.id)
     database.dispose()
-    extra = {}
+    (result_path,) = work.glob("*/1-1/result.json")
+    timing = JobResult.read(result_path).timing
+    if timing is None:
+        raise SystemExit(f"{kind}: the worker reported no timing")
+    # What is not the worker's own time (start of the process to its result written): starting it,
+    # the queue, watching it, storing the result.
+    extra = {"worker_s": timing.total_s, "overhead_s": took - timing.total_s}
     if attempt.queue_wait_s is not None and attempt.run_s is not None:
-        extra = {"queue_wait_s": attempt.queue_wait_s, "run_s": attempt.run_s}
+        extra |= {"queue_wait_s": attempt.queue_wait_s, "run_s": attempt.run_s}
     return took, extra
 
 
@@ -213,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         dataset = work / "heldout.jsonl"
         write_jsonl(held_out_problems(8, seed=1), dataset)
         times: dict[str, list[float]] = {"local": [], "slurm": []}
+        overheads: dict[str, list[float]] = {"local": [], "slurm": []}
         slurm_parts: list[dict[str, float]] = []
         for i in range(args.repeats):
             for kind in ("local", "slurm"):
@@ -220,13 +228,20 @@ def main(argv: list[str] | None = None) -> int:
                 folder.mkdir()
                 took, extra = one_job(folder, checkpoint, dataset, kind, args.poll_secs)
                 times[kind].append(took)
-                if extra:
+                overheads[kind].append(extra["overhead_s"])
+                if "queue_wait_s" in extra:
                     slurm_parts.append(extra)
-                print(f"repeat {i + 1} {kind}: {took:.2f} s claim -> result stored {extra or ''}", flush=True)
+                shown = ", ".join(f"{k} {v:.2f}" for k, v in extra.items())
+                print(f"repeat {i + 1} {kind}: {took:.2f} s claim -> result stored ({shown})", flush=True)
         local, slurm = statistics.median(times["local"]), statistics.median(times["slurm"])
         print(
             f"per job, median of {args.repeats}: local {local:.2f} s, slurm {slurm:.2f} s "
             f"(poll_secs {args.poll_secs:g}): ratio {slurm / local:.2f}x, overhead {slurm - local:+.2f} s"
+        )
+        local_o, slurm_o = statistics.median(overheads["local"]), statistics.median(overheads["slurm"])
+        print(
+            f"overhead per job outside the worker's own time, median: local {local_o:.2f} s, "
+            f"slurm {slurm_o:.2f} s: ratio {slurm_o / local_o:.1f}x, {slurm_o - local_o:+.2f} s"
         )
         if slurm_parts:
             waits = statistics.median(p["queue_wait_s"] for p in slurm_parts)

@@ -440,7 +440,9 @@ def test_slurmctld_restarted_mid_job_the_daemon_lives_and_nothing_is_lost_or_dou
     assert [(j.state, j.attempts) for j in rows] == [("succeeded", 1)] and daemon.sbatch_calls() == 1
     events = _log_events(tmp_path / "daemon.log")
     assert events["executor.unreachable"] == 1 and events["executor.reachable"] == 1
-    assert "scheduler.pass_failed" not in events
+    # Away is not unusable: nothing was failed or requeued for it, and no pass of the loop failed.
+    assert "executor.unusable" not in events and "scheduler.pass_failed" not in events
+    assert "job.retrying" not in events and "job.failed" not in events
     with database.session() as session:
         assert len(queries.result_rows(session)) > 0
 
