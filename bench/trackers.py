@@ -7,10 +7,13 @@ result's transaction queues the tracker message), the tracker relay's thread sen
 1. Latency: ``--results`` results stored one at a time; for each, the seconds from its commit until
    MLflow's client reads its value back at its step. Measured both ways in one process: the relay woken
    at the commit (what the daemon does), and the baseline, a relay that only polls the outbox.
-2. Backlog: the server unreachable (its port closed by a gate) while ``--backlog`` results are stored,
-   then reachable again: seconds until all are delivered, and duplicates in MLflow (must be 0).
+2. Backlog: the server unreachable (its port closed by a gate) while ``--backlog`` results are stored
+   (spread over ``--runs`` evald runs evaluated side by side, each result to the next run in turn), then
+   reachable again: seconds until all are delivered, and duplicates in MLflow (must be 0). Measured in
+   one process for ``--baseline-backlog`` results both ways, the baseline one message per claim
+   (``batch = 1``, as before batching) and batched (``batch = --batch``), then for ``--backlog`` batched.
 
-    python -m bench.trackers [--results 30] [--backlog 10000]
+    python -m bench.trackers [--results 20] [--backlog 10000] [--runs 10] [--baseline-backlog 500]
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import statistics
 import tempfile
 import time
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,15 +38,22 @@ from storage.models import CheckpointState, OutboxMessage, OutboxState
 from tests.mlflowserver import Gate, start_server, stop
 
 
-def config(folder: Path, url: str, uri: str, experiment: str) -> Config:
+def run_names(runs: int) -> list[str]:
+    return ["bench"] if runs == 1 else [f"bench{i}" for i in range(runs)]
+
+
+def config(folder: Path, url: str, uri: str, experiment: str, *, runs: int = 1, batch: int = 200) -> Config:
     (folder / "d.jsonl").write_text('{"problem": "1+1", "answer": "2"}\n')
+    for name in run_names(runs):
+        (folder / name).mkdir(exist_ok=True)
+    tables = "".join(
+        f'[[runs]]\nname = "{name}"\nroot = "{folder / name}"\ntasks = ["arith"]\n'
+        for name in run_names(runs)
+    )
     text = f"""
 [database]
 url = "{url}"
-[[runs]]
-name = "bench"
-root = "{folder}"
-tasks = ["arith"]
+{tables}
 [[tasks]]
 name = "arith"
 dataset = "{folder / "d.jsonl"}"
@@ -54,6 +65,7 @@ attach = "own"
 samples = 0
 max_backoff_secs = 1
 timeout_secs = 10
+batch = {batch}
 """
     return parse_config(tomllib.loads(text), base_dir=folder, source="bench")
 
@@ -63,14 +75,14 @@ class Store:
         self.database = database
         self.alerter = Alerter(cfg)
         with database.session() as s:
-            self.run_id = queries.ensure_run(s, "bench", "/bench")
+            self.run_ids = [queries.ensure_run(s, run.name, str(run.root)) for run in cfg.runs]
 
-    def result(self, step: int) -> None:
+    def result(self, step: int, run: int = 0) -> None:
         with self.database.session() as s:
             checkpoint_id = queries.record_checkpoint(
                 s,
-                run_id=self.run_id,
-                path=f"/bench/step_{step}",
+                run_id=self.run_ids[run],
+                path=f"/bench/{run}/step_{step}",
                 name=f"step_{step}",
                 step=step,
                 epoch=None,
@@ -146,36 +158,51 @@ def latency(folder: Path, uri: str, results: int, *, woken: bool) -> list[float]
     return seconds
 
 
-def backlog(folder: Path, server_port: int, n: int) -> tuple[float, float, int, int]:
+@dataclass(frozen=True)
+class Drained:
+    stored_s: float
+    drained_s: float
+    points: int
+    duplicates: int
+    missing: int
+
+
+def backlog(folder: Path, server_port: int, n: int, *, runs: int, batch: int) -> Drained:
     from mlflow.tracking import MlflowClient
 
+    folder.mkdir()
     gate = Gate(server_port)
-    experiment = f"backlog-{int(time.time())}"
+    experiment = f"backlog-{batch}-{n}-{int(time.time())}"
     database = Database(f"sqlite:///{folder / 'evald.db'}")
     migrations.upgrade(database)
-    cfg = config(folder, database.url, gate.uri, experiment)
+    cfg = config(folder, database.url, gate.uri, experiment, runs=runs, batch=batch)
     store = Store(database, cfg)
     gate.close()
     relay = TrackerRelay(database, cfg.trackers, {}).start()
     store.alerter._wake = relay.wake
     started = time.perf_counter()
     for i in range(n):
-        store.result(i + 1)
+        # Runs evaluated side by side: each result to the next run, its steps rising.
+        store.result(i // runs + 1, run=i % runs)
     stored_s = time.perf_counter() - started
     gate.open()
     reopened = time.perf_counter()
     while delivered(database) < n:
-        time.sleep(0.2)
+        time.sleep(0.1)
     drained_s = time.perf_counter() - reopened
     relay.stop()
     gate.close()
     client = MlflowClient(f"http://127.0.0.1:{server_port}")
     found = client.search_experiments(filter_string=f"name = '{experiment}'")
-    runs = client.search_runs([found[0].experiment_id])
-    history = client.get_metric_history(runs[0].info.run_id, "eval/arith/accuracy")
-    steps = [m.step for m in history]
+    points = duplicates = missing = 0
+    mlflow_runs = client.search_runs([found[0].experiment_id], max_results=1000)
+    for run in mlflow_runs:
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, "eval/arith/accuracy")]
+        points += len(steps)
+        duplicates += len(steps) - len(set(steps))
+    missing = n - (points - duplicates)
     database.dispose()
-    return stored_s, drained_s, len(steps), len(steps) - len(set(steps))
+    return Drained(stored_s, drained_s, points, duplicates, missing)
 
 
 def p95(values: list[float]) -> float:
@@ -184,15 +211,23 @@ def p95(values: list[float]) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results", type=int, default=30)
-    parser.add_argument("--backlog", type=int, default=10000)
+    parser.add_argument("--results", type=int, default=20, help="results timed stored -> visible")
+    parser.add_argument("--backlog", type=int, default=10000, help="results stored during the outage")
+    parser.add_argument("--runs", type=int, default=10, help="evald runs the backlog is spread over")
+    parser.add_argument("--batch", type=int, default=200, help="the tracker's batch (messages per claim)")
+    parser.add_argument(
+        "--baseline-backlog",
+        type=int,
+        default=500,
+        help="a smaller backlog drained both ways, one message per claim and batched (0: skip)",
+    )
     args = parser.parse_args(argv)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
     with tempfile.TemporaryDirectory(prefix="evald-bench-trackers-") as tmp:
         root = Path(tmp)
         server = start_server(root / "server")
         try:
-            for name in ("a", "b", "c"):
+            for name in ("a", "b"):
                 (root / name).mkdir()
             woken = latency(root / "a", server.uri, args.results, woken=True)
             polled = latency(root / "b", server.uri, args.results, woken=False)
@@ -202,11 +237,24 @@ def main(argv: list[str] | None = None) -> int:
                 f"{statistics.median(polled):.3f} s, p95 {p95(polled):.3f} s; p95 ratio "
                 f"{p95(polled) / p95(woken):.1f}x"
             )
-            stored_s, drained_s, points, duplicates = backlog(root / "c", server.port, args.backlog)
+            if args.baseline_backlog:
+                n = args.baseline_backlog
+                one = backlog(root / "one", server.port, n, runs=args.runs, batch=1)
+                many = backlog(root / "many", server.port, n, runs=args.runs, batch=args.batch)
+                print(
+                    f"backlog of {n} results over {args.runs} runs: one message per claim (baseline) "
+                    f"drained in {one.drained_s:.1f} s ({n / one.drained_s:.0f}/s), batch = {args.batch} "
+                    f"in {many.drained_s:.1f} s ({n / many.drained_s:.0f}/s): "
+                    f"{one.drained_s / many.drained_s:.1f}x; duplicates {one.duplicates} and "
+                    f"{many.duplicates}, missing {one.missing} and {many.missing}"
+                )
+            n = args.backlog
+            big = backlog(root / "big", server.port, n, runs=args.runs, batch=args.batch)
             print(
-                f"backlog of {args.backlog} results stored during an outage ({stored_s:.1f} s to store): "
-                f"drained in {drained_s:.1f} s after the server came back "
-                f"({args.backlog / drained_s:.0f}/s); {points} points in MLflow, {duplicates} duplicates"
+                f"backlog of {n} results over {args.runs} runs stored during an outage "
+                f"({big.stored_s:.1f} s to store): drained in {big.drained_s:.1f} s after the server "
+                f"came back ({n / big.drained_s:.0f}/s, batch = {args.batch}); {big.points} points in "
+                f"MLflow, {big.duplicates} duplicates, {big.missing} missing"
             )
         finally:
             stop(server)

@@ -320,6 +320,25 @@ def test_trainer_run_attached_and_a_missing_one_falls_back(
     assert assert_equal_to_results(missing) == 2
 
 
+def test_a_deleted_trainer_run_falls_back_to_an_own_run_and_says_so(
+    tmp_path: Path, mlflow_server: MlflowServer, relay_for: Any
+) -> None:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(mlflow_server.uri)
+    trainer = client.create_run(client.create_experiment(f"trainer-{uuid.uuid4().hex[:8]}"), run_name="grpo")
+    client.delete_run(trainer.info.run_id)
+    setup = _setup(tmp_path, mlflow_server.uri, extra=f'run_ids = {{ toy = "{trainer.info.run_id}" }}')
+    with structlog.testing.capture_logs() as logs:
+        relay_for(setup)
+        store_result(setup, 10, metrics_at(10))
+        wait_for(lambda: delivered(setup.database, 1), 60, "delivered to an own run")
+    (said,) = [e for e in logs if e["event"] == "tracker.trainer_run_missing"]
+    assert said["trainer_run"] == trainer.info.run_id and "deleted" in said["detail"], said
+    assert client.get_run(trainer.info.run_id).data.metrics == {}
+    assert assert_equal_to_results(setup) == 2
+
+
 def test_a_missing_library_is_a_config_error_naming_the_extra(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -411,18 +430,18 @@ def test_a_backlog_goes_in_batches_once_each(
         store_result(setup, 1, metrics_at(1))
         wait_for(lambda: delivered(setup.database, 1), 60, "the first message delivered")
         gate.close()
-        steps = range(2, 152)
+        steps = range(2, 122)
         for step in steps:
             store_result(setup, step, metrics_at(step))
         wait_for(lambda: failed_attempts(setup.database) or None, 30, "a failed attempt recorded")
         with structlog.testing.capture_logs() as logs:
             gate.open()
-            wait_for(lambda: delivered(setup.database, 151), 60, "the backlog delivered")
-        # 150 claimed in one transaction, in two log_batch calls (MLflow takes 100 tags a call), marked
+            wait_for(lambda: delivered(setup.database, 121), 60, "the backlog delivered")
+        # 120 claimed in one transaction, in two log_batch calls (MLflow takes 100 tags a call), marked
         # delivered in one: a line for the lot.
         sent = [e for e in logs if e["event"] == "tracker.delivered"]
-        assert [e["messages"] for e in sent] == [150], sent
-        assert assert_equal_to_results(setup) == 151 * 2
+        assert [e["messages"] for e in sent] == [120], sent
+        assert assert_equal_to_results(setup) == 121 * 2
     finally:
         gate.close()
 

@@ -18,12 +18,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import func, select
 
 from daemon.trackers.relay import TrackerRelay
 from daemon.trackers.wandb import own_run_id, trainer_run_on_disk
-from storage import queries
+from storage import alerting, queries
+from storage.models import OutboxMessage, OutboxState
 from tests.harness import wait_for
-from tests.test_trackers_mlflow import RUN, Setup, _setup, delivered, metrics_at, redeliver, store_result
+from tests.test_trackers_mlflow import (
+    ALERT_ON_ACCURACY,
+    RUN,
+    Setup,
+    _setup,
+    delivered,
+    metrics_at,
+    outbox,
+    redeliver,
+    store_result,
+)
 
 #: W&B's log framing: a 7-byte file header, 32 KiB blocks, each record's header (crc32, length, type).
 BLOCK = 32768
@@ -55,22 +67,26 @@ def wandb_records(path: Path) -> Iterator[bytes]:
             yield pending + chunk
 
 
-def history(run_files: list[Path]) -> list[dict[str, Any]]:
+def records(run_files: list[Path], kind: str) -> list[Any]:
+    """Every record of ``kind`` (``history``, ``alert``, ``summary``, ...) in the run files, in order,
+    decoded by W&B's own protobuf ``Record``."""
     from wandb.proto import wandb_internal_pb2 as pb
 
-    rows = []
+    found = []
     for path in run_files:
         for raw in wandb_records(path):
             record = pb.Record()  # type: ignore[attr-defined]
             record.ParseFromString(raw)
-            if record.WhichOneof("record_type") == "history":
-                rows.append(
-                    {
-                        item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                        for item in record.history.item
-                    }
-                )
-    return rows
+            if record.WhichOneof("record_type") == kind:
+                found.append(getattr(record, kind))
+    return found
+
+
+def history(run_files: list[Path]) -> list[dict[str, Any]]:
+    return [
+        {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in row.item}
+        for row in records(run_files, "history")
+    ]
 
 
 def expected_values(setup: Setup) -> dict[tuple[str, int], float]:
@@ -108,14 +124,22 @@ def _needs(module: str) -> None:
         pytest.skip(f"{module} is not installed (pip install 'evald[{module}]')")
 
 
-def _wandb_setup(tmp_path: Path, extra: str = "") -> Setup:
+def _wandb_setup(tmp_path: Path, extra: str = "", after: str = "") -> Setup:
     setup = _setup(
         tmp_path,
         "",
         kind="wandb",
         extra=f'project = "team/grpo"\nmode = "offline"\ndir = "{tmp_path / "wb"}"\n{extra}',
+        after=after,
     )
     return setup
+
+
+def _run_files(tmp_path: Path) -> list[Path]:
+    run_id = own_run_id(RUN)
+    files = sorted((tmp_path / "wb" / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
+    assert files, list((tmp_path / "wb").rglob("*.wandb"))
+    return files
 
 
 def test_wandb_offline_every_value_at_its_step_once(
@@ -135,10 +159,7 @@ def test_wandb_offline_every_value_at_its_step_once(
     store_result(setup, 40, metrics_at(40))
     wait_for(lambda: delivered(setup.database, 4), 120, "4 delivered to W&B")
     relay.stop(30)
-    run_id = own_run_id(RUN)
-    files = sorted((tmp_path / "wb" / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
-    assert files, list((tmp_path / "wb").rglob("*.wandb"))
-    rows = history(files)
+    rows = history(_run_files(tmp_path))
     logged: dict[tuple[str, int], list[float]] = {}
     for row in rows:
         for key, value in row.items():
@@ -198,3 +219,46 @@ def test_the_demo_workspace_takes_trackers_from_trackers_toml(tmp_path: Path) ->
     )
     (tracker,) = load_config(write_workspace(tmp_path / "with")).trackers
     assert tracker.kind == "tensorboard" and tracker.dir == tmp_path / "tb"
+
+
+def test_wandb_offline_alerts_are_wandb_alerts_and_summary_events(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, relays: list[TrackerRelay]
+) -> None:
+    _needs("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    setup = _wandb_setup(tmp_path, 'attach = "own"', after=ALERT_ON_ACCURACY)
+    relay = _relay(setup, relays)
+    # Accuracy 0.01 at step 10: the threshold fires; 0.1 at step 100: it resolves.
+    store_result(setup, 10, metrics_at(10))
+    store_result(setup, 100, metrics_at(100))
+    wait_for(lambda: outbox(setup.database).get("pending", 0) == 0 or None, 120, "all sent to W&B")
+    relay.stop(30)
+    with setup.database.session() as s:
+        rows = alerting.alert_rows(s, run=RUN)
+        (threshold,) = [a for a in rows if a.rule == "threshold"]
+        events = int(
+            s.scalar(
+                select(func.count())
+                .select_from(OutboxMessage)
+                .where(
+                    OutboxMessage.event_id.startswith("trka_"), OutboxMessage.state == OutboxState.DELIVERED
+                )
+            )
+            or 0
+        )
+    files = _run_files(tmp_path)
+    # W&B's own alert records (what W&B sends to Slack or e-mail online): one per event, once each.
+    alerts = [(a.title, a.level) for a in records(files, "alert")]
+    assert len(alerts) == events >= 2, alerts
+    assert (f"evald {RUN}: threshold on arith/accuracy at step 10 (firing)", "ERROR") in alerts
+    assert (f"evald {RUN}: threshold on arith/accuracy at step 100 (resolved)", "INFO") in alerts
+    # The summary keeps each alert's latest event, as evald has it.
+    summary: dict[str, Any] = {}
+    for update in records(files, "summary"):
+        for item in update.update:
+            summary[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
+    for row in rows:
+        assert summary[f"evald/alerts/{row.id}"]["state"] == row.state, row
+    assert summary[f"evald/alerts/{threshold.id}"]["step"] == 100
+    # And the values, once each, as before.
+    assert sorted(int(r["eval/step"]) for r in history(files)) == [10, 100]

@@ -179,10 +179,14 @@ def parse(body: str) -> Message:
     return ResultMessage.from_json(body)
 
 
+#: An alert event's id starts so (an evaluation's with ``trk_``): counted apart where results went.
+ALERT_PREFIX = "trka_"
+
+
 def alert_event_id(endpoint: str) -> str:
     """A fresh id for one alert event to ``endpoint`` (each notice is its own event)."""
     digest = hashlib.sha256(f"{endpoint}|alert|{uuid.uuid4().hex}".encode()).hexdigest()[:40]
-    return f"trk_{digest}"
+    return f"{ALERT_PREFIX}{digest}"
 
 
 def epoch_ms(when: datetime) -> int:

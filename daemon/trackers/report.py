@@ -5,6 +5,7 @@ from __future__ import annotations
 from sqlalchemy import func, select
 
 from daemon.trackers.config import TrackerConfig
+from daemon.trackers.messages import ALERT_PREFIX
 from storage.database import Database
 from storage.models import OutboxMessage, OutboxState
 
@@ -25,18 +26,23 @@ def destinations(database: Database, trackers: tuple[TrackerConfig, ...]) -> lis
     lines = []
     with database.session() as session:
         for tracker in trackers:
-            counts = dict(
-                session.execute(
-                    select(OutboxMessage.state, func.count())
-                    .where(OutboxMessage.endpoint == tracker.endpoint)
-                    .group_by(OutboxMessage.state)
-                ).all()
-            )
-            total = sum(int(n) for n in counts.values())
-            sent = int(counts.get(OutboxState.DELIVERED, 0))
+            counts: dict[tuple[bool, OutboxState], int] = {}
+            for is_alert, state, n in session.execute(
+                select(OutboxMessage.event_id.startswith(ALERT_PREFIX), OutboxMessage.state, func.count())
+                .where(OutboxMessage.endpoint == tracker.endpoint)
+                .group_by(OutboxMessage.event_id.startswith(ALERT_PREFIX), OutboxMessage.state)
+            ).all():
+                counts[(bool(is_alert), state)] = int(n)
+            parts = []
+            for is_alert, noun in ((False, "evaluation(s)"), (True, "alert event(s)")):
+                total = sum(n for (a, _), n in counts.items() if a is is_alert)
+                sent = counts.get((is_alert, OutboxState.DELIVERED), 0)
+                if total or not is_alert:
+                    parts.append(f"{sent} of {total} {noun} delivered")
+            total = sum(counts.values())
+            sent = sum(n for (_, state), n in counts.items() if state is OutboxState.DELIVERED)
             rest = "" if sent == total else f" (the rest: at the next start, or evald export {tracker.kind})"
             lines.append(
-                f"results also went to {tracker.name}: {describe(tracker)}: "
-                f"{sent} of {total} evaluation(s) delivered{rest}"
+                f"results also went to {tracker.name}: {describe(tracker)}: {', '.join(parts)}{rest}"
             )
     return lines
