@@ -227,10 +227,12 @@ def test_wandb_offline_alerts_are_wandb_alerts_and_summary_events(
     _needs("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")
     setup = _wandb_setup(tmp_path, 'attach = "own"', after=ALERT_ON_ACCURACY)
-    relay = _relay(setup, relays)
-    # Accuracy 0.01 at step 10: the threshold fires; 0.1 at step 100: it resolves.
+    # Accuracy 0.01 at step 10: the threshold fires; 0.1 at step 100: it resolves. Stored before the
+    # relay starts, so all go in one claim: step 100's quick and full values in one row.
     store_result(setup, 10, metrics_at(10))
+    store_result(setup, 100, [queries.MetricRow("accuracy", 0.2, 20, 0.1)], stage="quick")
     store_result(setup, 100, metrics_at(100))
+    relay = _relay(setup, relays)
     wait_for(lambda: outbox(setup.database).get("pending", 0) == 0 or None, 120, "all sent to W&B")
     relay.stop(30)
     with setup.database.session() as s:
@@ -260,5 +262,8 @@ def test_wandb_offline_alerts_are_wandb_alerts_and_summary_events(
     for row in rows:
         assert summary[f"evald/alerts/{row.id}"]["state"] == row.state, row
     assert summary[f"evald/alerts/{threshold.id}"]["step"] == 100
-    # And the values, once each, as before.
-    assert sorted(int(r["eval/step"]) for r in history(files)) == [10, 100]
+    # And the values, once each, one row per step (W&B: one log per step).
+    rows_logged = history(files)
+    assert [int(r["eval/step"]) for r in rows_logged] == [10, 100]
+    assert rows_logged[1]["eval/arith/quick/accuracy"] == 0.2
+    assert rows_logged[1]["eval/arith/accuracy"] == metrics_at(100)[0].value
