@@ -141,7 +141,7 @@ def one_job(
             raise SystemExit(f"{kind}: job {row.state}: {row.error}")
         (attempt,) = queries.job_history(session, row.id)
     database.dispose()
-    (result_path,) = work.glob("*/1-1/result.json")
+    (result_path,) = work.glob("**/1-1/result.json")
     timing = JobResult.read(result_path).timing
     if timing is None:
         raise SystemExit(f"{kind}: the worker reported no timing")

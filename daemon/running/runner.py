@@ -209,6 +209,8 @@ class JobRunner:
         self._recheck_at = 0.0
         #: Since when (monotonic) the executor's controller does not answer; None while it does.
         self._unreachable_since: float | None = None
+        #: When a controller away is asked next while no job is due to be polled (monotonic).
+        self._next_probe = 0.0
         self._set_executor(config)
 
     def reconfigure(
@@ -659,7 +661,9 @@ class JobRunner:
             self._check_executor()
         due = [r for r in self.running.values() if r.remote and now >= r.next_poll]
         if not due and self._unreachable_since is not None and self._executor is not None:
-            if now >= self._recheck_at - EXECUTOR_RECHECK_SECS + self._config.executor.poll_secs:
+            # No job to ask about: the controller is asked whether it is back every poll_secs all the same.
+            if now >= self._next_probe:
+                self._next_probe = now + self._config.executor.poll_secs
                 self._check_executor()
             return
         for running in due:
