@@ -121,6 +121,10 @@ class ExecutorConfig(BaseModel):
     priority: Literal["newest", "schedule"] = "schedule"
     #: How often the scheduler is asked about running jobs.
     poll_secs: float = Field(default=10.0, gt=0)
+    #: At start (and reload), submit one tiny job that reads back a token written into ``job_dir``: the
+    #: only proof that the compute nodes see the folder. Jobs are submitted meanwhile; a probe that fails
+    #: stops submission with one ``executor.unusable`` line naming the folder and the node.
+    probe_job_dir: bool = True
 
     @field_validator("partition", "job_dir", mode="after")
     @classmethod

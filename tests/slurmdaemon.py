@@ -29,9 +29,16 @@ class SlurmDaemon:
     env: dict[str, str]
 
     def sbatch_calls(self) -> int:
+        """Submissions of evaluation jobs (the job folder probe, ``.probe-*``, is not one)."""
         if not self.sbatch_log.exists():
             return 0
-        return len(self.sbatch_log.read_text(encoding="utf-8").splitlines())
+        lines = self.sbatch_log.read_text(encoding="utf-8").splitlines()
+        return len([line for line in lines if "/.probe-" not in line])
+
+    def probes(self) -> int:
+        if not self.sbatch_log.exists():
+            return 0
+        return len([x for x in self.sbatch_log.read_text(encoding="utf-8").splitlines() if "/.probe-" in x])
 
     def queue(self) -> list[dict[str, str]]:
         """This config's jobs the controller holds: id, name, state (``squeue``, all states)."""
@@ -47,11 +54,13 @@ class SlurmDaemon:
         return [
             {"id": r[0], "name": r[1], "state": r[2], "reason": r[3]}
             for r in rows
-            if r[1].startswith(f"{self.prefix}-")
+            if r[1].startswith(f"{self.prefix}-") and r[1] != f"{self.prefix}-probe"
         ]
 
     def cancel_all(self) -> None:
         for job in self.queue():
+            if job["state"] in ("CANCELLED", "COMPLETED", "FAILED", "TIMEOUT"):
+                continue
             subprocess.run(["scancel", job["id"]], env=self.env, capture_output=True, timeout=60)
 
 

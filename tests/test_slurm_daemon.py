@@ -261,7 +261,9 @@ def test_toy_checkpoints_through_slurm_equal_the_local_executors_results(
         assert [j.state for j in jobs(database)] == ["succeeded", "succeeded"]
         results[kind] = _stable_results(database)
         if kind == "slurm":
-            assert daemon.sbatch_calls() == 2
+            assert daemon.sbatch_calls() == 2 and daemon.probes() == 1
+            # The probe job read back what the daemon wrote into job_dir: the nodes see the folder.
+            assert _log_events(folder / "daemon.log")["executor.job_dir_shared"] == 1
             for job in jobs(database):
                 (attempt,) = history_json(config, job.id, env or {})
                 assert str(attempt["slurm_job_id"]).isdigit() and attempt["exit_state"] == "COMPLETED"

@@ -211,6 +211,8 @@ class JobRunner:
         self._unreachable_since: float | None = None
         #: When a controller away is asked next while no job is due to be polled (monotonic).
         self._next_probe = 0.0
+        #: The job checking that the compute nodes see ``job_dir`` (``probe_job_dir``), until it answers.
+        self._folder_probe: Handle | None = None
         self._set_executor(config)
 
     def reconfigure(
@@ -242,10 +244,37 @@ class JobRunner:
             self._unusable = str(exc)
             log.error("executor.unusable", error=self._unusable, action="no job is claimed until it is fixed")
             return
+        self._folder_probe = None
         if self._executor is None:
             self._unusable = None
             return
-        self._check_executor()
+        if self._check_executor() and config.executor.probe_job_dir:
+            self._probe_job_dir()
+
+    def _probe_job_dir(self) -> None:
+        assert self._executor is not None
+        try:
+            self._folder_probe = self._executor.probe_job_dir()
+        except (ExecutorError, ExecutorUnavailable, OSError) as exc:
+            # Not a verdict on the folder: the jobs themselves will tell.
+            log.warning("executor.job_dir_unchecked", job_dir=str(self._executor.job_dir), error=str(exc))
+
+    def _read_folder_probe(self) -> None:
+        """The folder probe's answer, once its job ended: shared (one line), or not (unusable)."""
+        assert self._executor is not None and self._folder_probe is not None
+        try:
+            seen = self._executor.probe_result(self._folder_probe)
+        except ExecutorUnavailable:
+            return
+        except ExecutorError as exc:
+            self._folder_probe = None
+            self._unusable = str(exc)
+            self._recheck_at = float("inf")  # only a reload with another job_dir clears it
+            log.error("executor.unusable", error=str(exc), action="no job is submitted until it is fixed")
+            return
+        if seen:
+            log.info("executor.job_dir_shared", job_dir=str(self._executor.job_dir))
+            self._folder_probe = None
 
     def _check_executor(self) -> bool:
         """Whether the executor can take jobs (partition there, job folder writable); an unusable one is
@@ -656,15 +685,20 @@ class JobRunner:
     def _poll_remote(self, now: float) -> None:
         """Ask the executor about each job handed to it that is due (``poll_secs``); its end goes to
         ``_finished`` like a local worker's. No database here. The first unanswered question ends the
-        round: the others would wait for the same controller."""
+        round: the others would wait for the same controller. While it is away each question waits for
+        it (about 8 s: the tools' own retries), so every job's next one is counted from the end of the
+        unanswered one: the loop is free for at least ``poll_secs`` between them."""
         if self._unusable is not None and self._executor is not None and now >= self._recheck_at:
             self._check_executor()
+        if self._folder_probe is not None and self._unreachable_since is None and now >= self._next_probe:
+            self._next_probe = now + self._config.executor.poll_secs
+            self._read_folder_probe()
         due = [r for r in self.running.values() if r.remote and now >= r.next_poll]
         if not due and self._unreachable_since is not None and self._executor is not None:
             # No job to ask about: the controller is asked whether it is back every poll_secs all the same.
             if now >= self._next_probe:
-                self._next_probe = now + self._config.executor.poll_secs
                 self._check_executor()
+                self._next_probe = time.monotonic() + self._config.executor.poll_secs
             return
         for running in due:
             running.next_poll = now + running.config.executor.poll_secs
@@ -672,6 +706,11 @@ class JobRunner:
                 self._poll_one(running)
             except ExecutorUnavailable as exc:
                 self._away(str(exc))
+                after = time.monotonic()
+                for waiting in self.running.values():
+                    if waiting.remote:
+                        waiting.next_poll = max(waiting.next_poll, after + waiting.config.executor.poll_secs)
+                self._next_probe = after + self._config.executor.poll_secs
                 return
             self._back()
 
