@@ -70,6 +70,8 @@ job_dir = "{job_dir}"
 name_prefix = "bench"
 time_limit = "10"
 poll_secs = {poll}
+# The daemon's start-up check of job_dir is one more job: not part of a job's overhead.
+probe_job_dir = false
 {extra}
 """
 
