@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-prerequisites lint bench reliability clean
+.PHONY: demo test test-long test-prerequisites lint bench reliability clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "evald needs Python 3.11 or newer (set PYTHON=...)")'
@@ -16,6 +16,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet torch==2.13.0 setuptools wheel
 	$(BIN)/python -m pip install --quiet --no-build-isolation 'deepspeed>=0.16'
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	# DeepSpeed compiles its CPU shared-memory all-reduce (a C++ extension, about a minute) the first time
+	# a CPU process group starts, into ~/.cache/torch_extensions; built here, the first evaluation (and the
+	# first test that starts ranks) does not wait on the compiler.
+	DS_ACCELERATOR=cpu $(BIN)/python -c 'from deepspeed.accelerator import get_accelerator; get_accelerator().create_op_builder("ShareMemCommBuilder").load()'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -36,7 +40,13 @@ test-prerequisites:
 	@bash tests/prerequisites.sh
 
 test: test-prerequisites $(STAMP)
-	EVALD_REQUIRE_BROWSER=1 EVALD_REQUIRE_POSTGRES=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
+	EVALD_REQUIRE_BROWSER=1 EVALD_REQUIRE_POSTGRES=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m 'not long'
+
+# The long multi-process scenarios (marker `long`: kill -9 through the daemon, outages longer than a lease,
+# a Slurm job past its time limit, ...), each a repeat at full scale of what a faster test in `make test`
+# covers in part. CI runs them after `make test`.
+test-long: test-prerequisites $(STAMP)
+	EVALD_REQUIRE_BROWSER=1 EVALD_REQUIRE_POSTGRES=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m long
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

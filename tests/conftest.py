@@ -33,6 +33,20 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         close_session(_OWN_CACHE.pop())
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # A daemon-level scenario (marked slow) that runs on both backends is the same scenario twice: the
+    # SQLite run stays in `make test`, the PostgreSQL run is `long` (`make test-long`, CI). The storage and
+    # query tests, and the scenarios written for PostgreSQL alone (outages, several daemons), stay on both.
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if (
+            callspec is not None
+            and callspec.params.get("database_url") == "postgres"
+            and item.get_closest_marker("slow") is not None
+        ):
+            item.add_marker(pytest.mark.long)
+
+
 @dataclass(frozen=True)
 class ToyRun:
     path: Path

@@ -70,6 +70,7 @@ def test_a_result_written_before_the_daemon_died_is_adopted_not_recomputed(
     database.dispose()
 
 
+@pytest.mark.long
 def test_a_worker_run_killed_with_its_daemon_is_in_the_history_as_lost(
     database_url: str, toy_run: ToyRun, tmp_path: Path
 ) -> None:

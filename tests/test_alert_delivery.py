@@ -46,6 +46,7 @@ def outbox(database: Database) -> list[tuple[str, str, int]]:
         return [(r.event_id, r.state.value, r.attempts) for r in rows]
 
 
+@pytest.mark.long
 def test_alerts_survive_a_receiver_outage_and_a_killed_daemon(
     database_url: str, toy_run: ToyRun, tmp_path: Path
 ) -> None:

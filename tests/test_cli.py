@@ -208,6 +208,7 @@ def test_eval_command_and_a_bad_dataset_line(
     assert error.startswith("evald: error: ") and f"{data}: no usable rows" in error and "answer" in error
 
 
+@pytest.mark.long
 def test_eval_tries_a_layout_of_ranks_given_on_the_command_line(
     toy_run: ToyRun, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -111,6 +111,7 @@ def test_serving_ends_on_ctrl_c_even_where_sigint_was_inherited_ignored(
     assert out.strip() == sig.name
 
 
+@pytest.mark.long
 def test_demo_json_shows_learning_with_every_checkpoint_evaluated_once(tmp_path: Path) -> None:
     """The demo with --serve: the report, then the dashboard until Ctrl-C."""
     workdir = tmp_path / "demo"

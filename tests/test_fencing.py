@@ -54,6 +54,7 @@ def _all_succeeded(database: Database, count: int) -> list[queries.JobRow] | Non
     return rows if len(rows) == count and all(j.state == "succeeded" for j in rows) else None
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.postgres
 def test_an_outage_longer_than_the_lease_runs_nothing_twice_and_throws_nothing_away(

@@ -14,6 +14,7 @@ from tests.conftest import SUBPROCESS_ENV
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.long
 def test_the_sweep_runs_every_tp_and_reports_its_figures(tmp_path: Path) -> None:
     out = tmp_path / "sweep.json"
     command = [sys.executable, "-m", "bench.gpu_sweep", "--device", "cpu", "--size", "tiny", "--tp", "1,2"]

@@ -86,6 +86,7 @@ def _assert_exact_match_agrees(evald: JobResult, harness: JobResult) -> float:
     return value
 
 
+@pytest.mark.long
 def test_exact_match_on_the_shipped_arithmetic_agrees(toy_run: ToyRun, tmp_path: Path) -> None:
     evald = _run(_generate(DATA_DIR / "arith500.jsonl", ITEMS), toy_run.last_checkpoint, tmp_path / "g")
     harness = _run(_harness("arith", TOY_TASKS, ITEMS), toy_run.last_checkpoint, tmp_path / "h")

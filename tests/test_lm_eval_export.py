@@ -137,6 +137,7 @@ def documents(
     return theirs, ours
 
 
+@pytest.mark.long
 def test_the_export_has_lm_evals_keys_at_every_depth(
     documents: tuple[dict[str, Any], dict[str, Any]],
 ) -> None:

@@ -91,6 +91,7 @@ def _assert_as_one_process(result: JobResult, reference: JobResult) -> None:
     assert len(generated) == 2 * DOCUMENTS  # two filters
 
 
+@pytest.mark.long
 def test_tp2_dp2_gives_the_metrics_and_samples_of_one_process(
     toy_run: ToyRun, single: JobResult, tmp_path: Path
 ) -> None:

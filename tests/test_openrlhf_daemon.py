@@ -77,6 +77,7 @@ def _save_step(written: Path, root: Path, step: int) -> None:
     shutil.copytree(written / f"global_step{step}_hf", root / f"global_step{step}_hf")
 
 
+@pytest.mark.long
 def test_each_openrlhf_step_is_evaluated_once_equal_to_the_source_and_eval_follows_latest(
     tmp_path: Path, sqlite_url: str, openrlhf_source: tuple[Path, dict[int, dict[str, float]]]
 ) -> None:
@@ -144,6 +145,7 @@ def test_both_shapes_there_at_the_start_with_a_marker_are_one_checkpoint_per_ste
     database.dispose()
 
 
+@pytest.mark.long
 def test_a_verl_step_with_its_huggingface_export_is_one_checkpoint_evaluated_once(
     tmp_path: Path, sqlite_url: str
 ) -> None:

@@ -124,6 +124,7 @@ def _attempts(database: Database) -> Counter[tuple[int, str]]:
         return Counter((a.job_id, a.outcome) for a in session.scalars(select(JobAttempt)))
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.postgres
 def test_the_daemon_lives_through_postgresql_restarts_and_stores_what_finished_meanwhile(

@@ -128,6 +128,7 @@ def _at(event: dict[str, object]) -> float:
     return datetime.fromisoformat(str(event["timestamp"])).timestamp()
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_a_result_the_database_refuses_fails_its_job_and_every_other_checkpoint_is_evaluated(
     database_url: str, toy_run: ToyRun, tmp_path: Path

@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from inference.spec import InferenceSpec, JobResult, JobSpec, TaskSpec
 from inference.toy.problems import PROMPT_TEMPLATE, held_out_problems, plain_row
 from tests.conftest import SUBPROCESS_ENV, ToyRun
@@ -44,6 +46,7 @@ def poisoned_dataset(path: Path) -> dict[int, str]:
     return {number: json.loads(poison[number])["id"] for number in poison}
 
 
+@pytest.mark.long
 def test_a_job_with_five_poisoned_rows_grades_the_other_995(toy_run: ToyRun, tmp_path: Path) -> None:
     dataset = tmp_path / "poisoned.jsonl"
     poison = poisoned_dataset(dataset)

@@ -53,6 +53,7 @@ def _kill(daemon: DaemonProcess) -> None:
     daemon.stop(signal.SIGKILL)
 
 
+@pytest.mark.long
 def test_kill_9_between_checkpoints_evaluates_the_same_checkpoints(
     database_url: str, dataset: Path, toy_run: ToyRun, tmp_path: Path
 ) -> None:
@@ -191,6 +192,7 @@ def test_unmet_gpu_threshold_defers_until_met_then_starts_within_one_recheck(
     database.dispose()
 
 
+@pytest.mark.long
 def test_two_stage_stores_quick_and_full_results_separately(
     database_url: str, dataset: Path, toy_run: ToyRun, tmp_path: Path
 ) -> None:

@@ -64,6 +64,7 @@ def test_the_worker_environment_leaves_out_every_secret(
     assert "EVALD_PARENT_PID" in env
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.postgres
 def test_no_secret_reaches_a_worker_a_log_a_file_or_the_cli(

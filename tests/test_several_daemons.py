@@ -88,6 +88,7 @@ def _all_succeeded(database: Database, count: int) -> list[queries.JobRow] | Non
     return rows if len(rows) == count and all(j.state == "succeeded" for j in rows) else None
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_two_daemons_share_the_queue_and_take_over_a_killed_ones_job(
     postgres_url: str, toy_run: ToyRun, tmp_path: Path

@@ -230,6 +230,7 @@ def test_length_buckets_group_similar_lengths() -> None:
     assert length_buckets([5, 1, 3, 1, 9], batch_size=2) == [[1, 3], [2, 0], [4]]
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_default_training_raises_held_out_accuracy(tmp_path: Path) -> None:
     """The demo's promise: accuracy climbs from about 0 to most answers right, in under two minutes."""

@@ -118,6 +118,7 @@ def test_out_of_memory_retries_the_group_with_half_the_batch(
     assert not worker_processes(tmp_path / "state")
 
 
+@pytest.mark.long
 def test_out_of_memory_at_batch_size_one_fails_the_job(
     database: Database, toy_run: ToyRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

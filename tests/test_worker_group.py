@@ -140,6 +140,7 @@ def test_hf_engine_runs_one_plain_process_per_replica(
     assert result.consistency is None
 
 
+@pytest.mark.long
 def test_deepspeeds_launcher_from_a_hostfile_runs_the_same_group(
     toy_run: ToyRun, single: tuple[Path, JobResult], tmp_path: Path
 ) -> None:
@@ -194,6 +195,7 @@ def test_tp2_logits_match_the_unsharded_model(toy_run: ToyRun, tmp_path: Path) -
     assert found["q_proj"] and all(shape == [full_rows // 2, columns] for shape in found["q_proj"].values())
 
 
+@pytest.mark.long
 def test_sampling_is_the_same_on_every_tp_rank_and_in_every_run(
     toy_run: ToyRun, single: tuple[Path, JobResult], tmp_path: Path
 ) -> None:
@@ -233,6 +235,7 @@ def test_sampling_is_the_same_on_every_tp_rank_and_in_every_run(
     assert any(len(responses) > 1 for responses in by_prompt.values())
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(("tp", "divergent", "outvoted", "tie"), [(2, 1, (1,), True), (3, 0, (0,), False)])
 def test_a_divergent_tp_rank_is_outvoted_and_recorded(
     toy_run: ToyRun,
