@@ -675,3 +675,58 @@ def test_a_submission_whose_id_was_never_stored_is_found_by_name_and_adopted(
     finally:
         daemon.cancel_all()
         database.dispose()
+
+
+@pytest.mark.long
+def test_a_run_removed_while_its_job_is_queued_is_cancelled_and_the_other_run_goes_on(
+    slurm_cluster: SlurmCluster, sqlite_url: str, dataset: Path, trained: Path, tmp_path: Path
+) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    second_run = f'\n[[runs]]\nname = "other"\nroot = "{other}"\n'
+    database = upgraded(sqlite_url)
+    daemon = slurm_config(
+        tmp_path,
+        sqlite_url,
+        slurm_cluster,
+        dataset=dataset,
+        run_extra=second_run,
+        executor_extra='extra_sbatch = ["--hold"]',
+    )
+    copy_checkpoint(trained, tmp_path / "run" / "step_10")
+    copy_checkpoint(trained, other / "step_10")
+    try:
+        with running_daemon(daemon.config, tmp_path / "daemon.log", daemon.env) as process:
+            wait_for(
+                lambda: _states(daemon) == ["PENDING", "PENDING"] or None,
+                60,
+                "two held jobs",
+                process.process,
+            )
+            process.process.send_signal(signal.SIGHUP)  # nothing changed yet: a reload keeps both
+            daemon.config.write_text(daemon.config.read_text().replace(second_run, ""))
+            process.process.send_signal(signal.SIGHUP)
+            removed = wait_for(
+                lambda: [j for j in jobs(database) if j.run == "other" and j.state == "pending"] or None,
+                60,
+                "the removed run's job back in evald's queue",
+                process.process,
+            )
+            assert [j["state"] for j in daemon.queue()].count("CANCELLED") == 1
+            _release_all(daemon)
+            wait_for(
+                lambda: [j for j in jobs(database) if j.run == "toy" and j.state == "succeeded"] or None,
+                WAIT_S,
+                "the other run's job",
+                process.process,
+            )
+            assert process.stop() == 0
+    finally:
+        daemon.cancel_all()
+    with database.session() as session:
+        history = queries.job_history(session, removed[0].id)
+    assert [(a.outcome, a.error_kind, a.exit_state) for a in history] == [
+        ("cancelled", "run_removed", "CANCELLED")
+    ]
+    assert removed[0].attempts == 0 and daemon.sbatch_calls() == 2
+    database.dispose()
