@@ -351,6 +351,15 @@ def test_scancel_from_outside_a_deleted_checkpoint_and_the_queue_limit(
             status = evald("--config", str(daemon.config), "status", env=daemon.env)
             assert status.returncode == 0, status.stderr
             assert "PENDING (JobHeldUser)" in status.stdout and f"slurm {queued[0]['id']}:" in status.stdout
+            shown = json.loads(
+                evald("--config", str(daemon.config), "status", "--format", "json", env=daemon.env).stdout
+            )
+            (running_job,) = shown["runs"]["toy"]["running"]
+            assert running_job["slurm_job_id"] == queued[0]["id"]
+            assert running_job["scheduler_state"] == "PENDING (JobHeldUser)"
+            assert [(j["slurm_job_id"], j["state"], j["reason"]) for j in shown["slurm"]["jobs"]] == [
+                (queued[0]["id"], "PENDING", "JobHeldUser")
+            ]
             subprocess.run(["scancel", queued[0]["id"]], env=daemon.env, check=True, timeout=60)
             # The cancelled one fails (someone meant it); the other is submitted in its room.
             wait_for(lambda: daemon.sbatch_calls() == 2 or None, 60, "the second submission", process.process)
