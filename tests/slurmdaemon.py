@@ -81,6 +81,7 @@ def slurm_config(
     *,
     dataset: Path,
     partition: str = PARTITION,
+    time_limit: str = "5",
     executor_extra: str = "",
     **settings: object,
 ) -> SlurmDaemon:
@@ -96,7 +97,7 @@ kind = "slurm"
 partition = "{partition}"
 job_dir = "{job_dir}"
 name_prefix = "{prefix}"
-time_limit = "5"
+time_limit = "{time_limit}"
 poll_secs = 0.5
 {executor_extra}
 """

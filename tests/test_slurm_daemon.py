@@ -739,3 +739,47 @@ def test_a_run_removed_while_its_job_is_queued_is_cancelled_and_the_other_run_go
     ]
     assert removed[0].attempts == 0 and daemon.sbatch_calls() == 2
     database.dispose()
+
+
+@pytest.mark.long
+def test_a_job_past_its_time_limit_is_retried_within_max_attempts(
+    slurm_cluster: SlurmCluster, sqlite_url: str, dataset: Path, trained: Path, tmp_path: Path
+) -> None:
+    setup = tmp_path / "setup.sh"
+    setup.write_text(WAIT_FOR_GO)
+    database = upgraded(sqlite_url)
+    daemon = slurm_config(
+        tmp_path,
+        sqlite_url,
+        slurm_cluster,
+        dataset=dataset,
+        time_limit="1",
+        inference_extra="max_attempts = 2",
+        executor_extra=f'setup_script = "{setup}"',
+    )
+    copy_checkpoint(trained, tmp_path / "run" / "step_10")
+    try:
+        with running_daemon(daemon.config, tmp_path / "daemon.log", daemon.env) as process:
+            # The first attempt waits for a "go" that never comes: Slurm kills it at its one minute.
+            retried = wait_for(
+                lambda: [j for j in jobs(database) if j.attempts == 2] or None, 180, "a second attempt"
+            )
+            wait_for(
+                lambda: (daemon.job_dir / f"{retried[0].id}-2" / "job.sbatch").exists() or None, 60, "it"
+            )
+            (daemon.job_dir / f"{retried[0].id}-2" / "go").touch()
+            rows = wait_for(lambda: all_jobs_done(database, 1), WAIT_S, "the job", process.process)
+            assert process.stop() == 0
+    finally:
+        daemon.cancel_all()
+    assert [(j.state, j.attempts) for j in rows] == [("succeeded", 2)] and daemon.sbatch_calls() == 2
+    with database.session() as session:
+        history = queries.job_history(session, rows[0].id)
+    assert [(a.outcome, a.error_kind, a.exit_state) for a in history] == [
+        ("retried", "timeout", "TIMEOUT"),
+        ("succeeded", None, "COMPLETED"),
+    ]
+    assert (
+        history[0].error is not None and "TIMEOUT" in history[0].error and "limit 0:01:00" in history[0].error
+    )
+    database.dispose()
