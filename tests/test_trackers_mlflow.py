@@ -7,8 +7,10 @@ and read back through MLflow's own client: every value of ``evald results`` at i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sqlite3
 import sys
 import time
 import uuid
@@ -540,3 +542,46 @@ def test_alerts_go_to_mlflow_as_tags_with_their_state(
     resolved = json.loads(run.data.tags[f"evald.alert.{alert.id}"])
     assert (resolved["state"], resolved["step"]) == ("resolved", 100)
     assert assert_equal_to_results(setup) == 4
+
+
+def stored_points(server: MlflowServer, run_id: str) -> dict[tuple[str, int], list[float]]:
+    """Every metric row of ``run_id`` in the server's own store (its SQLite file), by key and step: one
+    query, where reading 1,200 keys' histories through the client takes a minute."""
+    with contextlib.closing(sqlite3.connect(f"file:{server.folder / 'mlflow.db'}?mode=ro", uri=True)) as db:
+        rows = db.execute("SELECT key, step, value FROM metrics WHERE run_uuid = ?", (run_id,)).fetchall()
+    points: dict[tuple[str, int], list[float]] = {}
+    for key, step, value in rows:
+        points.setdefault((key, int(step)), []).append(float(value))
+    return points
+
+
+@pytest.mark.long
+def test_an_evaluation_of_more_values_than_one_log_batch_takes_is_delivered_whole_once(
+    tmp_path: Path, mlflow_server: MlflowServer, relay_for: Any
+) -> None:
+    # A 1,000-value batch takes the server seconds on two busy cores: a timeout that lets it answer.
+    setup = _setup(tmp_path, mlflow_server.uri, extra='attach = "own"', timeout_secs=60)
+    # 400 metrics, each with stderr and n: 1,200 values, past MLflow's 1,000 a call.
+    wide = [queries.MetricRow(f"m{i:03d}", i / 400, 10, 0.01) for i in range(400)]
+    store_result(setup, 10, metrics_at(10))
+    store_result(setup, 20, wide)
+    store_result(setup, 30, metrics_at(30))
+    relay = relay_for(setup)
+    wait_for(lambda: delivered(setup.database, 3), 60, "3 delivered")
+    relay.stop()
+    # Sent again by a new relay (a crash before the outbox's mark): nothing doubled.
+    redeliver(setup.database)
+    relay_for(setup)
+    wait_for(lambda: delivered(setup.database, 3), 60, "3 delivered again")
+    _, run = mlflow_run(setup)
+    with setup.database.session() as s:
+        rows = queries.result_rows(s, run=RUN)
+    expected: dict[tuple[str, int], list[float]] = {}
+    for row in rows:
+        assert row.step is not None and row.stderr is not None and row.n is not None
+        key = f"eval/{row.task}/{row.metric}"
+        expected[(key, row.step)] = [row.value]
+        expected[(f"{key}/stderr", row.step)] = [row.stderr]
+        expected[(f"{key}/n", row.step)] = [float(row.n)]
+    assert len(expected) == 404 * 3
+    assert stored_points(mlflow_server, run.info.run_id) == expected

@@ -132,8 +132,9 @@ class AlertEvent:
             "task": self.task,
             "metric": self.metric,
             "step": self.step,
-            "value": None if self.value is None or not math.isfinite(self.value) else self.value,
-            "baseline": self.baseline,
+            # JSON has no NaN: a non-finite value (a diverged metric) is null, the message says what it was.
+            "value": _finite(self.value),
+            "baseline": _finite(self.baseline),
             "rollback_step": self.rollback_step,
             "checkpoint": self.checkpoint,
             "message": self.message,
@@ -169,6 +170,10 @@ class AlertEvent:
 
 
 Message = ResultMessage | AlertEvent
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
 
 
 def parse(body: str) -> Message:

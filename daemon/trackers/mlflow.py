@@ -259,7 +259,8 @@ class MlflowSink:
 
     def deliver_many(self, items: Sequence[tuple[str, Message]]) -> Batch:
         """Consecutive messages of one MLflow run go in one ``log_batch`` while it stays within MLflow's
-        limits (1,000 entities, 100 tags: one tag per evaluation), each evaluation whole in one call."""
+        limits (1,000 entities, 100 tags: one tag per evaluation); an evaluation of more values than one
+        call takes goes alone, in several (``_flush``)."""
         fresh: list[bool] = []
         chunk: list[_Entry] = []
         chunk_run: str | None = None
@@ -267,7 +268,10 @@ class MlflowSink:
             for event_id, message in items:
                 run_id = self.run_id(message)
                 entry = self._entry(run_id, event_id, message)
-                fits = len(chunk) < MAX_TAGS and sum(e.size for e in chunk) + entry.size <= MAX_ENTITIES
+                fits = (
+                    sum(len(e.tags) for e in chunk) + len(entry.tags) <= MAX_TAGS
+                    and sum(e.size for e in chunk) + entry.size <= MAX_ENTITIES
+                )
                 if chunk and (run_id != chunk_run or not fits):
                     fresh += self._flush(chunk_run or run_id, chunk)
                     chunk = []
@@ -321,8 +325,16 @@ class MlflowSink:
             for entry in chunk:
                 if isinstance(entry.message, ResultMessage) and entry.message.samples and not entry.already:
                     self._log_samples(run_id, entry.message)
-            if metrics or tags:
-                self._store.log_batch(run_id, metrics=metrics, params=[], tags=tags)
+            # One call, unless one evaluation alone has more values than MLflow takes in a call: then its
+            # values in several, the delivery tags in the last (a crash between them sends the values
+            # again, which their timestamps make the same rows).
+            parts = [metrics[i : i + MAX_ENTITIES] for i in range(0, len(metrics), MAX_ENTITIES)] or [[]]
+            if len(parts[-1]) + len(tags) > MAX_ENTITIES:
+                parts.append([])
+            for i, part in enumerate(parts):
+                last = i == len(parts) - 1
+                if part or (last and tags):
+                    self._store.log_batch(run_id, metrics=part, params=[], tags=tags if last else [])
         except Exception as exc:
             error = _classify(exc, "log_batch")
             if isinstance(error, TrackerUnavailable):
