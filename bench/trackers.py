@@ -31,6 +31,7 @@ import structlog
 
 from daemon.alerts.lifecycle import Alerter
 from daemon.config import Config, parse_config
+from daemon.trackers.messages import ALERT_PREFIX
 from daemon.trackers.relay import TrackerRelay
 from storage import migrations, queries
 from storage.database import Database
@@ -100,18 +101,21 @@ class Store:
         self.alerter.after_commit()
 
 
-def delivered(database: Database) -> int:
+def outbox_counts(database: Database) -> tuple[int, int, int]:
+    """(results delivered, alert events delivered, messages still pending) in the tracker's outbox: the
+    alerter's detectors fire on the bench's series, and their events go to the tracker too."""
     from sqlalchemy import func, select
 
     with database.session() as s:
-        return int(
-            s.scalar(
-                select(func.count())
-                .select_from(OutboxMessage)
-                .where(OutboxMessage.state == OutboxState.DELIVERED)
-            )
-            or 0
-        )
+        rows = s.execute(
+            select(
+                OutboxMessage.event_id.startswith(ALERT_PREFIX), OutboxMessage.state, func.count()
+            ).group_by(OutboxMessage.event_id.startswith(ALERT_PREFIX), OutboxMessage.state)
+        ).all()
+    results = sum(int(n) for alert, state, n in rows if not alert and state is OutboxState.DELIVERED)
+    alerts = sum(int(n) for alert, state, n in rows if alert and state is OutboxState.DELIVERED)
+    pending = sum(int(n) for _, state, n in rows if state is OutboxState.PENDING)
+    return results, alerts, pending
 
 
 def visible(client: Any, run_id: str | None, experiment: str, step: int) -> tuple[str | None, bool]:
@@ -165,6 +169,8 @@ class Drained:
     points: int
     duplicates: int
     missing: int
+    #: Alert events (the detectors' findings on the bench's series) delivered beside the results.
+    alerts: int
 
 
 def backlog(folder: Path, server_port: int, n: int, *, runs: int, batch: int) -> Drained:
@@ -187,7 +193,7 @@ def backlog(folder: Path, server_port: int, n: int, *, runs: int, batch: int) ->
     stored_s = time.perf_counter() - started
     gate.open()
     reopened = time.perf_counter()
-    while delivered(database) < n:
+    while (counts := outbox_counts(database))[0] < n or counts[2]:
         time.sleep(0.1)
     drained_s = time.perf_counter() - reopened
     relay.stop()
@@ -202,7 +208,7 @@ def backlog(folder: Path, server_port: int, n: int, *, runs: int, batch: int) ->
         duplicates += len(steps) - len(set(steps))
     missing = n - (points - duplicates)
     database.dispose()
-    return Drained(stored_s, drained_s, points, duplicates, missing)
+    return Drained(stored_s, drained_s, points, duplicates, missing, counts[1])
 
 
 def p95(values: list[float]) -> float:
@@ -254,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"backlog of {n} results over {args.runs} runs stored during an outage "
                 f"({big.stored_s:.1f} s to store): drained in {big.drained_s:.1f} s after the server "
                 f"came back ({n / big.drained_s:.0f}/s, batch = {args.batch}); {big.points} points in "
-                f"MLflow, {big.duplicates} duplicates, {big.missing} missing"
+                f"MLflow, {big.duplicates} duplicates, {big.missing} missing; {big.alerts} alert events "
+                "delivered beside them"
             )
         finally:
             stop(server)
