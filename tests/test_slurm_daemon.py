@@ -7,7 +7,8 @@ and released with ``scontrol release``; one that must stay running waits in its 
 the test writes into its job folder. Skipped where no cluster answers unless ``EVALD_REQUIRE_SLURM=1``.
 
 The fast tests (unmarked) check the wiring: the ``[executor]`` section, the scheduler's ends mapped to
-attempt outcomes, and one checkpoint evaluated through Slurm by the runner in this process. The
+attempt outcomes, migration 0011, the claim's limits and order, and the runner submitting a job to the
+real cluster and re-attaching to it by name (held, so no worker runs). Evaluations through Slurm and the
 multi-process scenarios (kill -9, outages, scancel from outside) are ``long``.
 """
 
@@ -180,6 +181,7 @@ def test_a_failed_job_keeps_the_log_tail_and_the_workers_own_error(tmp_path: Pat
     assert (rejected.error_kind, rejected.error) == ("checkpoint_invalid", "no config.json in step_5")
 
 
+@pytest.mark.long  # the toy worker's own 10-20 s: the fast wiring test is the found-by-name one below
 def test_the_runner_evaluates_a_checkpoint_through_slurm_and_records_the_slurm_job(
     slurm_cluster: SlurmCluster,
     sqlite_url: str,
