@@ -24,6 +24,7 @@ from daemon.errors import ConfigError
 from storage import alerting, queries
 from storage.database import Database
 from storage.models import CheckpointState, utcnow
+from tests import oldrows
 from tests.harness import wait_for
 
 SECRET = Secret.parse("whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
@@ -559,26 +560,14 @@ def test_upgrading_keeps_what_old_alert_rows_knew_of_their_steps(database_url: s
                 )
             )
     # A result stored before 0008 with a metric over no samples (0.0 with n = 0): not a value, deleted.
-    with db.session() as s:
-        checkpoint = queries.record_checkpoint(
-            s,
-            run_id=1,
-            path="/r/step_5",
-            name="step_5",
-            step=5,
-            epoch=None,
-            layout="hf",
-            state=CheckpointState.READY,
-        )
-        queries.enqueue_jobs(s, checkpoint_id=checkpoint, step=5, tasks=("math",))
-    with db.session() as s:
-        job = queries.claim_next_job(s, "test:1")
-        assert job is not None
-    with db.session() as s:
-        empty = queries.MetricRow("response_length_correct", 0.0, 0, None)
-        kept = [queries.MetricRow("accuracy", 0.0, 50, 0.02), queries.MetricRow("wall_s", 2.0, None, None)]
-        assert queries.complete_job(
-            s, job_id=job.id, owner="test:1", metrics=[empty, *kept], samples=[], duration_s=1.0, load_s=None
+    job = oldrows.finished_job(db, run_id=1, path="/r/step_5", step=5, task="math")
+    for metric, value, n, stderr in (
+        ("response_length_correct", 0.0, 0, None),
+        ("accuracy", 0.0, 50, 0.02),
+        ("wall_s", 2.0, None, None),
+    ):
+        oldrows.insert(
+            db, "results", job_id=job, metric=metric, value=value, n=n, stderr=stderr, created_at=t0
         )
     migrations.upgrade(db)
     with db.engine.connect() as conn:

@@ -14,7 +14,8 @@ from daemon.cli import main
 from inference.harness.report import sample_outputs
 from storage import migrations, queries
 from storage.database import Database
-from storage.models import CheckpointState
+from storage.models import CheckpointState, utcnow
+from tests import oldrows
 from tests.harness import write_config, write_dataset
 
 #: lm-eval's logged samples of a generate task and of a rolling perplexity task, as its evaluator logs them.
@@ -137,27 +138,25 @@ def test_upgrading_ungrades_the_perplexity_samples_stored_as_wrong(database_url:
     a real wrong answer stays wrong."""
     db = Database(database_url)
     migrations.upgrade(db, "0007")
-    with db.session() as s:
-        run_id = queries.ensure_run(s, "lm", "/lm")
-        checkpoint = queries.record_checkpoint(
-            s,
-            run_id=run_id,
-            path="/lm/step_10",
-            name="step_10",
-            step=10,
-            epoch=None,
-            layout="hf",
-            state=CheckpointState.READY,
-        )
-        queries.enqueue_jobs(s, checkpoint_id=checkpoint, step=10, tasks=["arith"])
-        job = queries.claim_next_job(s, "h:1")
-        assert job is not None
-        samples = [
-            queries.SampleRow(0, "0", "2+2=", "5", "5", "4", False, 1, False),
-            queries.SampleRow(1, "1", "text", "log-likelihood -12.5 nats", None, "", False, 0, False),
-        ]
-        assert queries.complete_job(
-            s, job_id=job.id, owner="h:1", metrics=[], samples=samples, duration_s=1.0, load_s=None
+    run_id = oldrows.insert(db, "runs", name="lm", root="/lm", created_at=utcnow())
+    job = oldrows.finished_job(db, run_id=run_id, path="/lm/step_10", step=10, task="arith")
+    for index, response, extracted, reference, tokens in (
+        (0, "5", "5", "4", 1),
+        (1, "log-likelihood -12.5 nats", None, "", 0),
+    ):
+        oldrows.insert(
+            db,
+            "samples",
+            job_id=job,
+            index=index,
+            prompt_id=str(index),
+            prompt="2+2=" if index == 0 else "text",
+            response=response,
+            extracted=extracted,
+            reference=reference,
+            correct=False,
+            tokens=tokens,
+            truncated=False,
         )
     migrations.upgrade(db)
     with db.engine.connect() as conn:
