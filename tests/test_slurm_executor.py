@@ -281,6 +281,7 @@ def test_scancel_from_outside_is_cancelled(
     assert not (handle.job_dir / "result.json").exists()
 
 
+@pytest.mark.long
 def test_a_job_past_its_time_limit_is_a_timeout(
     slurm_cluster: SlurmCluster, waiting_script: Path, toy_run: ToyRun, dataset: Path, tmp_path: Path
 ) -> None:
@@ -349,6 +350,7 @@ def test_a_submission_never_recorded_is_found_and_a_double_cancelled(
         _cancel_all(after_restart)
 
 
+@pytest.mark.long
 def test_slurmctld_restarted_mid_job(
     slurm_cluster: SlurmCluster,
     waiting_script: Path,
@@ -380,6 +382,7 @@ def test_slurmctld_restarted_mid_job(
     assert outputs(JobResult.read(handle.job_dir / "result.json")) == outputs(local_result)
 
 
+@pytest.mark.long
 def test_a_tp2_job_runs_as_two_slurm_tasks_over_gloo(
     executor: SlurmExecutor, toy_run: ToyRun, dataset: Path, local_result: JobResult, tmp_path: Path
 ) -> None:
