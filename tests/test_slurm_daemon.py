@@ -28,7 +28,7 @@ from sqlalchemy import inspect as sa_inspect
 from sqlalchemy import text as sa_text
 from sqlalchemy import update
 
-from daemon.config import load_config
+from daemon.config import Config, load_config
 from daemon.errors import ConfigError
 from daemon.running import remote
 from daemon.running.executors.base import Ended, EndKind, Placement
@@ -460,6 +460,28 @@ def test_slurmctld_restarted_mid_job_the_daemon_lives_and_nothing_is_lost_or_dou
         assert len(queries.result_rows(session)) > 0
 
 
+def _held_job(
+    slurm_cluster: SlurmCluster,
+    url: str,
+    *,
+    dataset: Path,
+    trained: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[SlurmDaemon, Database, Config]:
+    """A daemon's config whose Slurm jobs are submitted held (``--hold``: they wait until released), the
+    Slurm tools on this process's PATH, and one ready job in the upgraded database at ``url``."""
+    for name, value in slurm_cluster.env.items():
+        monkeypatch.setenv(name, value)
+    daemon = slurm_config(
+        tmp_path, url, slurm_cluster, dataset=dataset, executor_extra='extra_sbatch = ["--hold"]'
+    )
+    monkeypatch.setenv("PATH", daemon.env["PATH"])
+    database = upgraded(url)
+    _one_ready_job(database, tmp_path / "run", trained)
+    return daemon, database, load_config(daemon.config)
+
+
 def _one_ready_job(database: Database, root: Path, trained: Path) -> None:
     copy_checkpoint(trained, root / "step_10")
     with database.session() as session:
@@ -487,15 +509,14 @@ def test_a_daemon_taking_over_a_lease_reattaches_and_the_old_holder_leaves_the_s
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    for name, value in slurm_cluster.env.items():
-        monkeypatch.setenv(name, value)
-    daemon = slurm_config(
-        tmp_path, postgres_url, slurm_cluster, dataset=dataset, executor_extra='extra_sbatch = ["--hold"]'
+    daemon, database, config = _held_job(
+        slurm_cluster,
+        postgres_url,
+        dataset=dataset,
+        trained=trained,
+        tmp_path=tmp_path,
+        monkeypatch=monkeypatch,
     )
-    monkeypatch.setenv("PATH", daemon.env["PATH"])
-    database = upgraded(postgres_url)
-    config = load_config(daemon.config)
-    _one_ready_job(database, tmp_path / "run", trained)
     try:
         holder = JobRunner(config, database, "host-a:1")
         assert holder.claim_and_start()
@@ -652,15 +673,14 @@ def test_a_submission_whose_id_was_never_stored_is_found_by_name_and_adopted(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    for name, value in slurm_cluster.env.items():
-        monkeypatch.setenv(name, value)
-    daemon = slurm_config(
-        tmp_path, sqlite_url, slurm_cluster, dataset=dataset, executor_extra='extra_sbatch = ["--hold"]'
+    daemon, database, config = _held_job(
+        slurm_cluster,
+        sqlite_url,
+        dataset=dataset,
+        trained=trained,
+        tmp_path=tmp_path,
+        monkeypatch=monkeypatch,
     )
-    monkeypatch.setenv("PATH", daemon.env["PATH"])
-    database = upgraded(sqlite_url)
-    config = load_config(daemon.config)
-    _one_ready_job(database, tmp_path / "run", trained)
     try:
         first = JobRunner(config, database, "host-a:1")
         assert first.claim_and_start()
