@@ -115,7 +115,10 @@ class MlflowSink:
             if named is not None and not value:
                 # Refused, not down: the sink pauses with this line instead of retrying every second.
                 raise TrackerRefused(f"environment variable {named} is not set or empty")
-        self._store = self._make_store(token or None, user or None)
+        #: The sink's own credentials (never in the environment), for the artifact uploads too.
+        self._token, self._user = token or None, user or None
+        self._artifact_roots: dict[str, str] = {}
+        self._store = self._make_store(self._token, self._user)
         #: evald run -> MLflow run id, and each MLflow run's delivery tags (``_delivered_tags``).
         self._runs: dict[str, str] = {}
         self._delivered: dict[str, dict[str, str]] = {}
@@ -335,12 +338,12 @@ class MlflowSink:
                 last = i == len(parts) - 1
                 if part or (last and tags):
                     self._store.log_batch(run_id, metrics=part, params=[], tags=tags if last else [])
+        except TrackerError as exc:
+            self._forget_runs(chunk, exc)
+            raise
         except Exception as exc:
             error = _classify(exc, "log_batch")
-            if isinstance(error, TrackerUnavailable):
-                # The run may have gone (deleted while we were away): found or made again next time.
-                for entry in chunk:
-                    self._runs.pop(entry.message.run, None)
+            self._forget_runs(chunk, error)
             raise error from exc
         for entry in chunk:
             if entry.mark is not None:
@@ -362,4 +365,51 @@ class MlflowSink:
         ]
         stage = "" if message.stage == "full" else f"_{message.stage}"
         path = f"evald/samples/{message.task}{stage}/step_{message.step:09d}.json"
-        MlflowClient(tracking_uri=self._uri).log_dict(run_id, {"step": message.step, "rows": rows}, path)
+        body = {"step": message.step, "rows": rows}
+        root = self._artifact_root(run_id)
+        if root is None:
+            # Artifacts not proxied by the tracking server (a local store, or s3:// and the like): the
+            # client's own repository, with that store's credentials from its usual places.
+            MlflowClient(tracking_uri=self._uri).log_dict(run_id, body, path)
+            return
+        self._put_artifact(root, path, json.dumps(body).encode())
+
+    def _forget_runs(self, chunk: list[_Entry], error: Exception) -> None:
+        if isinstance(error, TrackerUnavailable):
+            # The run may have gone (deleted while we were away): found or made again next time.
+            for entry in chunk:
+                self._runs.pop(entry.message.run, None)
+
+    def _artifact_root(self, run_id: str) -> str | None:
+        """The HTTP URL of the run's artifacts where the tracking server proxies them
+        (``mlflow-artifacts:/...``, ``mlflow server``'s default), else None."""
+        if not self._uri.startswith(("http://", "https://")):
+            return None
+        if run_id not in self._artifact_roots:
+            from mlflow.store.artifact.mlflow_artifacts_repo import MlflowArtifactsRepository
+
+            uri = str(self._store.get_run(run_id).info.artifact_uri)
+            self._artifact_roots[run_id] = (
+                MlflowArtifactsRepository.resolve_uri(uri, self._uri)  # type: ignore[no-untyped-call]
+                if uri.startswith("mlflow-artifacts:")
+                else ""
+            )
+        return self._artifact_roots[run_id] or None
+
+    def _put_artifact(self, root: str, path: str, data: bytes) -> None:
+        """One file PUT to the server's artifact proxy with the sink's own credentials (MLflow's client
+        would look for them in the environment, where the sink never puts them)."""
+        from mlflow.utils.rest_utils import MlflowHostCreds, http_request
+
+        creds = (
+            MlflowHostCreds(root, username=self._user, password=self._token)  # type: ignore[no-untyped-call]
+            if self._user is not None
+            else MlflowHostCreds(root, token=self._token)  # type: ignore[no-untyped-call]
+        )
+        answer = http_request(  # type: ignore[no-untyped-call]
+            creds, f"/{path}", "PUT", data=data, extra_headers={"Content-Type": "application/json"}
+        )
+        if answer.status_code in (401, 403):
+            raise TrackerRefused(f"artifact upload: credentials refused (HTTP {answer.status_code})")
+        if answer.status_code >= 400:
+            raise TrackerUnavailable(f"artifact upload {path}: HTTP {answer.status_code} {answer.text[:200]}")
