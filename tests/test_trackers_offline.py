@@ -159,6 +159,8 @@ def test_wandb_offline_every_value_at_its_step_once(
     store_result(setup, 40, metrics_at(40))
     wait_for(lambda: delivered(setup.database, 4), 120, "4 delivered to W&B")
     relay.stop(30)
+    # Each start its own file: W&B names the folder by the second, and the second start came at once.
+    assert len(_run_files(tmp_path)) == 2
     rows = history(_run_files(tmp_path))
     logged: dict[tuple[str, int], list[float]] = {}
     for row in rows:

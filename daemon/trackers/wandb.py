@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +81,19 @@ class WandbSink:
         url = getattr(handle, "url", None) if handle is not None else None
         return f"W&B {url}" if url else f"W&B project {self._config.project}"
 
+    def _after_any_folder_of_this_second(self, run_id: str) -> None:
+        """W&B names an offline run's folder by the second it starts (``offline-run-%Y%m%d_%H%M%S-<id>``,
+        local time): a run resumed in the same second as an earlier start of its id (a relay restarted at
+        once) writes into that folder's file again, and W&B's reader never reaches the later records. So
+        it starts in a second that has no folder of its id yet."""
+        folders = self._dir() / "wandb"
+        while True:
+            now = time.time()
+            stamp = datetime.fromtimestamp(now).strftime("%Y%m%d_%H%M%S")
+            if not (folders / f"offline-run-{stamp}-{run_id}").exists():
+                return
+            time.sleep(1.0 - now % 1.0 + 0.01)
+
     def _open(self, message: Message) -> Any:
         handle = self._runs.get(message.run)
         if handle is not None:
@@ -93,6 +108,8 @@ class WandbSink:
         attached = run_id is not None
         run_id = run_id or own_run_id(message.run)
         self._dir().mkdir(parents=True, exist_ok=True)
+        if self._config.mode == "offline":
+            self._after_any_folder_of_this_second(run_id)
         settings = wandb.Settings(
             mode=self._config.mode,
             api_key=self._api_key,
