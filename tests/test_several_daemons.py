@@ -21,7 +21,16 @@ from storage.database import Database
 from storage.models import JobAttempt
 from tests.checkpoints import copy_checkpoint
 from tests.conftest import ToyRun
-from tests.harness import DaemonProcess, evald, jobs, upgraded, wait_for, write_config, write_dataset
+from tests.harness import (
+    DaemonProcess,
+    evald,
+    jobs,
+    upgraded,
+    wait_for,
+    worker_processes,
+    write_config,
+    write_dataset,
+)
 
 pytestmark = pytest.mark.postgres
 
@@ -107,6 +116,11 @@ def test_two_daemons_share_the_queue_and_take_over_a_killed_ones_job(
         by_pid = {str(d.process.pid): d for d in daemons}
         holder = by_pid[owner.rsplit(":", 1)[1]]
         other = next(d for d in daemons if d is not holder)
+        # The holder's worker is stopped (SIGSTOP), so the job is still running when the holder is
+        # killed below: a toy job can otherwise end between two `evald status` calls on a quiet machine.
+        held = configs[daemons.index(holder)].parent / "state"
+        for process in wait_for(lambda: worker_processes(held) or None, 60, "the holder's worker"):
+            process.suspend()
         # `evald status` names the daemon that holds it.
         status = evald("--config", str(configs[0]), "status", "--format", "json")
         assert status.returncode == 0, status.stderr
