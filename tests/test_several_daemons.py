@@ -4,6 +4,7 @@ share the queue (each job runs once), say who holds what, and take over a dead o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import threading
@@ -11,6 +12,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import psutil
 import pytest
 from sqlalchemy import select
 
@@ -119,7 +121,8 @@ def test_two_daemons_share_the_queue_and_take_over_a_killed_ones_job(
         # The holder's worker is stopped (SIGSTOP), so the job is still running when the holder is
         # killed below: a toy job can otherwise end between two `evald status` calls on a quiet machine.
         held = configs[daemons.index(holder)].parent / "state"
-        for process in wait_for(lambda: worker_processes(held) or None, 60, "the holder's worker"):
+        stopped = wait_for(lambda: worker_processes(held) or None, 60, "the holder's worker")
+        for process in stopped:
             process.suspend()
         # `evald status` names the daemon that holds it.
         status = evald("--config", str(configs[0]), "status", "--format", "json")
@@ -130,6 +133,10 @@ def test_two_daemons_share_the_queue_and_take_over_a_killed_ones_job(
         assert f"on {owner}" in text
         holder.stop(signal.SIGKILL)
         killed = time.monotonic()
+        # Going on, the orphaned worker sees its daemon gone and leaves, as one not stopped would have.
+        for process in stopped:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.resume()
         taken = wait_for(
             lambda: _held_by_another(database, owner), LEASE_SECS + 30, "the takeover", other.process
         )
