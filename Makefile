@@ -25,9 +25,12 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/evald demo
 
-# Two test processes (pytest-xdist), a file each: most slow tests wait on a daemon, a trainer or a worker
-# process, so a second one overlaps those waits. TEST_WORKERS=0 runs them in this process.
-TEST_WORKERS ?= 2
+# Three test processes (pytest-xdist), a file each: most slow tests wait on a daemon, a trainer or a worker
+# process, so the others fill those waits (two left a quarter of two cores idle: 151 % CPU over the run).
+# TEST_WORKERS=0 runs them in this process. The long scenarios, which time takeovers and outages, run in
+# two (LONG_WORKERS).
+TEST_WORKERS ?= 3
+LONG_WORKERS ?= 2
 # The dashboard's browser tests drive this Chromium (Debian's, which tests/prerequisites.sh installs where
 # it can); the PostgreSQL tests use $EVALD_TEST_POSTGRES_URL, else the local server on 127.0.0.1:5432.
 EVALD_CHROMIUM ?= /usr/bin/chromium
@@ -46,7 +49,7 @@ test: test-prerequisites $(STAMP)
 # a Slurm job past its time limit, ...), each a repeat at full scale of what a faster test in `make test`
 # covers in part. CI runs them after `make test`.
 test-long: test-prerequisites $(STAMP)
-	EVALD_REQUIRE_BROWSER=1 EVALD_REQUIRE_POSTGRES=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m long
+	EVALD_REQUIRE_BROWSER=1 EVALD_REQUIRE_POSTGRES=1 $(BIN)/python -m pytest -n $(LONG_WORKERS) --dist loadfile -m long
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -249,6 +249,7 @@ def test_logs_are_json_lines_with_stable_event_names(sqlite_url: str, dataset: P
     assert all(datetime.fromisoformat(e["timestamp"]).tzinfo == UTC for e in events)
 
 
+@pytest.mark.long
 def test_rotated_checkpoints_end_as_vanished_and_the_daemon_goes_on(
     sqlite_url: str, trained: Path, tmp_path: Path
 ) -> None:

@@ -152,6 +152,7 @@ def test_the_export_has_lm_evals_keys_at_every_depth(
     assert "groups" not in ours  # arith_suite aggregates nothing: lm-eval writes no "groups"
 
 
+@pytest.mark.long
 def test_the_export_says_what_lm_eval_says(documents: tuple[dict[str, Any], dict[str, Any]]) -> None:
     theirs, ours = documents
     # The checkpoint's path, not its folder name.

@@ -113,6 +113,7 @@ def test_each_openrlhf_step_is_evaluated_once_equal_to_the_source_and_eval_follo
     database.dispose()
 
 
+@pytest.mark.long
 def test_both_shapes_there_at_the_start_with_a_marker_are_one_checkpoint_per_step_equal_to_the_source(
     tmp_path: Path, sqlite_url: str, openrlhf_source: tuple[Path, dict[int, dict[str, float]]]
 ) -> None:

@@ -105,6 +105,7 @@ def single(toy_run: ToyRun, tmp_path_factory: pytest.TempPathFactory) -> tuple[P
     return dataset, evaluated(run_group(spec), folder / "job")
 
 
+@pytest.mark.long
 def test_tp2_dp2_gives_the_outputs_and_metrics_of_one_process(
     toy_run: ToyRun, single: tuple[Path, JobResult], tmp_path: Path
 ) -> None:
