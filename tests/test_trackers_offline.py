@@ -161,7 +161,14 @@ def test_wandb_offline_every_value_at_its_step_once(
     relay.stop(30)
     # Each start its own file: W&B names the folder by the second, and the second start came at once.
     assert len(_run_files(tmp_path)) == 2
-    rows = history(_run_files(tmp_path))
+
+    def every_step() -> list[dict[str, Any]] | None:
+        found = history(_run_files(tmp_path))
+        return found if len(found) >= 4 else None
+
+    # W&B's service process writes the run file; `finish` has returned, but the file's last block may
+    # land a moment later (the step-40 row was missing from an early read, intermittently).
+    rows = wait_for(every_step, 30, "the 4 rows in W&B's run files")
     logged: dict[tuple[str, int], list[float]] = {}
     for row in rows:
         for key, value in row.items():
