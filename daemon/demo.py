@@ -21,17 +21,18 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, TextIO
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from daemon import report
 from daemon.alerts.receiver import WebhookReceiver
 from daemon.alerts.signing import Secret
 from daemon.config import load_config
 from daemon.errors import EvaldError
+from daemon.trackers.config import ENDPOINT_PREFIX
 from inference.toy.problems import DATA_DIR
 from storage import migrations, queries
 from storage.database import Database
-from storage.models import JobState, OutboxMessage
+from storage.models import JobState, OutboxMessage, OutboxState
 
 if TYPE_CHECKING:
     from daemon.web.server import BackgroundServer
@@ -288,6 +289,7 @@ def _evaluate(
     try:
         rows = _follow(database, trainer, daemon, workdir, progress)
         alerts = _await_alerts(database, receiver)
+        _await_trackers(database)
     finally:
         for process in (trainer, daemon):
             if process.poll() is None:
@@ -373,6 +375,25 @@ def _follow(
     raise EvaldError(f"not every checkpoint was evaluated within {DEMO_TIMEOUT_SECS:.0f} s; see {workdir}")
 
 
+def _await_trackers(database: Database) -> None:
+    """Until the trackers' outbox rows are sent (or the wait is over), so the daemon's relay delivers
+    them before it is stopped; what is left is said by the tracker lines and sent at the next start."""
+    deadline = time.monotonic() + DELIVERY_WAIT_SECS
+    while time.monotonic() < deadline:
+        with database.session() as session:
+            pending = session.scalar(
+                select(func.count())
+                .select_from(OutboxMessage)
+                .where(
+                    OutboxMessage.endpoint.like(f"{ENDPOINT_PREFIX}%"),
+                    OutboxMessage.state == OutboxState.PENDING,
+                )
+            )
+        if not pending:
+            return
+        time.sleep(0.2)
+
+
 def _await_alerts(database: Database, receiver: WebhookReceiver) -> list[dict[str, Any]]:
     """Every alert notification queued for the receiver, once delivered (or after the wait): what it was,
     whether the receiver got it, and whether its signature verified there."""
@@ -380,7 +401,10 @@ def _await_alerts(database: Database, receiver: WebhookReceiver) -> list[dict[st
     while True:
         with database.session() as session:
             queued = session.execute(
-                select(OutboxMessage.event_id, OutboxMessage.body).order_by(OutboxMessage.id)
+                select(OutboxMessage.event_id, OutboxMessage.body)
+                # The receiver's notices only: a tracker's rows (results, alert events) go elsewhere.
+                .where(OutboxMessage.endpoint.not_like(f"{ENDPOINT_PREFIX}%"))
+                .order_by(OutboxMessage.id)
             ).all()
         got = {a.webhook_id: a for a in receiver.attempts if a.status == 200}
         if all(event_id in got for event_id, _ in queued) or time.monotonic() > deadline:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,29 @@ def all_sent(database: Database, evaluations: int) -> bool | None:
     toy's curve goes to MLflow too)."""
     counts = outbox(database)
     return (counts.get("pending", 0) == 0 and counts.get("delivered", 0) >= evaluations) or None
+
+
+def assert_run_equals_results(client: Any, run: Any, rows: list[dict[str, Any]]) -> None:
+    """MLflow's run holds every value ``evald results --format json`` printed (with stderr and n), at its
+    step, once each, and nothing else under ``eval/``."""
+    expected: dict[str, list[tuple[int, float]]] = {}
+    for row in rows:
+        if row["n"] == 0:
+            # A mean over no samples has no value to plot: not sent (daemon/trackers/messages.py).
+            continue
+        base = f"eval/{row['task']}" if row["stage"] == "full" else f"eval/{row['task']}/{row['stage']}"
+        key = f"{base}/{row['metric']}"
+        expected.setdefault(key, []).append((row["step"], row["value"]))
+        if row["stderr"] is not None:
+            expected.setdefault(f"{key}/stderr", []).append((row["step"], row["stderr"]))
+        if row["n"] is not None:
+            expected.setdefault(f"{key}/n", []).append((row["step"], float(row["n"])))
+    assert set(run.data.metrics) == set(expected)
+    for key, points in expected.items():
+        history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
+        # Once each: the same steps (no step twice), each value as evald printed it.
+        assert [step for step, _ in history] == sorted(step for step, _ in points), key
+        assert [v for _, v in history] == pytest.approx([v for _, v in sorted(points)], rel=1e-9), key
 
 
 @pytest.mark.long
@@ -71,24 +96,7 @@ def test_the_daemon_sends_the_toy_runs_results_to_mlflow_once_each(
     found = client.get_experiment_by_name(experiment)
     assert found is not None
     (run,) = client.search_runs([found.experiment_id])
-    expected: dict[str, list[tuple[int, float]]] = {}
-    for row in rows:
-        if row["n"] == 0:
-            # A mean over no samples has no value to plot: not sent (daemon/trackers/messages.py).
-            continue
-        base = f"eval/{row['task']}" if row["stage"] == "full" else f"eval/{row['task']}/{row['stage']}"
-        key = f"{base}/{row['metric']}"
-        expected.setdefault(key, []).append((row["step"], row["value"]))
-        if row["stderr"] is not None:
-            expected.setdefault(f"{key}/stderr", []).append((row["step"], row["stderr"]))
-        if row["n"] is not None:
-            expected.setdefault(f"{key}/n", []).append((row["step"], float(row["n"])))
-    assert set(run.data.metrics) == set(expected)
-    for key, points in expected.items():
-        history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
-        # Once each: the same steps (no step twice), each value as evald printed it.
-        assert [step for step, _ in history] == sorted(step for step, _ in points), key
-        assert [v for _, v in history] == pytest.approx([v for _, v in sorted(points)], rel=1e-9), key
+    assert_run_equals_results(client, run, rows)
     # The sample tables: one JSON artifact per evaluation, at its step.
     artifacts = client.list_artifacts(run.info.run_id, "evald/samples/arith")
     assert sorted(Path(a.path).name for a in artifacts) == [
@@ -98,3 +106,41 @@ def test_the_daemon_sends_the_toy_runs_results_to_mlflow_once_each(
     log = (tmp_path / "daemon.log").read_text()
     assert '"tracker.delivered"' in log
     database.dispose()
+
+
+@pytest.mark.long
+def test_the_demo_sends_its_results_to_mlflow_and_says_where(
+    tmp_path: Path, mlflow_server: MlflowServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``evald demo`` with ``trackers.toml`` in its workspace: the README's first command, its results in
+    MLflow equal to ``evald results`` at every step, once each, and a line saying where they went."""
+    from mlflow.tracking import MlflowClient
+
+    workdir = tmp_path / "demo"
+    workdir.mkdir()
+    experiment = f"demo-{uuid.uuid4().hex[:8]}"
+    (workdir / "trackers.toml").write_text(
+        f'[[trackers]]\nkind = "mlflow"\ntracking_uri = "{mlflow_server.uri}"\n'
+        f'experiment = "{experiment}"\nattach = "own"\n',
+        encoding="utf-8",
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "daemon", "demo", "--workdir", str(workdir)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (line,) = [x for x in done.stdout.splitlines() if x.startswith("results also went to")]
+    rows = evald_results(workdir / "evald.toml", capsys)
+    evaluations = len({(r["step"], r["task"], r["stage"]) for r in rows})
+    assert evaluations == 8, rows
+    assert f"experiment '{experiment}'" in line and f"{evaluations} of {evaluations} evaluation(s)" in line
+    # The collapse's alert went to MLflow too, and all of them were delivered before the demo ended.
+    assert "alert event(s) delivered" in line and "the rest" not in line, line
+    client = MlflowClient(mlflow_server.uri)
+    found = client.get_experiment_by_name(experiment)
+    assert found is not None
+    (run,) = client.search_runs([found.experiment_id])
+    assert_run_equals_results(client, run, rows)
+    assert any(k.startswith("evald.alert.") for k in run.data.tags), run.data.tags

@@ -36,6 +36,10 @@ def library_missing(kind: str) -> str | None:
     return None
 
 
+#: A tracker's outbox rows have endpoint ``tracker:<name>``; a webhook's its plain name.
+ENDPOINT_PREFIX = "tracker:"
+
+
 class TrackerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -111,7 +115,7 @@ class TrackerConfig(BaseModel):
     @property
     def endpoint(self) -> str:
         """The outbox's endpoint name for this tracker (webhooks have plain names: no clash)."""
-        return f"tracker:{self.name}"
+        return f"{ENDPOINT_PREFIX}{self.name}"
 
     @property
     def entity(self) -> str | None:
