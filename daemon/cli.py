@@ -435,7 +435,8 @@ def cmd_export_tracker(args: argparse.Namespace) -> int:
     finally:
         database.dispose()
     print(
-        f"{done.tracker}: {done.evaluations} evaluation(s) of {args.run}: {done.queued} queued, "
+        f"{done.tracker}: {done.evaluations} evaluation(s) and {done.alerts} alert(s) of {args.run}: "
+        f"{done.queued} queued, "
         f"{done.sent} sent, {done.already} already there, {done.pending} still pending; {done.where}"
     )
     return 0 if done.pending == 0 else 1

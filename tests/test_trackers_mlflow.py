@@ -544,6 +544,72 @@ def test_alerts_go_to_mlflow_as_tags_with_their_state(
     assert assert_equal_to_results(setup) == 4
 
 
+#: Accuracy 0.01 at step 10 fires the accuracy threshold, 0.1 at step 100 resolves it; response length
+#: 110 at step 100 fires its own, which stays firing.
+TWO_ALERTS = ALERT_ON_ACCURACY + "[alerts.thresholds.response_length]\nmax = 50\n"
+
+
+def alert_tags(setup: Setup) -> dict[int, dict[str, Any]]:
+    """Each alert's tag in MLflow (its latest event), by alert id."""
+    _, run = mlflow_run(setup)
+    found: dict[int, dict[str, Any]] = {}
+    for key, value in run.data.tags.items():
+        if key.startswith("evald.alert.") and key.count(".") == 2:
+            found[int(key.rsplit(".", 1)[1])] = json.loads(value)
+            assert run.data.tags[f"{key}.state"] == found[int(key.rsplit(".", 1)[1])]["state"]
+    return found
+
+
+def test_backfill_sends_each_stored_alert_in_its_state_once(
+    tmp_path: Path, mlflow_server: MlflowServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    setup = _setup(tmp_path, mlflow_server.uri, extra='attach = "own"', after=TWO_ALERTS)
+    # Alerts stored before any tracker was configured.
+    setup.alerter = Alerter(setup.config.model_copy(update={"trackers": ()}))
+    for step in (10, 100):
+        store_result(setup, step, metrics_at(step))
+    assert outbox(setup.database) == {}
+    assert main(["--config", str(setup.config_path), "export", "mlflow", "--run", RUN]) == 0
+    first = capsys.readouterr().out
+    assert "2 evaluation(s) and 2 alert(s)" in first and "4 sent" in first, first
+    with setup.database.session() as s:
+        stored = {a.id: a for a in alerting.alert_rows(s, run=RUN)}
+    tags = alert_tags(setup)
+    assert {i: t["state"] for i, t in tags.items()} == {i: a.state for i, a in stored.items()}
+    assert sorted(a.state for a in stored.values()) == ["firing", "resolved"]
+    for alert_id, tag in tags.items():
+        alert = stored[alert_id]
+        assert (tag["rule"], tag["metric"]) == (alert.rule, alert.metric)
+        # A resolved alert says when its episode started and ended; a firing one has no end.
+        assert tag["starts_at"] and (tag["ends_at"] is None) == (alert.state == "firing"), tag
+        assert tag["step"] == (alert.resolved_step if alert.state == "resolved" else alert.first_step)
+    assert main(["--config", str(setup.config_path), "export", "mlflow", "--run", RUN]) == 0
+    second = capsys.readouterr().out
+    assert "0 queued" in second and "0 sent" in second and "4 already there" in second, second
+    assert alert_tags(setup) == tags
+    assert assert_equal_to_results(setup) == 4
+
+
+def test_a_backfill_after_live_delivery_queues_no_alert_again(
+    tmp_path: Path, mlflow_server: MlflowServer, relay_for: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    setup = _setup(tmp_path, mlflow_server.uri, extra='attach = "own"', after=TWO_ALERTS)
+    relay = relay_for(setup)
+    for step in (10, 100):
+        store_result(setup, step, metrics_at(step))
+    # Live: two evaluations; the accuracy alert fired then resolved, the length alert fired.
+    wait_for(lambda: delivered(setup.database, 5), 60, "5 delivered live")
+    relay.stop()
+    live = alert_tags(setup)
+    assert main(["--config", str(setup.config_path), "export", "mlflow", "--run", RUN]) == 0
+    said = capsys.readouterr().out
+    # Each alert's latest event went live under the id the backfill gives it: nothing queued again.
+    assert "0 queued" in said and "0 sent" in said and "4 already there" in said, said
+    assert outbox(setup.database) == {"delivered": 5}
+    assert alert_tags(setup) == live
+    assert assert_equal_to_results(setup) == 4
+
+
 def stored_points(server: MlflowServer, run_id: str) -> dict[tuple[str, int], list[float]]:
     """Every metric row of ``run_id`` in the server's own store (its SQLite file), by key and step: one
     query, where reading 1,200 keys' histories through the client takes a minute."""

@@ -18,10 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 from sqlalchemy import func, select
 
+from daemon.alerts.lifecycle import Alerter
+from daemon.cli import main
 from daemon.trackers.relay import TrackerRelay
-from daemon.trackers.wandb import own_run_id, trainer_run_on_disk
+from daemon.trackers.wandb import _is_missing_run, own_run_id, trainer_run_on_disk
 from storage import alerting, queries
 from storage.models import OutboxMessage, OutboxState
 from tests.harness import wait_for
@@ -187,6 +190,77 @@ def test_wandb_attaches_to_the_trainers_latest_run(tmp_path: Path) -> None:
     (root / "wandb" / "latest-run").symlink_to(folder.name)
     assert trainer_run_on_disk(root) == "abc123xy"
     assert trainer_run_on_disk(tmp_path / "nothing") is None
+
+
+def test_wandb_tells_a_trainer_run_it_no_longer_has_from_other_refusals() -> None:
+    _needs("wandb")
+    from wandb.errors import CommError, UsageError
+
+    # W&B's wording for resume="must" and an id it has no run of (as users report it).
+    assert _is_missing_run(UsageError("resume='must' but run (1psvaz8q) doesn't exist"))
+    assert not _is_missing_run(CommError("HTTP 500: Internal Server Error"))
+    assert not _is_missing_run(UsageError("Cannot resume a run while another run is active."))
+
+
+def test_wandb_a_vanished_trainer_run_falls_back_to_an_own_run_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, relays: list[TrackerRelay]
+) -> None:
+    _needs("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    setup = _wandb_setup(tmp_path)
+    # The trainer's W&B folder was deleted; its latest-run link is left pointing at nothing.
+    links = Path(setup.config.runs[0].root) / "wandb"
+    links.mkdir(parents=True)
+    (links / "latest-run").symlink_to("offline-run-20261201_101500-gone1234")
+    assert trainer_run_on_disk(links.parent) is None
+    with structlog.testing.capture_logs() as logs:
+        relay = _relay(setup, relays)
+        store_result(setup, 10, metrics_at(10))
+        wait_for(lambda: delivered(setup.database, 1), 120, "delivered to W&B")
+        relay.stop(30)
+    said = [e for e in logs if e["event"] == "tracker.trainer_run_missing"]
+    assert len(said) == 1 and said[0]["trainer_run"] == "gone1234", logs
+    assert "latest-run" in said[0]["detail"], said
+    # Logged into the own run (its id from the run's name), not into one named after the vanished id.
+    assert not list((tmp_path / "wb").rglob("*gone1234*"))
+    rows = wait_for(lambda: history(_run_files(tmp_path)) or None, 30, "the row in W&B's run file")
+    assert [int(r["eval/step"]) for r in rows] == [10]
+
+
+def test_wandb_backfill_records_stored_alerts_without_alerting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _needs("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    setup = _wandb_setup(tmp_path, 'attach = "own"', after=ALERT_ON_ACCURACY)
+    # Stored before the tracker was configured: the threshold fired at step 10 and resolved at step 100.
+    setup.alerter = Alerter(setup.config.model_copy(update={"trackers": ()}))
+    for step in (10, 100):
+        store_result(setup, step, metrics_at(step))
+    export = ["--config", str(setup.config_path), "export", "wandb", "--run", RUN]
+    assert main(export) == 0
+    said = capsys.readouterr().out
+    assert "2 evaluation(s) and 1 alert(s)" in said and "3 sent" in said, said
+    assert main(export) == 0
+    again = capsys.readouterr().out
+    assert "0 sent" in again and "3 already there" in again, again
+    with setup.database.session() as s:
+        (alert,) = alerting.alert_rows(s, run=RUN)
+
+    def summary_of(files: list[Path]) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        for update in records(files, "summary"):
+            for item in update.update:
+                found[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
+        return found
+
+    summary = wait_for(
+        lambda: summary_of(_run_files(tmp_path)).get(f"evald/alerts/{alert.id}"), 30, "the alert's summary"
+    )
+    assert (summary["state"], summary["step"], summary["rule"]) == ("resolved", 100, "threshold")
+    # History, not news: W&B gets no alert (Slack, e-mail) for an event evald stored earlier.
+    assert records(_run_files(tmp_path), "alert") == []
+    assert [int(r["eval/step"]) for r in history(_run_files(tmp_path))] == [10, 100]
 
 
 def test_tensorboard_live_event_files_every_value_once(tmp_path: Path, relays: list[TrackerRelay]) -> None:

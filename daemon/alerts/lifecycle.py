@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import structlog
 from sqlalchemy.orm import Session
 
+from daemon.alerts.notice import notice_body
 from daemon.anomaly import Finding, Point, detect
 from daemon.anomaly.rules import threshold
 from daemon.anomaly.series import difference_noise
@@ -291,29 +292,7 @@ class Alerter:
         return Notice(alert.id, job.run, self._body(job.run, alert, ends_at=now), alert.severity)
 
     def _body(self, run: str, alert: Alert, ends_at: datetime | None) -> dict[str, Any]:
-        return {
-            "fingerprint": alert.fingerprint,
-            "run": run,
-            "checkpoint": alert.checkpoint,
-            # The step a receiver shows: the onset while it fires, the step that resolved it after.
-            "step": alert.resolved_step if ends_at is not None else alert.first_step,
-            "first_step": alert.first_step,
-            "last_step": alert.last_step,
-            "resolved_step": alert.resolved_step if ends_at is not None else None,
-            "task": alert.task,
-            "metric": alert.metric,
-            "rule": alert.rule,
-            "value": alert.value,
-            "baseline": alert.baseline,
-            "best_step": alert.best_step,
-            "rollback_step": alert.rollback_step,
-            "severity": alert.severity,
-            "state": "resolved" if ends_at is not None else "firing",
-            "message": alert.message,
-            "links": dict(self._config.alerts.links),
-            "starts_at": alert.fired_at.isoformat(),
-            "ends_at": None if ends_at is None else ends_at.isoformat(),
-        }
+        return notice_body(run, alert, ends_at=ends_at, links=self._config.alerts.links)
 
     def _enqueue(self, session: Session, notice: Notice) -> None:
         if self._trackers:

@@ -1,10 +1,11 @@
 """``evald export mlflow|wandb|tensorboard --run R``: what is already stored, sent to a tracker.
 
-Each of the run's evaluations is queued in the outbox under the id it would have had live (so one sent
-live, or by an earlier backfill, is not queued again), then the tracker's messages are sent here, by the
-same code as the daemon's relay; the sink's own record of delivered ids covers a message sent before a
-crash. Running it twice logs nothing twice. A running daemon's relay may send some of them meanwhile:
-the outbox's claims keep the two from sending one message both.
+Each of the run's evaluations, and each of its alerts as its latest event (firing, or resolved with its
+episode), is queued in the outbox under the id it would have had live (so one sent live, or by an earlier
+backfill, is not queued again), then the tracker's messages are sent here, by the same code as the
+daemon's relay; the sink's own record of delivered ids covers a message sent before a crash. Running it
+twice logs nothing twice. A running daemon's relay may send some of them meanwhile: the outbox's claims
+keep the two from sending one message both. A backfilled alert is recorded, not notified (no W&B alert).
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from daemon.config import Config
 from daemon.errors import EvaldError
 from daemon.trackers.config import TrackerConfig
-from daemon.trackers.messages import event_id, succeeded_jobs
+from daemon.trackers.messages import alert_event_id, event_id, succeeded_jobs
 from daemon.trackers.queue import TrackerQueue
 from daemon.trackers.relay import SinkWorker
 from storage.database import Database
@@ -28,6 +30,7 @@ from storage.models import OutboxMessage, OutboxState, Run
 class Backfilled:
     tracker: str
     evaluations: int
+    alerts: int
     queued: int
     sent: int
     #: Delivered before (live or by an earlier backfill), or found in the tracker already.
@@ -68,20 +71,12 @@ def backfill(
             raise EvaldError(f"no run named {run!r} in the database (runs: {known})")
         jobs = succeeded_jobs(session, run)
         ids = [event_id(tracker.endpoint, job) for job in jobs]
-        before = (
-            int(
-                session.scalar(
-                    select(func.count())
-                    .select_from(OutboxMessage)
-                    .where(OutboxMessage.event_id.in_(ids), OutboxMessage.state == OutboxState.DELIVERED)
-                )
-                or 0
-            )
-            if ids
-            else 0
-        )
+        before = _delivered(session, ids)
         queue = TrackerQueue([tracker])
         queued = sum(queue.queue(session, job_id=job, run=run, run_id=run_id) for job in jobs)
+        before_alerts = _delivered_alerts(session, tracker.endpoint, run_id)
+        alerts, queued_alerts = queue.queue_alerts(session, run=run, run_id=run_id)
+        queued += queued_alerts
     worker = SinkWorker(database, tracker, environ)
     sent = already = 0
     try:
@@ -104,4 +99,28 @@ def backfill(
             )
             or 0
         )
-    return Backfilled(tracker.name, len(jobs), queued, sent, before + already, pending, where)
+    return Backfilled(
+        tracker.name, len(jobs), alerts, queued, sent, before + before_alerts + already, pending, where
+    )
+
+
+def _delivered(session: Session, ids: list[str]) -> int:
+    if not ids:
+        return 0
+    return int(
+        session.scalar(
+            select(func.count())
+            .select_from(OutboxMessage)
+            .where(OutboxMessage.event_id.in_(ids), OutboxMessage.state == OutboxState.DELIVERED)
+        )
+        or 0
+    )
+
+
+def _delivered_alerts(session: Session, endpoint: str, run_id: int) -> int:
+    """The run's alert events delivered to ``endpoint`` before (live), counted as already there only when
+    they are an alert's latest event: what the backfill would queue (``TrackerQueue.queue_alerts``)."""
+    ids = [
+        alert_event_id(endpoint, event) for event in TrackerQueue.stored_alert_events(session, run_id=run_id)
+    ]
+    return _delivered(session, ids)

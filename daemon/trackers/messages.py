@@ -4,8 +4,11 @@ event (fired, notified again, resolved).
 A result message is built in the transaction that stores the result (or, for a backfill, from what is
 stored) and queued in the outbox under a stable id: ``tracker:<name>`` and the job id give the same id every
 time, so a backfill of what was already sent live queues nothing, and a sink that records delivered ids logs
-nothing twice. An alert event is built in the transaction that stores the alert's change, under an id of
-its own (each notice is one event), like a webhook's.
+nothing twice. An alert event is built in the transaction that stores the alert's change (or, for a
+backfill, from the stored alert), under an id made of the alert, its state, its episode's start and end and
+its severity: the notice that fired an episode and a backfill of that firing alert have one id, so neither
+is logged twice. A reminder after the cooldown (same episode, state and severity) is the same event to a
+tracker, which shows state rather than pages: it goes to the webhooks only.
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -114,6 +116,9 @@ class AlertEvent:
     checkpoint: str | None = None
     rollback_step: int | None = None
     kind: str = "alert"
+    #: Sent by ``evald export`` from what was stored, not as it happened: a tracker records it (tags,
+    #: summary) but does not notify anyone (no W&B alert for an old event).
+    backfilled: bool = False
 
     @property
     def title(self) -> str:
@@ -188,10 +193,20 @@ def parse(body: str) -> Message:
 ALERT_PREFIX = "trka_"
 
 
-def alert_event_id(endpoint: str) -> str:
-    """A fresh id for one alert event to ``endpoint`` (each notice is its own event)."""
-    digest = hashlib.sha256(f"{endpoint}|alert|{uuid.uuid4().hex}".encode()).hexdigest()[:40]
-    return f"{ALERT_PREFIX}{digest}"
+def alert_event_id(endpoint: str, event: AlertEvent) -> str:
+    """The id of ``event`` to ``endpoint``: the same for the live notice and a backfill of it (see the
+    module's docstring); the times in ms, so an ISO string with or without its zone gives one id."""
+    starts = _iso_ms(event.starts_at)
+    ends = _iso_ms(event.ends_at) if event.ends_at else ""
+    key = f"{endpoint}|alert|{event.alert_id}|{event.state}|{starts}|{ends}|{event.severity}"
+    return f"{ALERT_PREFIX}{hashlib.sha256(key.encode()).hexdigest()[:40]}"
+
+
+def _iso_ms(text: str) -> int | str:
+    try:
+        return epoch_ms(datetime.fromisoformat(text))
+    except ValueError:
+        return text
 
 
 def epoch_ms(when: datetime) -> int:

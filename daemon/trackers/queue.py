@@ -5,15 +5,18 @@ stores the alert's change, beside its webhook rows."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import structlog
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from daemon.alerts.notice import notice_body
 from daemon.trackers.config import TrackerConfig
 from daemon.trackers.messages import AlertEvent, alert_event_id, event_id, result_message
 from storage import alerting
-from storage.models import Run
+from storage.models import Alert, AlertState, Run
 
 log = structlog.get_logger("daemon.trackers")
 
@@ -68,18 +71,52 @@ class TrackerQueue:
         try:
             with session.begin_nested():
                 root = session.get(Run, run_id)
-                message = AlertEvent.from_notice(
+                event = AlertEvent.from_notice(
                     dict(body), alert_id=alert_id, run_root=root.root if root is not None else ""
-                ).to_json()
-                for tracker in takers:
-                    alerting.enqueue_message(
-                        session,
-                        run_id=run_id,
-                        endpoint=tracker.endpoint,
-                        event_id=alert_event_id(tracker.endpoint),
-                        body=message,
-                    )
-                return len(takers)
+                )
+                return sum(self._queue_alert(session, tracker, event, run_id) for tracker in takers)
         except Exception as exc:
             log.exception("tracker.alert_queue_failed", alert_id=alert_id, run=run, error=repr(exc))
             return 0
+
+    def queue_alerts(self, session: Session, *, run: str, run_id: int) -> tuple[int, int]:
+        """Each stored alert of ``run`` as its latest event, for a backfill: ``(alerts, queued)``. An event
+        sent live has the same id and is not queued again."""
+        events = self.stored_alert_events(session, run_id=run_id)
+        queued = sum(
+            self._queue_alert(session, tracker, event, run_id)
+            for event in events
+            for tracker in self._trackers
+            if tracker.takes(run)
+        )
+        return len(events), queued
+
+    @staticmethod
+    def stored_alert_events(session: Session, *, run_id: int) -> list[AlertEvent]:
+        """The run's alerts, each as its latest event: firing, or resolved (with its whole episode: the
+        firing before it is not sent after it, which would show a resolved alert as firing)."""
+        root = session.get(Run, run_id)
+        if root is None:
+            return []
+        alerts = session.scalars(
+            select(Alert).where(Alert.run_id == run_id).order_by(Alert.fired_at, Alert.id)
+        ).all()
+        events = []
+        for alert in alerts:
+            resolved = alert.state is AlertState.RESOLVED
+            body = notice_body(root.name, alert, ends_at=alert.resolved_at if resolved else None, links={})
+            event = AlertEvent.from_notice(body, alert_id=alert.id, run_root=root.root)
+            events.append(replace(event, backfilled=True))
+        return events
+
+    @staticmethod
+    def _queue_alert(session: Session, tracker: TrackerConfig, event: AlertEvent, run_id: int) -> int:
+        return int(
+            alerting.enqueue_message(
+                session,
+                run_id=run_id,
+                endpoint=tracker.endpoint,
+                event_id=alert_event_id(tracker.endpoint, event),
+                body=event.to_json(),
+            )
+        )

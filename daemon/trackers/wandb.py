@@ -46,18 +46,43 @@ def own_run_id(run: str) -> str:
     return f"evald-{slug}-{hashlib.sha256(run.encode()).hexdigest()[:8]}"
 
 
+_RUN_FOLDER = re.compile(r"(?:offline-)?run-\d{8}_\d{6}-([A-Za-z0-9_-]+)")
+
+
+def _latest_run_links(root: Path) -> list[Path]:
+    return [root / "wandb" / "latest-run", *root.glob("*/wandb/latest-run")]
+
+
 def trainer_run_on_disk(root: Path) -> str | None:
     """The trainer's W&B run id from ``wandb/latest-run`` (``run-<time>-<id>`` or ``offline-run-...``)
     under ``root`` or a folder below it (verl and OpenRLHF write W&B's folder where they were started)."""
-    for link in [root / "wandb" / "latest-run", *root.glob("*/wandb/latest-run")]:
+    for link in _latest_run_links(root):
         try:
             target = link.resolve(strict=True)
         except OSError:
             continue
-        match = re.fullmatch(r"(?:offline-)?run-\d{8}_\d{6}-([A-Za-z0-9_-]+)", target.name)
+        match = _RUN_FOLDER.fullmatch(target.name)
         if match:
             return match.group(1)
     return None
+
+
+def vanished_trainer_run(root: Path) -> tuple[Path, str] | None:
+    """A ``latest-run`` link under ``root`` whose run folder is gone (the trainer's W&B files deleted or
+    moved), and the run id it names: the trainer's run no longer exists where W&B keeps it."""
+    for link in _latest_run_links(root):
+        if link.is_symlink() and not link.exists():
+            match = _RUN_FOLDER.fullmatch(link.readlink().name)
+            if match:
+                return link, match.group(1)
+    return None
+
+
+def _is_missing_run(error: Exception) -> bool:
+    """Whether ``wandb.init(resume="must")`` refused because the run does not exist: W&B's wording is
+    ``resume='must' but run (<id>) doesn't exist``."""
+    text = str(error).lower()
+    return "resume" in text and any(w in text for w in ("doesn't exist", "does not exist", "not found"))
 
 
 class WandbSink:
@@ -98,15 +123,47 @@ class WandbSink:
         handle = self._runs.get(message.run)
         if handle is not None:
             return handle
+        trainer = self._trainer_run(message) if self._config.attach == "trainer" else None
+        handle = None
+        if trainer is not None:
+            handle = self._init(message, trainer, attached=True)
+        if handle is None:
+            handle = self._init(message, own_run_id(message.run), attached=False)
+        assert handle is not None
+        handle.define_metric(STEP_KEY)
+        handle.define_metric("eval/*", step_metric=STEP_KEY)
+        self._runs[message.run] = handle
+        self._ledgers[handle.id] = self._read_ledger(handle.id)
+        log.info(
+            "tracker.wandb_run",
+            tracker=self.name,
+            run=message.run,
+            wandb_run=handle.id,
+            attached=handle.id == trainer,
+        )
+        return handle
+
+    def _trainer_run(self, message: Message) -> str | None:
+        found = self._config.run_ids.get(message.run) or trainer_run_on_disk(Path(message.run_root))
+        if found is not None:
+            return found
+        vanished = vanished_trainer_run(Path(message.run_root))
+        if vanished is not None:
+            link, run_id = vanished
+            log.warning(
+                "tracker.trainer_run_missing",
+                tracker=self.name,
+                run=message.run,
+                trainer_run=run_id,
+                detail=f"{link} points to a W&B run folder that is gone: logging to an own run",
+            )
+        return None
+
+    def _init(self, message: Message, run_id: str, *, attached: bool) -> Any:
+        """``wandb.init`` of ``run_id``; None where the trainer's run (``attached``) does not exist on the
+        server (online: ``resume = "must"`` refused), which is said once."""
         import wandb
 
-        run_id = None
-        if self._config.attach == "trainer":
-            run_id = self._config.run_ids.get(message.run) or trainer_run_on_disk(Path(message.run_root))
-            if run_id is not None:
-                log.info("tracker.attached", tracker=self.name, run=message.run, trainer_run=run_id)
-        attached = run_id is not None
-        run_id = run_id or own_run_id(message.run)
         self._dir().mkdir(parents=True, exist_ok=True)
         if self._config.mode == "offline":
             self._after_any_folder_of_this_second(run_id)
@@ -124,7 +181,9 @@ class WandbSink:
                 project=self._config.wandb_project,
                 entity=self._config.entity,
                 id=run_id,
-                resume="allow",
+                # Online, the trainer's run must exist: "allow" would create an empty run under its id.
+                # Offline there is no server to ask; `wandb sync` later appends to the run of that id.
+                resume="must" if attached and self._config.mode == "online" else "allow",
                 dir=str(self._dir()),
                 name=None if attached else f"evald-{message.run}",
                 tags=None if attached else ["evald"],
@@ -136,12 +195,19 @@ class WandbSink:
             text = str(exc)
             if "401" in text or "403" in text or "API key" in text or "api_key" in text:
                 raise TrackerRefused(f"wandb.init: credentials refused: {text[:300]}") from exc
+            if attached and _is_missing_run(exc):
+                log.warning(
+                    "tracker.trainer_run_missing",
+                    tracker=self.name,
+                    run=message.run,
+                    trainer_run=run_id,
+                    detail=f"W&B has no run {run_id} in {self._config.project}: logging to an own run",
+                    error=text[:300],
+                )
+                return None
             raise TrackerUnavailable(f"wandb.init: {type(exc).__name__}: {text[:300]}") from exc
-        handle.define_metric(STEP_KEY)
-        handle.define_metric("eval/*", step_metric=STEP_KEY)
-        self._runs[message.run] = handle
-        self._ledgers[run_id] = self._read_ledger(run_id)
-        log.info("tracker.wandb_run", tracker=self.name, run=message.run, wandb_run=run_id, attached=attached)
+        if attached:
+            log.info("tracker.attached", tracker=self.name, run=message.run, trainer_run=run_id)
         return handle
 
     def _read_ledger(self, run_id: str) -> set[str]:
@@ -222,7 +288,9 @@ class WandbSink:
         try:
             # W&B holds back an alert whose title it sent within ``wait_duration`` (a minute by default);
             # each event's title names its step and state, and each is its own.
-            handle.alert(title=message.title, text=message.message, level=level, wait_duration=1)
+            if not message.backfilled:
+                # A backfilled event is history: kept in the summary, not sent on to Slack or e-mail.
+                handle.alert(title=message.title, text=message.message, level=level, wait_duration=1)
             handle.summary[f"{ALERT_KEY}/{message.alert_id}"] = message.facts(event_id)
         except Exception as exc:
             raise TrackerUnavailable(f"alert: {type(exc).__name__}: {str(exc)[:300]}") from exc
