@@ -94,7 +94,13 @@ timeout_secs = {timeout_secs}
     return Setup(database, config, path, Alerter(config), run_id, experiment, uri)
 
 
-def store_result(setup: Setup, step: int, metrics: list[queries.MetricRow], stage: str = "full") -> int:
+def store_result(
+    setup: Setup,
+    step: int,
+    metrics: list[queries.MetricRow],
+    stage: str = "full",
+    samples: list[queries.SampleRow] | None = None,
+) -> int:
     """One evaluation stored as the runner stores it: the result and the alerter's work in one
     transaction, ``after_commit`` after it."""
     with setup.database.session() as s:
@@ -112,7 +118,7 @@ def store_result(setup: Setup, step: int, metrics: list[queries.MetricRow], stag
         job = queries.claim_next_job(s, "h:1")
         assert job is not None and job.step == step
         assert queries.complete_job(
-            s, job_id=job.id, owner="h:1", metrics=metrics, samples=[], duration_s=1.0, load_s=0.1
+            s, job_id=job.id, owner="h:1", metrics=metrics, samples=samples or [], duration_s=1.0, load_s=0.1
         )
         setup.alerter.after_result(s, job)
     setup.alerter.after_commit()
@@ -124,6 +130,20 @@ def metrics_at(step: int) -> list[queries.MetricRow]:
         queries.MetricRow("accuracy", round(step / 1000, 4), 100, 0.05),
         queries.MetricRow("response_length", 10.0 + step, 100, 1.5),
     ]
+
+
+def sample_at(step: int) -> queries.SampleRow:
+    return queries.SampleRow(
+        index=0,
+        prompt_id=f"arith/{step}",
+        prompt=f"{step}+1=",
+        response=str(step + 1),
+        extracted=str(step + 1),
+        reference=str(step + 1),
+        correct=True,
+        tokens=3,
+        truncated=False,
+    )
 
 
 def outbox(database: Database) -> dict[str, int]:
@@ -379,7 +399,7 @@ def test_wrong_credentials_pause_the_sink_with_one_line_and_evaluation_goes_on(
     with structlog.testing.capture_logs() as logs:
         relay = relay_for(setup, {"EVALD_T_USER": ADMIN[0], "EVALD_T_PASS": "wrong"})
         for step in (10, 20):
-            store_result(setup, step, metrics_at(step))
+            store_result(setup, step, metrics_at(step), samples=[sample_at(step)])
         # Paused, tried again after each pause, refused each time: still one line.
         wait_for(lambda: failed_attempts(setup.database) >= 3 or None, 60, "3 refused attempts")
         relay.stop()
@@ -398,6 +418,14 @@ def test_wrong_credentials_pause_the_sink_with_one_line_and_evaluation_goes_on(
     os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"] = ADMIN
     try:
         assert assert_equal_to_results(setup) == 4
+        # The sample tables went through the server's artifact proxy with the sink's credentials.
+        client, run = mlflow_run(setup)
+        for step in (10, 20):
+            got = client.download_artifacts(
+                run.info.run_id, f"evald/samples/{TASK}/step_{step:09d}.json", str(tmp_path)
+            )
+            table = json.loads(Path(got).read_text())
+            assert table["step"] == step and table["rows"][0]["prompt"] == sample_at(step).prompt, table
     finally:
         del os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"]
 
