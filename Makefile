@@ -25,11 +25,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/evald demo
 
-# Three test processes (pytest-xdist), a file each: most slow tests wait on a daemon, a trainer or a worker
-# process, so the others fill those waits (two left a quarter of two cores idle: 151 % CPU over the run).
-# TEST_WORKERS=0 runs them in this process. The long scenarios, which time takeovers and outages, run in
-# two (LONG_WORKERS).
-TEST_WORKERS ?= 3
+# Four test processes (pytest-xdist), a file each: most slow tests wait on a daemon, a trainer or a worker
+# process, so the others fill those waits (on 2 cores, three used 156 % CPU and took 629 s, four 170 % and
+# 502 s, measured on a fresh clone: BENCHMARKS.md). TEST_WORKERS=0 runs them in this process. The long
+# scenarios, which time takeovers and outages, run in two (LONG_WORKERS).
+TEST_WORKERS ?= 4
 LONG_WORKERS ?= 2
 # The dashboard's browser tests drive this Chromium (Debian's, which tests/prerequisites.sh installs where
 # it can); the PostgreSQL tests use $EVALD_TEST_POSTGRES_URL, else the local server on 127.0.0.1:5432.
