@@ -150,14 +150,18 @@ class WandbSink:
         vanished = vanished_trainer_run(Path(message.run_root))
         if vanished is not None:
             link, run_id = vanished
-            log.warning(
-                "tracker.trainer_run_missing",
-                tracker=self.name,
-                run=message.run,
-                trainer_run=run_id,
-                detail=f"{link} points to a W&B run folder that is gone: logging to an own run",
-            )
+            self._say_missing(message, run_id, f"{link} points to a W&B run folder that is gone")
         return None
+
+    def _say_missing(self, message: Message, run_id: str, why: str, **extra: str) -> None:
+        log.warning(
+            "tracker.trainer_run_missing",
+            tracker=self.name,
+            run=message.run,
+            trainer_run=run_id,
+            detail=f"{why}: logging to an own run",
+            **extra,
+        )
 
     def _init(self, message: Message, run_id: str, *, attached: bool) -> Any:
         """``wandb.init`` of ``run_id``; None where the trainer's run (``attached``) does not exist on the
@@ -196,14 +200,8 @@ class WandbSink:
             if "401" in text or "403" in text or "API key" in text or "api_key" in text:
                 raise TrackerRefused(f"wandb.init: credentials refused: {text[:300]}") from exc
             if attached and _is_missing_run(exc):
-                log.warning(
-                    "tracker.trainer_run_missing",
-                    tracker=self.name,
-                    run=message.run,
-                    trainer_run=run_id,
-                    detail=f"W&B has no run {run_id} in {self._config.project}: logging to an own run",
-                    error=text[:300],
-                )
+                why = f"W&B has no run {run_id} in {self._config.project}"
+                self._say_missing(message, run_id, why, error=text[:300])
                 return None
             raise TrackerUnavailable(f"wandb.init: {type(exc).__name__}: {text[:300]}") from exc
         if attached:
