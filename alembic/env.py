@@ -8,6 +8,7 @@ from sqlalchemy import Connection
 
 from alembic import context
 from storage.database import Database
+from storage.migrations import schema_transaction
 from storage.models import Base
 
 config = context.config
@@ -35,9 +36,8 @@ def run_migrations_online() -> None:
         raise SystemExit("alembic: set EVALD_DATABASE_URL or sqlalchemy.url")
     database = Database(url)
     try:
-        with database.engine.connect() as conn:
+        with schema_transaction(database) as conn:
             _run(conn)
-            conn.commit()
     finally:
         database.dispose()
 

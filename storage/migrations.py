@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy import Connection
 
 from alembic import command
 from storage.database import Database, describe_url
-from storage.errors import SchemaOutdated
+from storage.errors import SchemaOutdated, StatementFailed
 
 #: The repository keeps migrations beside the import packages, as the design card draws it.
 ALEMBIC_DIR = Path(__file__).resolve().parent.parent / "alembic"
@@ -41,10 +44,46 @@ def upgrade(database: Database, revision: str = "head") -> tuple[str | None, str
     database.check_reachable()
     before = current_revision(database)
     config = _config()
-    with database.engine.begin() as conn:
+    with schema_transaction(database) as conn:
         config.attributes["connection"] = conn
         command.upgrade(config, revision)
     return before, head_revision() if revision == "head" else revision
+
+
+def downgrade(database: Database, revision: str) -> None:
+    """Undo migrations down to ``revision`` (what ``alembic downgrade`` does, in the same transaction)."""
+    database.check_reachable()
+    config = _config()
+    with schema_transaction(database) as conn:
+        config.attributes["connection"] = conn
+        command.downgrade(config, revision)
+
+
+@contextmanager
+def schema_transaction(database: Database) -> Iterator[Connection]:
+    """One transaction for migrations. On SQLite, foreign keys are off while it runs and checked before it
+    commits, SQLite's own procedure for changing a table: batch mode copies a table, drops the old one and
+    renames the copy, and dropping a table with foreign keys on deletes every row that references it
+    (results, samples and history cascade from a job). The pragma is a no-op inside a transaction, so it
+    is set on the connection before the transaction begins."""
+    with database.engine.connect() as conn:
+        raw = conn.connection.dbapi_connection if conn.dialect.name == "sqlite" else None
+        if raw is not None:
+            raw.execute("PRAGMA foreign_keys=OFF")
+        try:
+            with conn.begin():
+                yield conn
+                if raw is not None:
+                    broken = conn.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+                    if broken:
+                        tables = sorted({str(row[0]) for row in broken})
+                        raise StatementFailed(
+                            f"the migration left {len(broken)} row(s) whose foreign key points nowhere "
+                            f"(in {', '.join(tables)}): rolled back, nothing changed"
+                        )
+        finally:
+            if raw is not None:
+                raw.execute("PRAGMA foreign_keys=ON")
 
 
 def require_current(database: Database) -> None:

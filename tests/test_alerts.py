@@ -21,7 +21,7 @@ from daemon.alerts.signing import Secret
 from daemon.cli import main
 from daemon.config import Config, parse_config
 from daemon.errors import ConfigError
-from storage import alerting, queries
+from storage import alerting, migrations, queries
 from storage.database import Database
 from storage.models import CheckpointState, utcnow
 from tests import oldrows
@@ -529,8 +529,6 @@ def test_upgrading_keeps_what_old_alert_rows_knew_of_their_steps(database_url: s
     left unknown, not filled with a step that is not the onset). Downgrading puts ``step`` back."""
     import sqlalchemy as sa
 
-    from storage import migrations
-
     db = Database(database_url)
     migrations.upgrade(db, "0007")
     t0 = utcnow()
@@ -580,23 +578,13 @@ def test_upgrading_keeps_what_old_alert_rows_knew_of_their_steps(database_url: s
         (None, None, 1080),
         (None, None, None),
     ]
-    _downgrade(db, "0007")
+    migrations.downgrade(db, "0007")
     with db.engine.connect() as conn:
         back: dict[int, int | None] = dict(
             conn.execute(sa.text("SELECT id, step FROM alerts ORDER BY id")).all()
         )
     assert back == {1: 960, 2: 1080, 3: None}
     db.dispose()
-
-
-def _downgrade(db: Database, revision: str) -> None:
-    from alembic import command
-    from storage import migrations
-
-    config = migrations._config()
-    with db.engine.begin() as connection:
-        config.attributes["connection"] = connection
-        command.downgrade(config, revision)
 
 
 def test_evald_webhook_test_sends_a_signed_test_alert(

@@ -34,7 +34,7 @@ from daemon.running import remote
 from daemon.running.executors.base import Ended, EndKind, Placement
 from daemon.running.runner import RETRYABLE, JobRunner
 from inference.spec import InferenceSpec, JobSpec, TaskSpec
-from storage import queries
+from storage import migrations, queries
 from storage.database import Database
 from storage.models import Checkpoint, CheckpointState, EvalJob
 from storage.queries.jobs import job_handle, record_handle, submitted_per_run
@@ -556,18 +556,7 @@ def test_a_daemon_taking_over_a_lease_reattaches_and_the_old_holder_leaves_the_s
 # --- fast: storage -------------------------------------------------------------------------------------
 
 
-def _downgrade(db: Database, revision: str) -> None:
-    from alembic import command
-    from storage import migrations
-
-    config = migrations._config()
-    with db.engine.begin() as connection:
-        config.attributes["connection"] = connection
-        command.downgrade(config, revision)
-
-
 def test_migration_0011_adds_the_slurm_columns_and_goes_back(database: Database) -> None:
-    from storage import migrations
 
     with database.session() as session:
         run_id = queries.ensure_run(session, "toy", "/runs/toy")
@@ -617,7 +606,7 @@ def test_migration_0011_adds_the_slurm_columns_and_goes_back(database: Database)
             "COMPLETED",
         )
         assert job_handle(session, job.id) == (1, '{"external_id": "7"}')
-    _downgrade(database, "0010")
+    migrations.downgrade(database, "0010")
     with database.engine.connect() as conn:
         columns = {c["name"] for c in sa_inspect(conn).get_columns("job_attempts")}
         jobs_columns = {c["name"] for c in sa_inspect(conn).get_columns("eval_jobs")}
