@@ -43,13 +43,13 @@ test-prerequisites:
 	@bash tests/prerequisites.sh
 
 test: test-prerequisites $(STAMP)
-	EVALD_REQUIRE_BROWSER=1 EVALD_REQUIRE_POSTGRES=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m 'not long'
+	EVALD_REQUIRE_BROWSER=1 EVALD_REQUIRE_POSTGRES=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m 'not long'
 
 # The long multi-process scenarios (marker `long`: kill -9 through the daemon, outages longer than a lease,
 # a Slurm job past its time limit, ...), each a repeat at full scale of what a faster test in `make test`
 # covers in part. CI runs them after `make test`.
 test-long: test-prerequisites $(STAMP)
-	EVALD_REQUIRE_BROWSER=1 EVALD_REQUIRE_POSTGRES=1 $(BIN)/python -m pytest -n $(LONG_WORKERS) --dist loadfile -m long
+	EVALD_REQUIRE_BROWSER=1 EVALD_REQUIRE_POSTGRES=1 $(BIN)/python -m pytest -n $(LONG_WORKERS) --dist loadfile --no-loadscope-reorder -m long
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from inference.toy.problems import held_out_problems, write_jsonl
+from tests.file_weights import weight
 from tests.session_cache import built_once, close_session, open_session
 
 #: Environment for processes started by tests: no network, no progress bars.
@@ -45,6 +46,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             and item.get_closest_marker("slow") is not None
         ):
             item.add_marker(pytest.mark.long)
+    # The longest files first (tests/file_weights.py); a stable sort keeps each file's own order.
+    items.sort(key=lambda item: -weight(item.path.name))
 
 
 @dataclass(frozen=True)
