@@ -24,6 +24,7 @@ from daemon.scheduling.planner import Planner
 from daemon.watching.discovery import Discovery, WatchedRun, top_level_child
 from storage import queries
 from storage.database import Database
+from tests.cases import long_if_zero2
 from tests.checkpoints import LayoutCase
 from tests.harness import Clock
 
@@ -32,7 +33,7 @@ QUIET = 2.0
 CASES = sorted(m.name for m in pkgutil.iter_modules(tests.cases.__path__) if not m.name.startswith("_"))
 
 
-@pytest.fixture(scope="module", params=CASES)
+@pytest.fixture(scope="module", params=[long_if_zero2(c) for c in CASES])
 def case(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> LayoutCase:
     module = importlib.import_module(f"tests.cases.{request.param}")
     built: LayoutCase = module.build(tmp_path_factory.mktemp(request.param))

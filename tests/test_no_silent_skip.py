@@ -12,6 +12,7 @@ import pytest
 
 from daemon.watching.discovery import candidate_dirs
 from inference import layouts
+from tests.cases import long_if_zero2
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +44,7 @@ def _clutter(folder: Path) -> None:
     (folder / "wandb" / "debug.log").write_text("")
 
 
-@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("name", [long_if_zero2(c) for c in CASES])
 def test_each_layouts_checkpoint_is_found_beside_what_tools_leave(name: str, tmp_path: Path) -> None:
     case = importlib.import_module(f"tests.cases.{name}").build(tmp_path)
     root = case.source
