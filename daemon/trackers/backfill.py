@@ -74,9 +74,10 @@ def backfill(
         before = _delivered(session, ids)
         queue = TrackerQueue([tracker])
         queued = sum(queue.queue(session, job_id=job, run=run, run_id=run_id) for job in jobs)
-        before_alerts = _delivered_alerts(session, tracker.endpoint, run_id)
-        alerts, queued_alerts = queue.queue_alerts(session, run=run, run_id=run_id)
-        queued += queued_alerts
+        events = TrackerQueue.stored_alert_events(session, run_id=run_id)
+        # Each alert's latest event delivered live counts as already there: what the backfill would send.
+        before_alerts = _delivered(session, [alert_event_id(tracker.endpoint, e) for e in events])
+        queued += queue.queue_alerts(session, events, run=run, run_id=run_id)
     worker = SinkWorker(database, tracker, environ)
     sent = already = 0
     try:
@@ -100,7 +101,7 @@ def backfill(
             or 0
         )
     return Backfilled(
-        tracker.name, len(jobs), alerts, queued, sent, before + before_alerts + already, pending, where
+        tracker.name, len(jobs), len(events), queued, sent, before + before_alerts + already, pending, where
     )
 
 
@@ -115,12 +116,3 @@ def _delivered(session: Session, ids: list[str]) -> int:
         )
         or 0
     )
-
-
-def _delivered_alerts(session: Session, endpoint: str, run_id: int) -> int:
-    """The run's alert events delivered to ``endpoint`` before (live), counted as already there only when
-    they are an alert's latest event: what the backfill would queue (``TrackerQueue.queue_alerts``)."""
-    ids = [
-        alert_event_id(endpoint, event) for event in TrackerQueue.stored_alert_events(session, run_id=run_id)
-    ]
-    return _delivered(session, ids)

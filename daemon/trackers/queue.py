@@ -79,17 +79,15 @@ class TrackerQueue:
             log.exception("tracker.alert_queue_failed", alert_id=alert_id, run=run, error=repr(exc))
             return 0
 
-    def queue_alerts(self, session: Session, *, run: str, run_id: int) -> tuple[int, int]:
-        """Each stored alert of ``run`` as its latest event, for a backfill: ``(alerts, queued)``. An event
-        sent live has the same id and is not queued again."""
-        events = self.stored_alert_events(session, run_id=run_id)
-        queued = sum(
+    def queue_alerts(self, session: Session, events: Sequence[AlertEvent], *, run: str, run_id: int) -> int:
+        """``events`` (``stored_alert_events``) queued for a backfill; returns how many. An event sent live
+        has the same id and is not queued again."""
+        return sum(
             self._queue_alert(session, tracker, event, run_id)
             for event in events
             for tracker in self._trackers
             if tracker.takes(run)
         )
-        return len(events), queued
 
     @staticmethod
     def stored_alert_events(session: Session, *, run_id: int) -> list[AlertEvent]:
