@@ -7,14 +7,16 @@ writes where it is beside the run's temp folders; the others find it there; the 
 (a count kept under a file lock). Tests isolate themselves by experiment name. The
 gate is a TCP forwarder on a port of its own: closing it makes the server unreachable for the client
 (connection refused, as a server that is down), opening it again on the same port brings it back, without
-waiting for the server to restart. Without mlflow installed the tests skip with a message, unless
-``EVALD_REQUIRE_MLFLOW=1`` (CI), where they fail.
+waiting for the server to restart. The stalling proxy forwards HTTP and holds chosen requests past the
+client's timeout, as a server too busy to answer one call in time. Without mlflow installed the tests skip
+with a message, unless ``EVALD_REQUIRE_MLFLOW=1`` (CI), where they fail.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import http.server
 import importlib.util
 import json
 import os
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.harness import free_port
@@ -188,6 +191,71 @@ class Gate:
             for s in (source, sink):
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
+
+
+class StallingProxy:
+    """An HTTP forwarder to ``target_port`` that holds the next ``times`` requests whose path holds
+    ``path`` (``stall``) for ``seconds`` and then drops them unanswered; ``stalled`` counts them."""
+
+    def __init__(self, target_port: int) -> None:
+        self.stalled = 0
+        self._rules: list[list[Any]] = []
+        self._lock = threading.Lock()
+        proxy = self
+        upstream = f"http://127.0.0.1:{target_port}"
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _forward(self) -> None:
+                if proxy._take(self.path):
+                    self.close_connection = True
+                    return
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                skip = ("host", "content-length")
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in skip}
+                answer = httpx.request(self.command, upstream + self.path, headers=headers, content=body)
+                self.send_response(answer.status_code)
+                for key, value in answer.headers.items():
+                    if key.lower() not in ("content-length", "transfer-encoding", "connection"):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(answer.content)))
+                self.end_headers()
+                self.wfile.write(answer.content)
+
+            def do_GET(self) -> None:
+                self._forward()
+
+            def do_POST(self) -> None:
+                self._forward()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.port = self._server.server_address[1]
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    @property
+    def uri(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stall(self, path: str, *, times: int, seconds: float) -> None:
+        with self._lock:
+            self._rules.append([path, times, seconds])
+
+    def _take(self, path: str) -> bool:
+        with self._lock:
+            rule = next((r for r in self._rules if r[0] in path and r[1] > 0), None)
+            if rule is None:
+                return False
+            rule[1] -= 1
+            self.stalled += 1
+        time.sleep(rule[2])
+        return True
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
 
 
 @contextlib.contextmanager

@@ -37,6 +37,7 @@ from tests.mlflowserver import (
     ADMIN,
     Gate,
     MlflowServer,
+    StallingProxy,
     mlflow_auth_server_fixture,
     mlflow_server_fixture,
     require_mlflow,
@@ -277,6 +278,25 @@ def test_server_down_during_results_then_back_delivers_all_once(
         gate.close()
 
 
+def test_a_run_read_that_times_out_is_retried_and_the_result_delivered_once(
+    tmp_path: Path, mlflow_server: MlflowServer, relay_for: Any
+) -> None:
+    # The run is created, then reading its delivery tags times out (a server too busy to answer in time):
+    # the next attempt finds the run again by its tag and delivers, instead of failing for ever.
+    proxy = StallingProxy(mlflow_server.port)
+    proxy.stall("/runs/get", times=1, seconds=3)
+    setup = _setup(tmp_path, proxy.uri, extra='attach = "own"', timeout_secs=1)
+    try:
+        relay_for(setup)
+        store_result(setup, 10, metrics_at(10))
+        wait_for(lambda: delivered(setup.database, 1), 60, "the message delivered after the timeout")
+        assert proxy.stalled == 1
+        assert failed_attempts(setup.database) >= 1
+        assert assert_equal_to_results(setup) == 2
+    finally:
+        proxy.close()
+
+
 def test_a_redelivery_after_a_crash_logs_nothing_twice(
     tmp_path: Path, mlflow_server: MlflowServer, relay_for: Any
 ) -> None:
@@ -456,13 +476,18 @@ def test_a_backlog_goes_in_batches_once_each(
     gate = Gate(mlflow_server.port)
     setup = _setup(tmp_path, gate.uri, extra='attach = "own"\nbatch = 200')
     try:
-        relay_for(setup)
+        relay = relay_for(setup)
         store_result(setup, 1, metrics_at(1))
         wait_for(lambda: delivered(setup.database, 1), 60, "the first message delivered")
+        # The backlog is stored with no relay running (a daemon down while the server was away), so the
+        # first attempt claims all of it: a relay taking part of it while the rest was still being stored
+        # would retry the parts at different times.
+        relay.stop()
         gate.close()
         steps = range(2, 122)
         for step in steps:
             store_result(setup, step, metrics_at(step))
+        relay_for(setup)
         wait_for(lambda: failed_attempts(setup.database) or None, 30, "a failed attempt recorded")
         with structlog.testing.capture_logs() as logs:
             gate.open()

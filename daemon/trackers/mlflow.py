@@ -162,8 +162,11 @@ class MlflowSink:
             run_id = self._trainer_run(message)
         if run_id is None:
             run_id = self._own_run(message)
+        # Read before the run is remembered: a read that fails (a timeout) is retried with the lookup,
+        # never left as a known run without its delivery tags.
+        delivered = self._delivered_tags(run_id)
         self._runs[message.run] = run_id
-        self._delivered[run_id] = self._delivered_tags(run_id)
+        self._delivered[run_id] = delivered
         return run_id
 
     def _trainer_run(self, message: Message) -> str | None:
