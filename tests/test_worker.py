@@ -253,3 +253,29 @@ def test_cut_text_marks_what_it_cut() -> None:
     cut = cut_text("x" * 100, 16)
     assert len(cut) == 16
     assert cut.endswith(CUT_MARKER)
+
+
+def test_a_worker_imports_deepspeed_without_mlflow() -> None:
+    # mlflow is installed beside evald (the tracker tests need it), so DeepSpeed's autotuner would import
+    # it: in a worker, after skip_mlflow, it finds none and mlflow's modules are never loaded.
+    probe = (
+        "import importlib.util, json, sys\n"
+        "installed = importlib.util.find_spec('mlflow') is not None\n"
+        "from inference.worker import skip_mlflow\n"
+        "skip_mlflow()\n"
+        "import deepspeed.autotuning.autotuner as tuner\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith('mlflow.'))\n"
+        "print(json.dumps([installed, tuner.has_mlflow, loaded]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        env={**SUBPROCESS_ENV, "DS_ACCELERATOR": "cpu"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    installed, has_mlflow, loaded = json.loads(done.stdout.splitlines()[-1])
+    assert installed, "mlflow is not installed here: this test checks nothing"
+    assert has_mlflow is False
+    assert loaded == []

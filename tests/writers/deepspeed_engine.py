@@ -36,6 +36,11 @@ def main() -> None:
 
     # DeepSpeed's CPU shared-memory all-reduce needs LOCAL_SIZE; torchrun only sets LOCAL_WORLD_SIZE.
     os.environ.setdefault("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    from inference.worker import skip_mlflow
+
+    # A trainer here logs nowhere: without this, importing DeepSpeed imports mlflow (installed for the
+    # tracker tests), seconds of CPU per rank.
+    skip_mlflow()
     import deepspeed
     import torch
     from safetensors.torch import save_file

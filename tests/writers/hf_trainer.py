@@ -33,6 +33,11 @@ def main() -> None:
     if "LOCAL_WORLD_SIZE" in os.environ:
         # DeepSpeed's CPU shared-memory all-reduce needs LOCAL_SIZE; torchrun only sets LOCAL_WORLD_SIZE.
         os.environ.setdefault("LOCAL_SIZE", os.environ["LOCAL_WORLD_SIZE"])
+    from inference.worker import skip_mlflow
+
+    # A trainer here logs nowhere: without this, importing DeepSpeed imports mlflow (installed for the
+    # tracker tests), seconds of CPU per rank.
+    skip_mlflow()
     import torch
     from safetensors.torch import save_file
     from transformers import Trainer, TrainingArguments
