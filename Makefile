@@ -65,6 +65,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.alert_latency
 	$(BIN)/python -m bench.api_latency --browser
 	$(BIN)/python -m bench.metrics_scrape
+	$(BIN)/python -m bench.worker_start
 
 # The real daemon under injected faults (kill -9, PostgreSQL restarts, webhook outages, disk full, ...),
 # full counts; writes the figures to RELIABILITY.md. Needs root (tmpfs mounts) and PostgreSQL binaries.
