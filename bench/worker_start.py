@@ -22,8 +22,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from inference.spec import InferenceSpec, JobResult, JobSpec, TaskSpec
-from inference.toy.problems import PROMPT_TEMPLATE, held_out_problems, write_jsonl
+from bench import grading_share
+from inference.spec import JobResult, JobSpec
+from inference.toy.problems import held_out_problems, write_jsonl
 from inference.toy.trainer import TrainConfig, train
 
 #: What ``python -m inference.worker SPEC`` runs (main, then ``os._exit``), with the skip on or off.
@@ -37,21 +38,9 @@ WORKER = (
 
 
 def job(checkpoint: Path, dataset: Path, folder: Path) -> JobSpec:
-    return JobSpec(
-        job_id=1,
-        checkpoint_path=checkpoint,
-        result_path=folder / "result.json",
-        task=TaskSpec(
-            name="arith",
-            dataset=dataset,
-            id_field="id",
-            prompt_template=PROMPT_TEMPLATE,
-            max_new_tokens=8,
-            batch_size=20,
-        ),
-        inference=InferenceSpec(engine="deepspeed", threads=1),
-        max_samples=0,
-    )
+    """grading_share's job on the default engine, one thread."""
+    spec = grading_share.job(checkpoint, dataset, folder, threads=1)
+    return spec.model_copy(update={"inference": spec.inference.model_copy(update={"engine": "deepspeed"})})
 
 
 def timed(command: list[str], spec: JobSpec) -> tuple[float, float]:
