@@ -3,10 +3,13 @@
 Run under torchrun (2 ranks, gloo)::
 
     DS_ACCELERATOR=cpu LOCAL_SIZE=2 torchrun --standalone --nproc-per-node 2 \
-        tests/writers/deepspeed_engine.py --out RUN --stage 3 --steps 2
+        tests/writers/deepspeed_engine.py --out OUT --stage 0 --stage 3 --steps 2
 
-Every step it calls ``engine.save_checkpoint(RUN)``: ``RUN/global_stepN/``, then ``RUN/latest``.
-With ``--openrlhf`` it saves as OpenRLHF's PPO actor does (``openrlhf/trainer/ray/ppo_actor.py``,
+Each ``--stage S`` trains a fresh model (same seed) under its own engine into ``RUN = OUT/zeroS``, one
+stage after the other in the same process group: one launch pays torch's and DeepSpeed's imports once
+for every stage (three launches cost 40 s more CPU on 2 cores). Every step it calls
+``engine.save_checkpoint(RUN)``: ``RUN/global_stepN/``, then ``RUN/latest``.
+With ``--openrlhf`` a ZeRO-3 run is saved as OpenRLHF's PPO actor does (``openrlhf/trainer/ray/ppo_actor.py``,
 ``PolicyModelActor.save_checkpoint``, with ``--save_hf_ckpt``): the engine checkpoint into ``RUN/_actor``
 (``strategy.save_ckpt`` calls ``engine.save_checkpoint(RUN/_actor, tag="global_stepN")``), then
 ``strategy.save_model`` (``openrlhf/utils/deepspeed/deepspeed.py``) into ``RUN/global_stepN_hf``: weights
@@ -29,9 +32,9 @@ PROMPTS = ("12+34=", "7+5=")
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--stage", type=int, choices=(0, 1, 2, 3), required=True)
+    parser.add_argument("--stage", type=int, choices=(0, 1, 2, 3), action="append", required=True)
     parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--openrlhf", action="store_true")
+    parser.add_argument("--openrlhf", action="store_true", help="save the ZeRO-3 run as OpenRLHF does")
     args = parser.parse_args()
 
     # DeepSpeed's CPU shared-memory all-reduce needs LOCAL_SIZE; torchrun only sets LOCAL_WORLD_SIZE.
@@ -41,6 +44,14 @@ def main() -> None:
     # A trainer here logs nowhere: without this, importing DeepSpeed imports mlflow (installed for the
     # tracker tests), seconds of CPU per rank.
     skip_mlflow()
+    import torch
+
+    torch.set_num_threads(1)
+    for stage in args.stage:
+        train_and_save(args.out / f"zero{stage}", stage, args.steps, openrlhf=args.openrlhf and stage == 3)
+
+
+def train_and_save(out: Path, stage: int, steps: int, *, openrlhf: bool) -> None:
     import deepspeed
     import torch
     from safetensors.torch import save_file
@@ -49,7 +60,6 @@ def main() -> None:
     from inference.toy.tokenizer import build_tokenizer
     from inference.toy.trainer import build_model, encode_problems
 
-    torch.set_num_threads(1)
     torch.manual_seed(0)
     tokenizer = build_tokenizer()
     model = build_model(tokenizer)
@@ -57,13 +67,13 @@ def main() -> None:
         "train_micro_batch_size_per_gpu": 4,
         "gradient_accumulation_steps": 1,
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True}},
-        "zero_optimization": {"stage": args.stage},
+        "zero_optimization": {"stage": stage},
         "steps_per_print": 1000,
     }
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     rank = engine.global_rank
     input_ids, attention_mask, labels = encode_problems(tokenizer, training_problems()[:64])
-    for step in range(args.steps):
+    for step in range(steps):
         rows = slice((step * 2 + rank) * 4, (step * 2 + rank + 1) * 4)
         loss = engine(
             input_ids=input_ids[rows], attention_mask=attention_mask[rows], labels=labels[rows]
@@ -71,14 +81,14 @@ def main() -> None:
         engine.backward(loss)
         engine.step()
         tag = f"global_step{engine.global_steps}"
-        if not args.openrlhf:
-            engine.save_checkpoint(str(args.out))
+        if not openrlhf:
+            engine.save_checkpoint(str(out))
             continue
-        engine.save_checkpoint(str(args.out / "_actor"), tag=tag)
+        engine.save_checkpoint(str(out / "_actor"), tag=tag)
         # OpenRLHF's save_model: every rank joins the gather, rank 0 writes.
-        gathered = engine._consolidated_16bit_state_dict() if args.stage == 3 else model.state_dict()
+        gathered = engine._consolidated_16bit_state_dict() if stage == 3 else model.state_dict()
         if rank == 0:
-            folder = args.out / f"{tag}_hf"
+            folder = out / f"{tag}_hf"
             model.save_pretrained(folder, state_dict=gathered)
             model.config.to_json_file(folder / "config.json")
             tokenizer.save_pretrained(folder)
@@ -90,12 +100,14 @@ def main() -> None:
     with torch.no_grad():
         logits = engine(**prompts).logits
     if rank == 0:
-        reference = Path(f"{args.out}_reference")
+        reference = Path(f"{out}_reference")
         model.config.save_pretrained(reference / "hf_config")
         model.generation_config.save_pretrained(reference / "hf_config")
         tokenizer.save_pretrained(reference / "hf_config")
         save_file({"logits": logits.contiguous()}, reference / "logits.safetensors")
     deepspeed.comm.barrier()
+    # The next stage builds an engine of its own; this one's hooks and partitioned tensors go first.
+    engine.destroy()
 
 
 if __name__ == "__main__":

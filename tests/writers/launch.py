@@ -27,6 +27,11 @@ def writer_env() -> dict[str, str]:
     }
 
 
+#: The ZeRO stages each writer launch trains, one after the other: a launch costs every rank torch's and
+#: DeepSpeed's imports, so `make test`'s three stages share one; ZeRO-2 (long tests only) has its own.
+DEEPSPEED_LAUNCHES = ((0, 1, 3), (2,))
+
+
 def deepspeed_run(stage: int, target: Path) -> Path:
     """``target`` holding a 2-rank ZeRO-``stage`` run (``global_step1``, ``global_step2``, ``latest``).
 
@@ -34,13 +39,13 @@ def deepspeed_run(stage: int, target: Path) -> Path:
     ``target/global_stepN_hf`` beside them. Beside ``target``, ``target_reference`` holds ``hf_config/`` and
     the trained engine's ``logits.safetensors``.
     """
-    key = f"deepspeed-zero{stage}"
-    out = cache_root() / key
+    stages = next(group for group in DEEPSPEED_LAUNCHES if stage in group)
+    key = "deepspeed-zero" + "".join(map(str, stages))
     command = [
-        *TWO_RANKS, str(REPO / "tests" / "writers" / "deepspeed_engine.py"), "--out", str(out),
-        "--stage", str(stage), *(["--openrlhf"] if stage == 3 else []),
+        *TWO_RANKS, str(REPO / "tests" / "writers" / "deepspeed_engine.py"), "--out", str(cache_root() / key),
+        *(f"--stage={s}" for s in stages), "--openrlhf",
     ]  # fmt: skip
-    return _copy_of(key, command, target, "DeepSpeed")
+    return _copy_of(key, command, target, "DeepSpeed", part=f"zero{stage}")
 
 
 def deepspeed_order(run: Path, tag: str) -> tuple[str, ...]:
@@ -71,15 +76,17 @@ def trainer_run(target: Path, zero_stage: int | None = None) -> Path:
     return _copy_of(key, command, target, "Trainer")
 
 
-def _copy_of(key: str, command: list[str], target: Path, writer: str) -> Path:
-    """Run ``command`` (it writes ``cache_root() / key``) once per session; copy its output to ``target``."""
+def _copy_of(key: str, command: list[str], target: Path, writer: str, *, part: str | None = None) -> Path:
+    """Run ``command`` (it writes ``cache_root() / key``) once per session; copy its output (or its folder
+    ``part``, when it writes several runs) and the ``_reference`` beside it to ``target``."""
 
     def write(_: Path) -> None:
         done = subprocess.run(command, capture_output=True, text=True, env=writer_env(), timeout=600)
         if done.returncode != 0:
             raise RuntimeError(f"{writer} writer failed ({done.returncode}):\n{done.stderr[-4000:]}")
 
-    source = built_once(key, write, beside=(f"{key}_reference",))
+    built = built_once(key, write, beside=(f"{key}_reference",))
+    source = built / part if part is not None else built
     shutil.copytree(source, target)
     shutil.copytree(
         source.with_name(source.name + "_reference"), target.with_name(target.name + "_reference")
