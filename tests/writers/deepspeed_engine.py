@@ -85,8 +85,8 @@ def train_and_save(out: Path, stage: int, steps: int, *, openrlhf: bool) -> None
             engine.save_checkpoint(str(out))
             continue
         engine.save_checkpoint(str(out / "_actor"), tag=tag)
-        # OpenRLHF's save_model: every rank joins the gather, rank 0 writes.
-        gathered = engine._consolidated_16bit_state_dict() if stage == 3 else model.state_dict()
+        # OpenRLHF's save_model: every rank joins the ZeRO-3 gather, rank 0 writes.
+        gathered = engine._consolidated_16bit_state_dict()
         if rank == 0:
             folder = out / f"{tag}_hf"
             model.save_pretrained(folder, state_dict=gathered)
