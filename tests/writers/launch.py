@@ -85,7 +85,8 @@ def _copy_of(key: str, command: list[str], target: Path, writer: str, *, part: s
         if done.returncode != 0:
             raise RuntimeError(f"{writer} writer failed ({done.returncode}):\n{done.stderr[-4000:]}")
 
-    built = built_once(key, write, beside=(f"{key}_reference",))
+    # A writer of several runs keeps each run's reference inside its own folder: only one run has it beside.
+    built = built_once(key, write, beside=() if part is not None else (f"{key}_reference",))
     source = built / part if part is not None else built
     shutil.copytree(source, target)
     shutil.copytree(
