@@ -21,9 +21,10 @@ from typing import Any, Protocol
 import structlog
 from sqlalchemy.orm import Session
 
+from daemon.alerts.episodes import Episode, latest_episodes
 from daemon.alerts.notice import notice_body
-from daemon.anomaly import Finding, Point, detect
-from daemon.anomaly.rules import threshold
+from daemon.anomaly import Finding, Point
+from daemon.anomaly.detector import judge
 from daemon.anomaly.series import difference_noise
 from daemon.config import Config
 from daemon.scheduling import stages
@@ -151,13 +152,13 @@ class Alerter:
         """An alert from the daemon's own events (a job that failed for good, one deferred past its limit,
         a tp disagreement), in the transaction that records the event."""
         self._feedback = {}
-        run_id, run, task, step = job.run_id, job.run, job.task, job.step
+        run, task, step = job.run, job.task, job.step
         try:
             with session.begin_nested():
                 fp = fingerprint(run, rule, None, task)
                 # No metric: the alert has no value, and a run-level event may have no step.
                 finding = Finding(rule, "", step or 0, math.nan, None, severity, message)  # type: ignore[arg-type]
-                notice = self._fire(session, run_id, run, task, fp, finding, None, None, None, utcnow())
+                notice = self._fire(session, job, fp, finding, utcnow())
                 if notice is None:
                     return 0
                 self._enqueue(session, notice)
@@ -182,72 +183,131 @@ class Alerter:
         return len(notices) + self._metric_alerts(session, job)
 
     def _metric_alerts(self, session: Session, job: queries.ClaimedJob) -> int:
+        """Re-judge the run's whole series in step order and bring each metric alert to its latest episode:
+        a late older result re-judges the steps after it, as if evaluated oldest first."""
         assert job.step is not None
         rows = alerting.run_series(session, run_id=job.run_id, task=job.task, stage=job.stage)
-        newest = max((r.step for points in rows.values() for r in points), default=job.step)
-        # A late result for an older step (the backlog runs newest first) may raise its own findings, but
-        # says nothing about whether the run has recovered since.
-        current = job.step >= newest
         series = {
-            metric: [Point(r.step, r.value, r.n, r.stderr) for r in points if r.step <= job.step]
-            for metric, points in rows.items()
+            metric: [Point(r.step, r.value, r.n, r.stderr) for r in points] for metric, points in rows.items()
         }
         names = {r.step: r.checkpoint for points in rows.values() for r in points}
         directions = {metric: self.direction(metric) for metric in series}
-        findings = [f for f in detect(series, directions, self._settings) if f.step == job.step]
-        for metric, bounds in self._config.alerts.thresholds.items():
-            points = series.get(metric)
-            if points and points[-1].step == job.step:
-                crossed = threshold(metric, points, minimum=bounds.min, maximum=bounds.max)
-                if crossed is not None:
-                    findings.append(crossed)
-        best_metric = self._config.alerts.best_metric
-        best = best_point(series.get(best_metric, []), names, self.direction(best_metric), best_metric)
+        bounds = {metric: (b.min, b.max) for metric, b in self._config.alerts.thresholds.items()}
+        judged = judge(series, directions, self._settings, bounds)
+        episodes = {
+            fingerprint(job.run, rule, metric, job.task): episode
+            for (rule, metric), episode in latest_episodes(judged).items()
+        }
         now = utcnow()
         notices: list[Notice] = []
-        seen: set[str] = set()
-        for finding in findings:
-            fp = fingerprint(job.run, finding.rule, finding.metric, job.task)
-            if fp in seen:
-                continue
-            seen.add(fp)
-            back = rollback_step(series.get(finding.metric, []), finding, directions.get(finding.metric))
-            notice = self._fire(
-                session, job.run_id, job.run, job.task, fp, finding, best, back, names.get(job.step), now
-            )
+        for fp, episode in episodes.items():
+            notice = self._follow(session, job, fp, episode, series, names, directions, now)
             if notice is not None:
                 notices.append(notice)
-        for alert in alerting.firing(session, run_id=job.run_id, task=job.task) if current else ():
-            if alert.fingerprint not in seen and alert.rule in METRIC_RULES:
-                notices.append(self._resolve(job, alert, now))
+        for alert in alerting.firing(session, run_id=job.run_id, task=job.task):
+            if alert.rule in METRIC_RULES and alert.fingerprint not in episodes:
+                notices.append(self._withdraw(job, alert, now))
         for notice in notices:
             self._enqueue(session, notice)
-        if current:
+        if job.step >= max(judged, default=job.step):
+            best_metric = self._config.alerts.best_metric
+            best = best_point(series.get(best_metric, []), names, self.direction(best_metric), best_metric)
             self._feedback[job.run] = self._status(session, job, best)
         if notices:
             log.info("alerts.queued", run=job.run, step=job.step, task=job.task, notices=len(notices))
         return len(notices)
 
-    def _fire(
+    def _follow(
         self,
         session: Session,
-        run_id: int,
-        run: str,
-        task: str | None,
+        job: queries.ClaimedJob,
         fp: str,
-        finding: Finding,
-        best: Best | None,
-        back: int | None,
-        checkpoint: str | None,
+        episode: Episode,
+        series: Mapping[str, Sequence[Point]],
+        names: Mapping[int, str],
+        directions: Mapping[str, bool | None],
         now: datetime,
     ) -> Notice | None:
+        """Bring the alert of ``fp`` to ``episode``, its latest; the notice to send, if any. A new episode,
+        one that resolved, or one that fires again is sent; a firing one that reached a newer step is sent
+        again after the cooldown or when its severity rose; a late older result that only moves an onset or
+        an end back is recorded without a word."""
+        finding = episode.latest
+        alert = alerting.by_fingerprint(session, fp)
+        if alert is None:
+            alert = Alert(
+                fingerprint=fp, run_id=job.run_id, task=job.task, metric=finding.metric, rule=finding.rule
+            )
+            session.add(alert)
+            same, was_firing, newer, rose = False, False, True, False
+        else:
+            same = episode.overlaps(alert.first_step, alert.last_step)
+            was_firing = alert.state is AlertState.FIRING
+            newer = alert.last_step is None or episode.last_step > alert.last_step
+            rose = SEVERITY_RANK[finding.severity] > SEVERITY_RANK.get(alert.severity, 0)
+        if not same:
+            notify = True
+        elif was_firing and episode.firing:
+            cooldown = timedelta(seconds=self._config.alerts.cooldown_secs)
+            notify = newer and (rose or alert.notified_at is None or now - alert.notified_at >= cooldown)
+        else:
+            notify = was_firing != episode.firing
+        if not same or (episode.firing and not was_firing):
+            alert.fired_at = now
+        alert.state = AlertState.FIRING if episode.firing else AlertState.RESOLVED
+        alert.resolved_at = (
+            None if episode.firing else (alert.resolved_at if same and not was_firing else now)
+        )
+        alert.first_step, alert.last_step = episode.first_step, episode.last_step
+        alert.resolved_step = episode.resolved_step
+        alert.repeats = episode.repeats
+        alert.severity = finding.severity
+        alert.checkpoint = names.get(episode.last_step)
+        alert.value = finding.value
+        alert.baseline = finding.baseline
+        direction = directions.get(finding.metric)
+        upto = [p for p in series.get(finding.metric, []) if p.step <= episode.last_step]
+        best = best_point(upto, names, direction, finding.metric)
+        alert.best_step = best.step if best else None
+        alert.rollback_step = rollback_step(upto, finding, direction)
+        alert.message = (
+            finding.message
+            if episode.firing
+            else f"{finding.metric} recovered at step {episode.resolved_step} "
+            f"({finding.rule} no longer fires)"
+        )
+        alert.updated_at = now
+        session.flush()
+        if not notify:
+            return None
+        alert.notified_at = now
+        ends_at = None if episode.firing else alert.resolved_at
+        return Notice(alert.id, job.run, self._body(job.run, alert, ends_at=ends_at), alert.severity)
+
+    def _withdraw(self, job: queries.ClaimedJob, alert: Alert, now: datetime) -> Notice:
+        """A firing alert whose rule no longer fires at any step once the series is judged in step order (a
+        late older result changed its baseline): resolved, saying why; its steps stay as they were."""
+        alert.state = AlertState.RESOLVED
+        alert.resolved_at = alert.updated_at = now
+        alert.resolved_step = None
+        alert.message = (
+            f"withdrawn: with step {job.step}'s result the series judged in step order no longer shows "
+            f"{alert.rule} on {alert.metric} at steps {alert.first_step}..{alert.last_step}"
+        )
+        return Notice(alert.id, job.run, self._body(job.run, alert, ends_at=now), alert.severity)
+
+    def _fire(
+        self, session: Session, place: JobPlace, fp: str, finding: Finding, now: datetime
+    ) -> Notice | None:
+        """Fire (or repeat) an operational alert; sent when it starts firing, again after the cooldown."""
         alert = alerting.by_fingerprint(session, fp)
         cooldown = timedelta(seconds=self._config.alerts.cooldown_secs)
-        metric_rule = bool(finding.metric)
-        step = finding.step if metric_rule or finding.step else None
+        # A run-level event may have no step.
+        step = finding.step or None
         if alert is None:
-            metric = finding.metric or None
-            alert = Alert(fingerprint=fp, run_id=run_id, task=task, metric=metric, rule=finding.rule)
+            alert = Alert(
+                fingerprint=fp, run_id=place.run_id, task=place.task, metric=None, rule=finding.rule
+            )
             session.add(alert)
             notify, alert.repeats, alert.fired_at = True, 1, now
             newest = _start_episode(alert, step)
@@ -263,30 +323,22 @@ class Alerter:
         if newest or SEVERITY_RANK[finding.severity] > SEVERITY_RANK.get(alert.severity, 0):
             alert.severity = finding.severity
         if newest:
-            # What the alert says (value, message, checkpoint) is its latest finding; a late result for
-            # an older step (the backlog runs newest first) may move the onset back, not the story.
-            alert.checkpoint = checkpoint
-            alert.value = finding.value if metric_rule else None
-            alert.baseline = finding.baseline
-            alert.best_step = best.step if best else None
-            alert.rollback_step = back
+            alert.checkpoint = None
+            alert.value = alert.baseline = alert.best_step = alert.rollback_step = None
             alert.message = finding.message
         alert.updated_at = now
         session.flush()
         if not notify:
             return None
         alert.notified_at = now
-        return Notice(alert.id, run, self._body(run, alert, ends_at=None), alert.severity)
+        return Notice(alert.id, place.run, self._body(place.run, alert, ends_at=None), alert.severity)
 
     def _resolve(self, job: queries.ClaimedJob, alert: Alert, now: datetime) -> Notice:
+        """An operational alert cleared by the task's next good result."""
         alert.state = AlertState.RESOLVED
         alert.resolved_at = now
         alert.updated_at = now
-        alert.message = (
-            f"{alert.metric or alert.rule} recovered at step {job.step} ({alert.rule} no longer fires)"
-            if alert.rule in METRIC_RULES
-            else f"{alert.rule} cleared: task {job.task} stored a result at step {job.step}"
-        )
+        alert.message = f"{alert.rule} cleared: task {job.task} stored a result at step {job.step}"
         # The episode's first and last steps stay: where it started and how long it lasted.
         alert.resolved_step = job.step
         return Notice(alert.id, job.run, self._body(job.run, alert, ends_at=now), alert.severity)

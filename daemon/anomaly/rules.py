@@ -6,7 +6,7 @@ import math
 import statistics
 from collections.abc import Sequence
 
-from daemon.anomaly.series import Finding, Point, difference_noise, finite, worse
+from daemon.anomaly.series import Finding, Point, difference_noise, worse
 from daemon.anomaly.settings import Settings
 
 
@@ -52,35 +52,50 @@ def threshold(
 BEST_WIDTH = 3
 
 
-def smoothed(points: Sequence[Point], width: int = BEST_WIDTH) -> list[tuple[Point, float]]:
-    """Each point with the median of it and the ``width - 1`` before it: one lucky point is not a best."""
-    return [
-        (p, statistics.median(q.value for q in points[max(0, i - width + 1) : i + 1]))
-        for i, p in enumerate(points)
-    ]
-
-
-def drop_from_best(
+def drops(
     metric: str, points: Sequence[Point], higher_is_better: bool | None, s: Settings
-) -> Finding | None:
-    """The newest point is worse than the best so far (smoothed) by more than ``drop_sigmas`` standard
-    errors of the difference; the baseline is that best, and its step is where to roll back to.
+) -> list[Finding | None]:
+    """The drop-from-best finding at every point of ``points``, each judged on the points before it (one
+    pass: the smoothed values and the running best serve every prefix)."""
+    found: list[Finding | None] = [None] * len(points)
+    if higher_is_better is None:
+        return found
+    sign = 1.0 if higher_is_better else -1.0
+    history: list[Point] = []
+    level: list[float] = []
+    at = top = -1
+    for k, current in enumerate(points):
+        if (
+            len(history) >= s.min_history
+            and math.isfinite(current.value)
+            # No noise model (a timing): "worse than the best" would page on every slow machine.
+            and current.stderr is not None
+        ):
+            found[k] = _drop(metric, current, history, level, at, top, s, higher_is_better)
+        if not math.isfinite(current.value):
+            continue
+        history.append(current)
+        level.append(statistics.median(q.value for q in history[-BEST_WIDTH:]))
+        # The first best wins a tie, as ``max`` picks it.
+        if at < 0 or sign * level[-1] > sign * level[at]:
+            at = len(level) - 1
+        if top < 0 or sign * current.value > sign * history[top].value:
+            top = len(history) - 1
+    return found
 
-    The message calls the baseline what it is, a smoothed best (the median of the ``BEST_WIDTH`` points
-    ending at its step), and gives the best raw value beside it: a chart's best ring marks the raw one,
-    and "best 0.97" beside a ring at 1 reads as a wrong number."""
-    current = points[-1]
-    history = finite(points[:-1])
-    if higher_is_better is None or len(history) < s.min_history or not math.isfinite(current.value):
-        return None
-    if current.stderr is None:
-        # No noise model (a timing): "worse than the best" would page on every slow machine.
-        return None
-    at, (best_point, best) = max(
-        enumerate(smoothed(history)), key=lambda item: item[1][1] if higher_is_better else -item[1][1]
-    )
+
+def _drop(
+    metric: str,
+    current: Point,
+    history: Sequence[Point],
+    level: Sequence[float],
+    at: int,
+    top: int,
+    s: Settings,
+    higher_is_better: bool,
+) -> Finding | None:
+    best_point, best, raw = history[at], level[at], history[top]
     width = min(BEST_WIDTH, at + 1)
-    raw = max(history, key=lambda p: p.value if higher_is_better else -p.value)
     drop = worse(current.value - best, higher_is_better)
     noise = difference_noise(current, [best_point])
     floor = max(s.drop_sigmas * noise, s.relative_floor * abs(best) * s.drop_sigmas, s.absolute_floor)
@@ -99,3 +114,15 @@ def drop_from_best(
             f"best raw {raw.value:.4g} at step {raw.step}"
         ),
     )
+
+
+def drop_from_best(
+    metric: str, points: Sequence[Point], higher_is_better: bool | None, s: Settings
+) -> Finding | None:
+    """The newest point is worse than the best so far (smoothed) by more than ``drop_sigmas`` standard
+    errors of the difference; the baseline is that best, and its step is where to roll back to.
+
+    The message calls the baseline what it is, a smoothed best (the median of the ``BEST_WIDTH`` points
+    ending at its step), and gives the best raw value beside it: a chart's best ring marks the raw one,
+    and "best 0.97" beside a ring at 1 reads as a wrong number."""
+    return drops(metric, points, higher_is_better, s)[-1]

@@ -44,44 +44,44 @@ def _finding(rule: str, metric: str, current: Point, statistic: float, message: 
     )
 
 
-def ewma(metric: str, points: Sequence[Point], higher_is_better: bool | None, s: Settings) -> Finding | None:
-    current = points[-1]
-    if higher_is_better is None or current.stderr is None or not math.isfinite(current.value):
-        return None
-    series = residuals(points, higher_is_better, s)
-    if len(series) < 2 or series[-1] <= 0:
-        return None
-    smoothed = 0.0
-    for r in series:
-        smoothed = s.ewma_lambda * r + (1 - s.ewma_lambda) * smoothed
+Shifts = tuple[Finding | None, Finding | None]
+
+
+def shifts(metric: str, points: Sequence[Point], higher_is_better: bool | None, s: Settings) -> list[Shifts]:
+    """(EWMA, CUSUM) finding at every point of ``points``, each judged on the points up to it.
+
+    One pass: a residual depends only on the points before it, so the residuals of the whole series are
+    those of every prefix, and both statistics are running sums over them. Judging a series of n points at
+    each of its steps costs O(n · window), not O(n² · window).
+    """
+    found: list[Shifts] = [(None, None)] * len(points)
+    if higher_is_better is None:
+        return found
+    usable = [k for k, p in enumerate(points) if math.isfinite(p.value)]
+    smoothed = total = 0.0
     limit = s.ewma_limit * math.sqrt(s.ewma_lambda / (2 - s.ewma_lambda))
-    if smoothed <= limit:
-        return None
-    return _finding(
-        "ewma",
-        metric,
-        current,
-        smoothed,
-        f"{metric} has been shifting the wrong way (EWMA {smoothed:.2f} > {limit:.2f})",
-    )
+    for count, r in enumerate(residuals(points, higher_is_better, s), start=1):
+        at = usable[s.min_history + count - 1]
+        smoothed = s.ewma_lambda * r + (1 - s.ewma_lambda) * smoothed
+        total = max(0.0, total + r - s.cusum_k)
+        current = points[at]
+        if current.stderr is None or r <= 0:
+            continue
+        moved = None
+        if count >= 2 and smoothed > limit:
+            message = f"{metric} has been shifting the wrong way (EWMA {smoothed:.2f} > {limit:.2f})"
+            moved = _finding("ewma", metric, current, smoothed, message)
+        drifted = None
+        if total > s.cusum_h:
+            message = f"{metric} has drifted the wrong way (CUSUM {total:.1f} > {s.cusum_h:g})"
+            drifted = _finding("cusum", metric, current, total, message)
+        found[at] = (moved, drifted)
+    return found
+
+
+def ewma(metric: str, points: Sequence[Point], higher_is_better: bool | None, s: Settings) -> Finding | None:
+    return shifts(metric, points, higher_is_better, s)[-1][0]
 
 
 def cusum(metric: str, points: Sequence[Point], higher_is_better: bool | None, s: Settings) -> Finding | None:
-    current = points[-1]
-    if higher_is_better is None or current.stderr is None or not math.isfinite(current.value):
-        return None
-    series = residuals(points, higher_is_better, s)
-    if not series or series[-1] <= 0:
-        return None
-    total = 0.0
-    for r in series:
-        total = max(0.0, total + r - s.cusum_k)
-    if total <= s.cusum_h:
-        return None
-    return _finding(
-        "cusum",
-        metric,
-        current,
-        total,
-        f"{metric} has drifted the wrong way (CUSUM {total:.1f} > {s.cusum_h:g})",
-    )
+    return shifts(metric, points, higher_is_better, s)[-1][1]
