@@ -4,6 +4,7 @@ Hierarchy::
 
     InferenceError
     ├── CheckpointInvalid    the checkpoint cannot be loaded (bad config.json, missing or truncated weights)
+    │   └── FileRefused      a file of it is not read (a FIFO, a 5 GB config.json, JSON nested 10⁵ deep)
     ├── CheckpointVanished   the checkpoint directory disappeared while it was being read
     ├── DatasetInvalid       a dataset row is unusable (``data.jsonl:17: missing field 'answer'``)
     └── TaskInvalid          the task itself is wrong (unknown metric, bad prompt template)
@@ -14,6 +15,7 @@ a bad input (a failed job, data) from a crash (a traceback).
 
 from __future__ import annotations
 
+from pathlib import PurePath
 from typing import ClassVar
 
 from inference.spec import ErrorKind
@@ -31,6 +33,15 @@ class InferenceError(Exception):
 
 class CheckpointInvalid(InferenceError):
     kind: ClassVar[ErrorKind] = "checkpoint_invalid"
+
+
+class FileRefused(CheckpointInvalid):
+    """``path`` is not read (:mod:`inference.layouts.files`); ``problem`` follows its name in a reason."""
+
+    def __init__(self, path: PurePath, problem: str) -> None:
+        super().__init__(f"{path} {problem}")
+        self.path = path
+        self.problem = problem
 
 
 class CheckpointVanished(InferenceError):

@@ -5,7 +5,9 @@ own messages. A request is cut off after ``timeout_secs`` in all (``connect_time
 2xx answer delivers; 410 Gone disables the endpoint (its pending messages too) with an error log; anything
 else, or no answer, is retried after an exponential backoff with jitter (``Retry-After`` honoured), for as
 long as it takes: no alert is dropped because its receiver was down. A run's messages reach an endpoint in
-the order they were queued. Every attempt is kept (``alert_deliveries``).
+the order they were queued. Every attempt is kept (``alert_deliveries``). Of an answer only the status, the
+headers and the first :data:`MAX_ANSWER_BYTES` of the body are read: a receiver that answers with 1 GB
+costs the daemon 64 KiB, not 1 GB.
 """
 
 from __future__ import annotations
@@ -51,6 +53,56 @@ CLAIM_MARGIN_SECS = 5.0
 #: blocking the run's later alerts.
 PERMANENT_AFTER = 5
 RETRYABLE_4XX = frozenset({408, 425, 429})
+#: What is read of an answer's body: enough for a receiver's error text. The rest is never read.
+MAX_ANSWER_BYTES = 64 * 1024
+#: Every request's own headers; ``identity`` so that the bytes read are the text itself: a compressed
+#: answer would be inflated chunk by chunk, and a small gzip chunk may inflate a thousandfold.
+CLIENT_HEADERS = {"user-agent": "evald", "accept-encoding": "identity"}
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What a receiver answered, as far as the relay reads it."""
+
+    status: int
+    headers: httpx.Headers
+    #: The start of the body, at most :data:`MAX_ANSWER_BYTES`.
+    body: bytes
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", errors="replace")
+
+
+def _kept(chunks: list[bytes], chunk: bytes, size: int) -> int:
+    """Add ``chunk`` to ``chunks`` up to :data:`MAX_ANSWER_BYTES` in all; the new size."""
+    room = MAX_ANSWER_BYTES - size
+    chunks.append(chunk[:room])
+    return size + min(len(chunk), room)
+
+
+async def post(client: httpx.AsyncClient, url: str, content: bytes, headers: Mapping[str, str]) -> Answer:
+    """POST ``content`` and read the answer's start; the connection is closed on the rest, unread."""
+    chunks: list[bytes] = []
+    size = 0
+    async with client.stream("POST", url, content=content, headers=headers) as response:
+        async for chunk in response.aiter_raw():
+            size = _kept(chunks, chunk, size)
+            if size >= MAX_ANSWER_BYTES:
+                break
+    return Answer(response.status_code, response.headers, b"".join(chunks))
+
+
+def post_now(client: httpx.Client, url: str, content: bytes, headers: Mapping[str, str]) -> Answer:
+    """:func:`post` for a blocking client (``evald webhook test``)."""
+    chunks: list[bytes] = []
+    size = 0
+    with client.stream("POST", url, content=content, headers=headers) as response:
+        for chunk in response.iter_raw():
+            size = _kept(chunks, chunk, size)
+            if size >= MAX_ANSWER_BYTES:
+                break
+    return Answer(response.status_code, response.headers, b"".join(chunks))
 
 
 @dataclass(frozen=True)
@@ -177,13 +229,11 @@ def send_test(target: Endpoint, links: Mapping[str, str]) -> TestResult:
     timeout = httpx.Timeout(target.config.timeout_secs, connect=target.config.connect_timeout_secs)
     started = time.perf_counter()
     try:
-        with httpx.Client(timeout=timeout, headers={"user-agent": "evald"}) as client:
-            response = client.post(
-                target.config.url, content=body, headers=request_headers(target, test.id, body)
-            )
+        with httpx.Client(timeout=timeout, headers=CLIENT_HEADERS) as client:
+            answer = post_now(client, target.config.url, body, request_headers(target, test.id, body))
     except httpx.HTTPError as exc:
         return TestResult(test.id, None, f"{type(exc).__name__}: {exc}", time.perf_counter() - started)
-    return TestResult(test.id, response.status_code, response.text[:500], time.perf_counter() - started)
+    return TestResult(test.id, answer.status, answer.text[:500], time.perf_counter() - started)
 
 
 @dataclass(frozen=True)
@@ -262,7 +312,7 @@ class Relay:
         # leaves it to the next start after at most this.
         lease = timedelta(seconds=target.config.timeout_secs + CLAIM_MARGIN_SECS)
         event = self._events[target.name]
-        async with httpx.AsyncClient(timeout=timeout, headers={"user-agent": "evald"}) as client:
+        async with httpx.AsyncClient(timeout=timeout, headers=CLIENT_HEADERS) as client:
             while not self._stopping:
                 event.clear()
                 try:
@@ -307,14 +357,15 @@ class Relay:
         status: int | None = None
         error: str | None = None
         wait_hint: str | None = None
+        said = ""
         try:
             # The whole request, however slowly a receiver drips its answer (httpx times each read).
-            response = await asyncio.wait_for(
-                client.post(target.config.url, content=body, headers=headers),
-                timeout=target.config.timeout_secs,
+            answer = await asyncio.wait_for(
+                post(client, target.config.url, body, headers), timeout=target.config.timeout_secs
             )
-            status = response.status_code
-            wait_hint = response.headers.get("retry-after")
+            status = answer.status
+            wait_hint = answer.headers.get("retry-after")
+            said = " ".join(answer.text.split())[:200]
         except TimeoutError:
             error = f"no answer within {target.config.timeout_secs:g} s"
         except httpx.HTTPError as exc:
@@ -351,6 +402,7 @@ class Relay:
                     event_id=due.event_id,
                     status=status,
                     attempts=attempts,
+                    answer=said,
                 )
                 return Outcome(delivered=False)
             delay = backoff(attempts, target.config.max_backoff_secs, self._rng)
@@ -365,6 +417,7 @@ class Relay:
             attempts=attempts,
             error=why,
             retry_in_s=round(delay, 3),
+            answer=said,
         )
         return Outcome(delivered=False)
 

@@ -46,6 +46,8 @@ TAG_CHARS = 5000
 #: MLflow's ``log_batch`` limits: 1,000 metrics, params and tags together, 100 tags.
 MAX_ENTITIES = 1000
 MAX_TAGS = 100
+#: What is read of an artifact upload's answer: enough for the server's error text, never a 1 GB body.
+MAX_ANSWER_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -409,10 +411,22 @@ class MlflowSink:
             if self._user is not None
             else MlflowHostCreds(root, token=self._token)  # type: ignore[no-untyped-call]
         )
+        # Streamed, so that only the start of the answer is read (requests reads a plain one whole).
         answer = http_request(  # type: ignore[no-untyped-call]
-            creds, f"/{path}", "PUT", data=data, extra_headers={"Content-Type": "application/json"}
+            creds,
+            f"/{path}",
+            "PUT",
+            data=data,
+            extra_headers={"Content-Type": "application/json", "Accept-Encoding": "identity"},
+            stream=True,
         )
-        if answer.status_code in (401, 403):
-            raise TrackerRefused(f"artifact upload: credentials refused (HTTP {answer.status_code})")
-        if answer.status_code >= 400:
-            raise TrackerUnavailable(f"artifact upload {path}: HTTP {answer.status_code} {answer.text[:200]}")
+        try:
+            status = int(answer.status_code)
+            said = answer.raw.read(MAX_ANSWER_BYTES, decode_content=False) if status >= 400 else b""
+        finally:
+            answer.close()
+        if status in (401, 403):
+            raise TrackerRefused(f"artifact upload: credentials refused (HTTP {status})")
+        if status >= 400:
+            text = said.decode("utf-8", errors="replace")[:200]
+            raise TrackerUnavailable(f"artifact upload {path}: HTTP {status} {text}")

@@ -17,7 +17,7 @@ import json
 import re
 from pathlib import Path
 
-from inference.layouts import hf
+from inference.layouts import files, hf
 from inference.layouts.base import Layout, LayoutSettings, Readiness, Shape, Snapshot, Verdict
 
 NAME = "areal"
@@ -34,27 +34,23 @@ def folder_step(name: str) -> tuple[int | None, int | None]:
 
 
 def assess_tokenizer(snapshot: Snapshot, tokenizer_text: str | None) -> Verdict:
-    """Whether the tokenizer AReaL writes after the weights is whole (pure)."""
+    """Whether the tokenizer AReaL writes after the weights is whole (pure; raises :class:`FileRefused`
+    for one nested too deep to parse)."""
     if TOKENIZER_FILE not in snapshot.names() or tokenizer_text is None:
         return Verdict(Readiness.INCOMPLETE, f"no {TOKENIZER_FILE} yet (AReaL writes the tokenizer last)")
     try:
-        json.loads(tokenizer_text)
+        files.parse_json(tokenizer_text, TOKENIZER_FILE)
     except json.JSONDecodeError:
         return Verdict(Readiness.INCOMPLETE, f"{TOKENIZER_FILE} is not whole JSON yet")
     return Verdict.complete()
 
 
+@files.judged
 def inspect(directory: Path, snapshot: Snapshot) -> Verdict:
     verdict = hf.inspect(directory, snapshot)
     if verdict.readiness is not Readiness.COMPLETE:
         return verdict
-    try:
-        text = (directory / TOKENIZER_FILE).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        text = None
-    except UnicodeDecodeError:
-        text = "\ufffd"
-    return assess_tokenizer(snapshot, text)
+    return assess_tokenizer(snapshot, files.read_text(directory / TOKENIZER_FILE))
 
 
 class ArealLayout(Layout):

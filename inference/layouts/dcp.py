@@ -21,8 +21,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from inference.errors import CheckpointInvalid
-from inference.layouts import hf, model_config
+from inference.errors import CheckpointInvalid, FileRefused
+from inference.layouts import files, hf, model_config
 from inference.layouts.base import Layout, LayoutSettings, Readiness, Snapshot, Verdict, take_snapshot
 
 if TYPE_CHECKING:
@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
 NAME = "dcp"
 METADATA_FILE = ".metadata"
+#: Metadata lists every chunk of every tensor: a few MB for a large model, far below this.
+MAX_METADATA_BYTES = 256 * 1024 * 1024
 DATA_FILE = re.compile(r"__\d+_\d+\.distcp$")
 
 #: (module, name) pairs a DCP ``.metadata`` pickle may name, besides torch dtypes (checked by type).
@@ -73,11 +75,16 @@ def read_metadata(path: Path) -> Metadata:
     """Unpickle ``path`` with :class:`MetadataUnpickler` (I/O edge).
 
     Raises ``pickle.UnpicklingError`` for a refused global, ``EOFError`` (or ``UnpicklingError``) for a
-    file cut short, and ``FileNotFoundError`` if the file is gone.
+    file cut short, ``FileNotFoundError`` if the file is gone, and :class:`FileRefused` if it is not a
+    regular file or larger than :data:`MAX_METADATA_BYTES`.
     """
     from torch.distributed.checkpoint.metadata import Metadata
 
-    loaded = MetadataUnpickler(io.BytesIO(path.read_bytes())).load()
+    data = files.read_bytes(path, limit=MAX_METADATA_BYTES)
+    try:
+        loaded = MetadataUnpickler(io.BytesIO(data)).load()
+    except RecursionError as exc:
+        raise FileRefused(path, "holds a pickle nested too deep to read") from exc
     if not isinstance(loaded, Metadata):
         raise pickle.UnpicklingError(f"holds a {type(loaded).__name__}, not DCP Metadata")
     return loaded
@@ -106,6 +113,7 @@ def assess(snapshot: Snapshot, extents: Mapping[str, int]) -> Verdict:
     return Verdict.complete()
 
 
+@files.judged
 def inspect(directory: Path, snapshot: Snapshot) -> Verdict:
     if METADATA_FILE not in snapshot.names():
         return Verdict(Readiness.INCOMPLETE, f"no {METADATA_FILE} yet (torch renames it into place last)")

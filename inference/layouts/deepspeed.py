@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from inference.errors import CheckpointInvalid
-from inference.layouts import hf, model_config, torch_zip
+from inference.errors import CheckpointInvalid, FileRefused
+from inference.layouts import files, hf, model_config, torch_zip
 from inference.layouts.base import (
     Layout,
     LayoutSettings,
@@ -116,9 +116,11 @@ def missing_shard(shards: Shards, names: frozenset[str]) -> str | None:
     return None
 
 
+@files.judged
 def inspect(directory: Path, snapshot: Snapshot) -> Verdict:
     """Readiness of a tag folder from ``latest``, its shards' names and their zip trailers (I/O edge)."""
-    problem = commit_problem(directory.name, hf.read_text(directory.parent / LATEST))
+    latest = files.read_text(directory.parent / LATEST, limit=files.MAX_TAG_BYTES, errors="replace")
+    problem = commit_problem(directory.name, latest)
     if problem is not None:
         return Verdict(Readiness.INCOMPLETE, problem)
     names = snapshot.names()
@@ -173,8 +175,9 @@ def _unfinished(directory: Path, name: str) -> Verdict | None:
 
 def latest_tag(directory: Path) -> Path | None:
     """The tag folder that ``directory/latest`` names, when ``directory`` is an engine ``save_dir``
-    (what ``save_checkpoint`` was given: OpenRLHF's ``_actor``); ``None`` otherwise."""
-    text = hf.read_text(directory / LATEST)
+    (what ``save_checkpoint`` was given: OpenRLHF's ``_actor``); ``None`` otherwise. Raises
+    :class:`FileRefused` when ``latest`` is there but not a small regular file."""
+    text = files.read_text(directory / LATEST, limit=files.MAX_TAG_BYTES, errors="replace")
     tag = text.strip() if text is not None else ""
     if not tag or tag in (".", "..") or "/" in tag or os.sep in tag:
         return None
@@ -305,17 +308,28 @@ class DeepSpeedLayout(Layout):
     # ``evald eval _actor`` evaluates the newest committed step instead of finding no weights.
 
     def recognise(self, directory: Path, snapshot: Snapshot) -> bool:
-        return looks_like(directory, snapshot) or latest_tag(directory) is not None
+        if looks_like(directory, snapshot):
+            return True
+        try:
+            return latest_tag(directory) is not None
+        except FileRefused:
+            return True  # a save_dir whose ``latest`` cannot be read: inspect names what it is
 
     def inspect(self, directory: Path, snapshot: Snapshot, settings: LayoutSettings) -> Verdict:
-        tag = latest_tag(directory) if not looks_like(directory, snapshot) else None
+        try:
+            tag = latest_tag(directory) if not looks_like(directory, snapshot) else None
+        except FileRefused as exc:
+            return files.refusal(directory, exc)
         if tag is not None:
             verdict = _tag_layout(tag).inspect(tag, take_snapshot(tag), settings)
             return Verdict(verdict.readiness, f"{LATEST} names {tag.name}: {verdict.reason}")
         return inspect(directory, snapshot)
 
     def step(self, directory: Path) -> tuple[int | None, int | None]:
-        tag = latest_tag(directory) if not looks_like(directory, take_snapshot(directory)) else None
+        try:
+            tag = latest_tag(directory) if not looks_like(directory, take_snapshot(directory)) else None
+        except FileRefused:
+            tag = None  # inspect refuses the folder; its name still gives the step it is recorded under
         return super().step(tag if tag is not None else directory)
 
     def materialise(self, directory: Path, settings: LayoutSettings, scratch: Path) -> Path:

@@ -21,9 +21,10 @@ import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
-from inference.errors import CheckpointInvalid
+from inference.errors import CheckpointInvalid, FileRefused
+from inference.layouts import files
 from inference.layouts.base import FileStat, Layout, LayoutSettings, Readiness, Shape, Snapshot, Verdict
 
 if TYPE_CHECKING:
@@ -40,6 +41,8 @@ CONFIG_FILE = "config.json"
 SIDE_FILE_SUFFIXES = (".json", ".txt", ".model", ".jinja", ".tiktoken")
 #: A header larger than this is not a safetensors header (the format itself caps it at 100 MB).
 MAX_HEADER_BYTES = 100 * 1024 * 1024
+#: A ``torch.save`` zip lists one entry per tensor storage: a model's thousands fit in a few MB.
+MAX_CENTRAL_DIRECTORY_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -54,8 +57,9 @@ class ShardHeader:
 
 
 def read_shard_header(path: Path) -> ShardHeader:
-    """Read a safetensors header (I/O edge). Raises ``FileNotFoundError`` if the file is gone."""
-    with path.open("rb") as handle:
+    """Read a safetensors header (I/O edge). Raises ``FileNotFoundError`` if the file is gone and
+    :class:`FileRefused` if it is not a regular file."""
+    with files.opened(path) as handle:
         prefix = handle.read(8)
         if len(prefix) < 8:
             return ShardHeader(None, "shorter than its 8-byte header length", maybe_partial=True)
@@ -83,23 +87,28 @@ def read_torch_zip_end(path: Path) -> ShardHeader:
     ``torch.save`` writes the zip's central directory and end records last, with no comment, so a whole
     file ends in the 22-byte end record, and its central directory ends where the end records begin (the
     zip64 end record, which torch always writes, or the plain one). A file cut anywhere else fails one of
-    these checks. Raises ``FileNotFoundError`` if the file is gone.
+    these checks. Raises ``FileNotFoundError`` if the file is gone and :class:`FileRefused` if it is not a
+    regular file.
     """
-    with path.open("rb") as handle:
-        start = handle.read(4)
-        size = handle.seek(0, 2)
-        if len(start) < 4:
-            return ShardHeader(None, "shorter than a zip header", maybe_partial=True)
-        if start != _ZIP_LOCAL:
-            return ShardHeader(
-                None,
-                "not a zip-format torch.save file (the legacy format cannot be checked for completeness;"
-                " re-save it with torch.save's defaults or as safetensors)",
-            )
-        if size < 4 + _ZIP_END_SIZE + _ZIP64_LOCATOR_SIZE:
-            return ShardHeader(None, "zip end record not written yet", maybe_partial=True)
-        handle.seek(size - _ZIP_END_SIZE - _ZIP64_LOCATOR_SIZE)
-        tail = handle.read(_ZIP_END_SIZE + _ZIP64_LOCATOR_SIZE)
+    with files.opened(path) as handle:
+        return _torch_zip_end(handle)
+
+
+def _torch_zip_end(handle: IO[bytes]) -> ShardHeader:
+    start = handle.read(4)
+    size = handle.seek(0, 2)
+    if len(start) < 4:
+        return ShardHeader(None, "shorter than a zip header", maybe_partial=True)
+    if start != _ZIP_LOCAL:
+        return ShardHeader(
+            None,
+            "not a zip-format torch.save file (the legacy format cannot be checked for completeness;"
+            " re-save it with torch.save's defaults or as safetensors)",
+        )
+    if size < 4 + _ZIP_END_SIZE + _ZIP64_LOCATOR_SIZE:
+        return ShardHeader(None, "zip end record not written yet", maybe_partial=True)
+    handle.seek(size - _ZIP_END_SIZE - _ZIP64_LOCATOR_SIZE)
+    tail = handle.read(_ZIP_END_SIZE + _ZIP64_LOCATOR_SIZE)
     end = tail[_ZIP64_LOCATOR_SIZE:]
     if end[:4] != _ZIP_END or end[20:22] != b"\x00\x00":
         return ShardHeader(None, "zip end record not written yet", maybe_partial=True)
@@ -110,17 +119,22 @@ def read_torch_zip_end(path: Path) -> ShardHeader:
         (record_offset,) = struct.unpack("<Q", tail[8:16])
         if record_offset + _ZIP64_RECORD_SIZE != size - _ZIP_END_SIZE - _ZIP64_LOCATOR_SIZE:
             return ShardHeader(None, "zip64 end record does not match the file size", maybe_partial=True)
-        with path.open("rb") as handle:
-            handle.seek(record_offset)
-            record = handle.read(_ZIP64_RECORD_SIZE)
+        handle.seek(record_offset)
+        record = handle.read(_ZIP64_RECORD_SIZE)
         if record[:4] != _ZIP64_END:
             return ShardHeader(None, "zip64 end record missing", maybe_partial=True)
         cd_size, cd_offset = struct.unpack("<QQ", record[40:56])
         cd_end = record_offset
     if cd_offset + cd_size != cd_end:
         return ShardHeader(None, "zip end record does not match the file size", maybe_partial=True)
+    if cd_size > MAX_CENTRAL_DIRECTORY_BYTES:
+        # zipfile would hold every entry in memory: a crafted directory of millions is refused unread.
+        return ShardHeader(
+            None, f"zip central directory is {cd_size} bytes, more than {MAX_CENTRAL_DIRECTORY_BYTES}"
+        )
     try:
-        with zipfile.ZipFile(path) as archive:
+        handle.seek(0)
+        with zipfile.ZipFile(handle) as archive:
             names = archive.namelist()
     except zipfile.BadZipFile as exc:
         return ShardHeader(None, f"not a readable zip file ({exc})")
@@ -131,9 +145,11 @@ def read_torch_zip_end(path: Path) -> ShardHeader:
 
 def header_expected_size(raw: bytes, length: int) -> ShardHeader:
     try:
-        header = json.loads(raw)
+        header = files.parse_json(raw.decode("utf-8"), "header")
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         return ShardHeader(None, f"header is not JSON ({exc})")
+    except FileRefused as exc:
+        return ShardHeader(None, f"header {exc.problem}")
     if not isinstance(header, dict):
         return ShardHeader(None, "header is not a JSON object")
     end = 0
@@ -159,7 +175,8 @@ def index_file(snapshot: Snapshot) -> str | None:
 def weight_files(snapshot: Snapshot, index_text: str | None) -> tuple[list[str], str | None]:
     """The weight files the checkpoint needs, or why that cannot be known yet (pure).
 
-    Safetensors win over ``.bin`` when both are there, as transformers itself prefers them.
+    Safetensors win over ``.bin`` when both are there, as transformers itself prefers them. An index
+    nested too deep raises :class:`FileRefused`: final, unlike one that does not parse (yet).
     """
     names = snapshot.names()
     index_name = index_file(snapshot)
@@ -169,7 +186,7 @@ def weight_files(snapshot: Snapshot, index_text: str | None) -> tuple[list[str],
         if index_text is None:
             return [], f"{index_name} could not be read"
         try:
-            index = json.loads(index_text)
+            index = files.parse_json(index_text, index_name)
             weight_map = index["weight_map"]
             shards = sorted(set(weight_map.values()))
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
@@ -195,7 +212,8 @@ def assess(
 ) -> Verdict:
     """Readiness of a ``save_pretrained`` directory from its snapshot and small files (pure).
 
-    ``headers`` holds the header of each weight file that exists, keyed by relative path.
+    ``headers`` holds the header of each weight file that exists, keyed by relative path. Raises
+    :class:`FileRefused` for a ``config.json`` or index nested too deep.
     """
     names = snapshot.names()
     if CONFIG_FILE not in names:
@@ -230,7 +248,7 @@ def assess(
                     Readiness.INVALID, f"{shard}: {size - header.expected_size} bytes past the tensor data"
                 )
     try:
-        config = json.loads(config_text) if config_text is not None else None
+        config = files.parse_json(config_text, CONFIG_FILE) if config_text is not None else None
     except json.JSONDecodeError as exc:
         # The trainer writes the config before the weights, so once the weights are whole it is final.
         return Verdict(Readiness.INVALID, f"{CONFIG_FILE} is not valid JSON: {exc}")
@@ -244,20 +262,11 @@ def looks_like(snapshot: Snapshot) -> bool:
     return bool({CONFIG_FILE, SINGLE_FILE, INDEX_FILE, BIN_SINGLE_FILE, BIN_INDEX_FILE} & names)
 
 
-def read_text(path: Path) -> str | None:
-    """A small text file, ``None`` if it is not there (yet)."""
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-    except UnicodeDecodeError:
-        return "\ufffd"  # not UTF-8: the JSON check reports it
-
-
+@files.judged
 def inspect(directory: Path, snapshot: Snapshot) -> Verdict:
     """Read what :func:`assess` needs from ``directory`` (I/O edge) and judge it."""
     index_name = index_file(snapshot)
-    index_text = read_text(directory / index_name) if index_name is not None else None
+    index_text = files.read_text(directory / index_name) if index_name is not None else None
     shards, _ = weight_files(snapshot, index_text)
     headers = {}
     for shard in shards:
@@ -268,7 +277,7 @@ def inspect(directory: Path, snapshot: Snapshot) -> Verdict:
             except FileNotFoundError:
                 continue
     return assess(
-        snapshot, config_text=read_text(directory / CONFIG_FILE), index_text=index_text, headers=headers
+        snapshot, config_text=files.read_text(directory / CONFIG_FILE), index_text=index_text, headers=headers
     )
 
 
@@ -349,8 +358,11 @@ def as_safetensors(directory: Path, scratch: Path) -> Path:
     """``directory`` itself when its weights are safetensors; else a safetensors copy in ``scratch``."""
     snapshot = Snapshot(tuple(FileStat(p.name, 0, 0) for p in directory.iterdir() if p.is_file()))
     index_name = index_file(snapshot)
-    index_text = read_text(directory / index_name) if index_name is not None else None
-    shards, problem = weight_files(snapshot, index_text)
+    try:
+        index_text = files.read_text(directory / index_name) if index_name is not None else None
+        shards, problem = weight_files(snapshot, index_text)
+    except FileRefused as exc:
+        raise CheckpointInvalid(f"{directory}: {files.refusal(directory, exc).reason}") from exc
     if problem is not None:
         raise CheckpointInvalid(f"{directory}: {problem}")
     if not shards or not is_bin(shards[0]):

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 from inference.errors import CheckpointInvalid
-from inference.layouts import deepspeed, hf, model_config
+from inference.layouts import deepspeed, files, hf, model_config
 from inference.layouts.base import Layout, LayoutSettings, Readiness, Snapshot, Verdict, take_snapshot
 
 NAME = "hf_trainer"
@@ -32,11 +33,14 @@ def folder_step(name: str) -> int | None:
 
 
 def state_problem(step: int, state_text: str | None) -> Verdict | None:
-    """Why ``trainer_state.json`` does not finish checkpoint ``step`` yet, or ``None`` when it does (pure)."""
+    """Why ``trainer_state.json`` does not finish checkpoint ``step`` yet, or ``None`` when it does (pure).
+
+    Raises :class:`FileRefused` when it is nested too deep to parse.
+    """
     if state_text is None:
         return Verdict(Readiness.INCOMPLETE, f"no {TRAINER_STATE} yet (the Trainer writes it last)")
     try:
-        state = json.loads(state_text)
+        state = files.parse_json(state_text, TRAINER_STATE)
     except json.JSONDecodeError as exc:
         return Verdict(Readiness.INCOMPLETE, f"{TRAINER_STATE} does not parse yet ({exc})")
     recorded = state.get("global_step") if isinstance(state, dict) else None
@@ -61,31 +65,29 @@ def engine_tag(snapshot: Snapshot) -> bool:
 
 
 def _tag_folder(directory: Path) -> Path | None:
-    try:
-        tag = (directory / deepspeed.LATEST).read_text(encoding="utf-8", errors="replace").strip()
-    except FileNotFoundError:
+    text = files.read_text(directory / deepspeed.LATEST, limit=files.MAX_TAG_BYTES, errors="replace")
+    if text is None:
         return None
+    tag = text.strip()
     return directory / tag if tag and "/" not in tag and tag not in (".", "..") else None
 
 
 def _tag_snapshot(snapshot: Snapshot, tag: str) -> Snapshot:
     prefix = f"{tag}/"
     inner = tuple(
-        type(stat)(stat.relpath[len(prefix) :], stat.size, stat.mtime_ns)
+        replace(stat, relpath=stat.relpath[len(prefix) :])
         for stat in snapshot.files
         if stat.relpath.startswith(prefix)
     )
     return Snapshot(inner)
 
 
+@files.judged
 def inspect(directory: Path, snapshot: Snapshot) -> Verdict:
     step = folder_step(directory.name)
     if step is None:
         return Verdict(Readiness.INVALID, f"{directory.name} is not named checkpoint-N")
-    try:
-        state_text: str | None = (directory / TRAINER_STATE).read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        state_text = None
+    state_text = files.read_text(directory / TRAINER_STATE, errors="replace")
     problem = state_problem(step, state_text)
     if problem is not None:
         return problem

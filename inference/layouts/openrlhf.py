@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 
 from inference.errors import CheckpointInvalid
-from inference.layouts import deepspeed, hf, model_config
+from inference.layouts import deepspeed, files, hf, model_config
 from inference.layouts.base import Layout, LayoutSettings, Readiness, Shape, Snapshot, Verdict
 
 NAME = "openrlhf"
@@ -36,12 +36,13 @@ def tokenizer_problem(config_text: str | None, tokenizer_text: str | None) -> st
     """Why the tokenizer, which ``save_model`` writes last, is not whole yet (pure).
 
     ``tokenizer.save_pretrained`` writes ``tokenizer_config.json`` and then, for a ``tokenizers``-backed
-    tokenizer (transformers' default), ``tokenizer.json``.
+    tokenizer (transformers' default), ``tokenizer.json``. Raises :class:`FileRefused` for one nested too
+    deep to parse.
     """
     if config_text is None:
         return f"no {TOKENIZER_CONFIG} yet (OpenRLHF saves the tokenizer last)"
     try:
-        config = json.loads(config_text)
+        config = files.parse_json(config_text, TOKENIZER_CONFIG)
     except json.JSONDecodeError as exc:
         return f"{TOKENIZER_CONFIG} does not parse yet ({exc})"
     backend = config.get("backend", "tokenizers") if isinstance(config, dict) else "tokenizers"
@@ -50,16 +51,17 @@ def tokenizer_problem(config_text: str | None, tokenizer_text: str | None) -> st
     if tokenizer_text is None:
         return f"no {TOKENIZER_FILE} yet ({TOKENIZER_CONFIG} names the tokenizers backend)"
     try:
-        json.loads(tokenizer_text)
+        files.parse_json(tokenizer_text, TOKENIZER_FILE)
     except json.JSONDecodeError as exc:
         return f"{TOKENIZER_FILE} does not parse yet ({exc})"
     return None
 
 
+@files.judged
 def inspect_hf(directory: Path, snapshot: Snapshot) -> Verdict:
     problem = tokenizer_problem(
-        hf.read_text(directory / TOKENIZER_CONFIG) if TOKENIZER_CONFIG in snapshot.names() else None,
-        hf.read_text(directory / TOKENIZER_FILE) if TOKENIZER_FILE in snapshot.names() else None,
+        files.read_text(directory / TOKENIZER_CONFIG) if TOKENIZER_CONFIG in snapshot.names() else None,
+        files.read_text(directory / TOKENIZER_FILE) if TOKENIZER_FILE in snapshot.names() else None,
     )
     if problem is not None:
         return Verdict(Readiness.INCOMPLETE, problem)

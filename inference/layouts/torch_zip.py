@@ -13,6 +13,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from inference.layouts import files
+
 _INT_OPS = frozenset({"INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4"})
 _STRING_OPS = frozenset({"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE"})
 _MEMO_OPS = frozenset({"BINPUT", "LONG_BINPUT", "PUT", "MEMOIZE"})
@@ -31,10 +33,11 @@ class ArchiveProbe:
 def probe(path: Path, keys: frozenset[str]) -> ArchiveProbe:
     """Open ``path`` as a torch zip archive and find the first integer stored under each of ``keys``.
 
-    ``problem`` says why the archive could not be read. Raises ``FileNotFoundError`` if the file is gone.
+    ``problem`` says why the archive could not be read. Raises ``FileNotFoundError`` if the file is gone
+    and :class:`~inference.errors.FileRefused` if it is not a regular file.
     """
     try:
-        with zipfile.ZipFile(path) as archive:
+        with files.opened(path) as handle, zipfile.ZipFile(handle) as archive:
             pickles = [info for info in archive.infolist() if info.filename.endswith("/data.pkl")]
             if len(pickles) != 1:
                 return ArchiveProbe({}, f"holds {len(pickles)} data.pkl entries, not 1")

@@ -19,10 +19,11 @@ The FSDP ``.pt`` shards are pickles that need more than ``weights_only`` and are
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 from inference.errors import CheckpointInvalid
-from inference.layouts import hf
+from inference.layouts import files, hf
 from inference.layouts.base import FileStat, Layout, LayoutSettings, Readiness, Snapshot, Verdict
 
 NAME = "verl"
@@ -48,20 +49,13 @@ def sub_snapshot(snapshot: Snapshot, prefix: str) -> Snapshot:
     lead = prefix.rstrip("/") + "/"
     return Snapshot(
         tuple(
-            FileStat(f.relpath[len(lead) :], f.size, f.mtime_ns)
-            for f in snapshot.files
-            if f.relpath.startswith(lead)
+            replace(f, relpath=f.relpath[len(lead) :]) for f in snapshot.files if f.relpath.startswith(lead)
         )
     )
 
 
 def read_tracker(root: Path) -> str | None:
-    try:
-        return (root / TRACKER_FILE).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-    except UnicodeDecodeError:
-        return "\ufffd"
+    return files.read_text(root / TRACKER_FILE, limit=files.MAX_TAG_BYTES)
 
 
 def assess_tracker(step: int, tracker_text: str | None) -> Verdict | None:
@@ -85,6 +79,7 @@ def has_weights(snapshot: Snapshot) -> bool:
     return bool({hf.SINGLE_FILE, hf.INDEX_FILE, hf.BIN_SINGLE_FILE, hf.BIN_INDEX_FILE} & names)
 
 
+@files.judged
 def inspect(directory: Path, snapshot: Snapshot) -> Verdict:
     step = folder_step(directory.name)
     if step is None:
