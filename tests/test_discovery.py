@@ -175,7 +175,7 @@ def test_an_emptied_recorded_checkpoint_ends_invalid_and_releases_newer_ones(
     database: Database, source: Path, tmp_path: Path
 ) -> None:
     """step_1 was recorded while written, then a crashed save left its folder empty: it ends invalid
-    after invalid_after_secs, so step_2 (held behind it, plans go in step order) is planned."""
+    after invalid_after_secs, and step_2 is planned as soon as it is ready, not held behind it."""
     root, clock = tmp_path / "run", Clock()
     root.mkdir()
     discovery = _discovery(database, root, clock)
@@ -189,7 +189,7 @@ def test_an_emptied_recorded_checkpoint_ends_invalid_and_releases_newer_ones(
     clock.now += 3.0
     discovery.tick()
     assert _states(database) == {"step_1": "discovered", "step_2": "ready"}
-    assert _jobs(database) == []  # held behind step_1
+    assert _jobs(database) == [(2, "pending")]  # an incomplete older folder holds nothing back
     clock.now += 30.0
     discovery.tick()
     assert _states(database) == {"step_1": "invalid", "step_2": "ready"}
@@ -268,11 +268,11 @@ def test_a_row_the_database_refuses_is_dropped_alone_with_one_line(
             discovery.scan()
     assert _states(database) == {"step_7": "ready"}
     assert _jobs(database) == [(7, "pending")]
-    [dropped] = [e for e in captured if e["log_level"] == "error"]
-    assert dropped["event"] == "checkpoint.unrecordable"
-    assert dropped["path"] == str(root / UNDECODABLE)
-    assert "surrogates not allowed" in str(dropped["error"])
-    assert _warnings(captured) == [("checkpoint.unrecordable", UNDECODABLE)]
+    # Since issue 31 such a name never reaches a checkpoint row: it is noted under its escaped name, so
+    # that status lists it (tests/test_discovery_edges.py refuses a row with a trigger instead).
+    with database.session() as s:
+        assert [(i.name, "not UTF-8" in i.reason) for i in queries.ignored_rows(s)] == [("step_6\\xff", True)]
+    assert _warnings(captured) == [("folder.ignored", UNDECODABLE)]
 
 
 def test_symlink_loops_and_links_back_to_the_root_are_refused_and_the_scan_goes_on(

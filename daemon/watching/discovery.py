@@ -14,8 +14,11 @@ it held is written by a later one.
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import re
+import stat
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -30,7 +33,7 @@ from daemon.config import RunConfig, SchedulingConfig
 from daemon.watching import alternates, refusals
 from daemon.watching.readiness import Decision, Outcome, decide
 from inference import layouts
-from inference.layouts import Readiness, Snapshot, Verdict
+from inference.layouts import FileStat, Readiness, Snapshot, Verdict
 from storage import queries
 from storage.database import Database
 from storage.database import reason as error_reason
@@ -61,6 +64,16 @@ class _Candidate:
     seen_since: float = 0.0
 
 
+@dataclass(frozen=True)
+class _Evaluated:
+    """A checkpoint judged ready by this daemon, with its weight files as they were then: a rescan stats
+    them (no read) to notice weights overwritten in place."""
+
+    name: str
+    step: int | None
+    weights: tuple[FileStat, ...]
+
+
 @dataclass
 class _RunState:
     run: WatchedRun
@@ -77,6 +90,8 @@ class _RunState:
     ignored: dict[str, str] = field(default_factory=dict)
     #: Ready shapes of a step waiting for its preferred shape, still being written (waiter → awaited).
     waiting: dict[str, str] = field(default_factory=dict)
+    #: Ready checkpoints whose weights each rescan stats, until one changes (said once) or goes.
+    evaluated: dict[str, _Evaluated] = field(default_factory=dict)
     root_missing_logged: bool = False
     root_unreadable_logged: bool = False
 
@@ -94,6 +109,11 @@ _OWN_CHECKPOINT_FILE = re.compile(
     r"config\.json|.*\.safetensors(\.index\.json)?|pytorch_model.*\.bin(\.index\.json)?|.*\.distcp"
     r"|.*model_states\.pt"
 )
+_HAS_DIGIT = re.compile(r"\d")
+#: Files whose change after a checkpoint was judged ready means its weights changed.
+_WEIGHT_FILE = re.compile(r".*\.(?:safetensors|bin|pt|pth|distcp)")
+#: The most of a run root's ``trainer_state.json`` read to find the step of a model saved there.
+_TRAINER_STATE_MAX = 16 * 1024 * 1024
 
 
 def _subdirs(folder: Path, passed_over: list[Path] | None = None) -> list[Path]:
@@ -114,24 +134,28 @@ def _subdirs(folder: Path, passed_over: list[Path] | None = None) -> list[Path]:
 
 
 def _is_dir(path: Path) -> bool:
-    """``Path.is_dir`` that says yes to a folder it cannot stat (EACCES, EIO) and has a step in its name:
-    that one is looked at, so that its error is recorded against it instead of failing the whole scan."""
+    """``Path.is_dir`` that says yes to a folder it cannot stat (EACCES, EIO) and has a step in its name,
+    and to a symlink loop (``step_250 -> step_251 -> step_250``): that one is looked at, so that its error
+    is recorded against it instead of failing the whole scan or being passed over without a word."""
     try:
-        return path.is_dir()
-    except OSError:
-        return layouts.parse_step(path.name) != (None, None)
+        return stat.S_ISDIR(path.stat().st_mode)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EBADF):
+            return False
+        return exc.errno == errno.ELOOP or layouts.parse_step(path.name) != (None, None)
 
 
 def is_container(folder: Path) -> bool:
     """A folder that holds checkpoint folders rather than being one (OpenRLHF's ``_actor``, any
     DeepSpeed ``save_dir`` below the run root).
 
-    Its name carries no step, it holds a tracker such as ``latest`` or a sub-folder whose name carries
-    one, and no model of its own (see :data:`_OWN_CHECKPOINT_FILE`): DeepSpeed's recovery scripts, logs
-    or a README beside the tags do not make it a checkpoint (they did: OpenRLHF's ``_actor`` under ZeRO
-    was passed over without a word).
+    Its name is none a layout owns (no step word: ``checkpoint-N``, ``global_stepN``, ...), it holds a
+    tracker such as ``latest`` or a sub-folder whose name carries a step, and no model of its own (see
+    :data:`_OWN_CHECKPOINT_FILE`): DeepSpeed's recovery scripts, logs or a README beside the tags do not
+    make it a checkpoint (they did: OpenRLHF's ``_actor`` under ZeRO was passed over without a word).
+    Digits in its name (``ds2``, ``Qwen2.5-7B-Instruct``) do not make it one either: they name a model.
     """
-    if layouts.parse_step(folder.name) != (None, None):
+    if layouts.parse_step(folder.name, bare_number=False) != (None, None):
         return False
     try:
         entries = list(folder.iterdir())
@@ -142,7 +166,9 @@ def is_container(folder: Path) -> bool:
         if _is_dir(entry):
             has_subdir = True
             named = not layouts.is_ignored_name(entry.name)
-            holds_steps = holds_steps or (named and layouts.parse_step(entry.name) != (None, None))
+            # Any number in a sub-folder's name counts (``wandb/run-20261201_120000-ab12cd34``): what is in
+            # a container is looked at, and named if it is no checkpoint, instead of the container alone.
+            holds_steps = holds_steps or (named and _HAS_DIGIT.search(entry.name) is not None)
         elif entry.name in TRACKER_FILES:
             holds_steps = True
         elif _OWN_CHECKPOINT_FILE.fullmatch(entry.name):
@@ -317,6 +343,14 @@ class Discovery:
     def _scan(self) -> None:
         for state in self._runs.values():
             root = state.run.config.root
+            problem = _root_problem(root)
+            if problem is not None:
+                # A loop made while it runs (config check refuses one at start): this run waits, the
+                # others go on.
+                if not state.root_unreadable_logged:
+                    log.error("run.root_unreadable", run=state.run.config.name, root=str(root), error=problem)
+                    state.root_unreadable_logged = True
+                continue
             if not os.path.isdir(root):  # noqa: PTH112 (never raises, unlike Path.is_dir on 3.11)
                 if not state.root_missing_logged:
                     log.warning("run.root_missing", run=state.run.config.name, root=str(root))
@@ -341,7 +375,10 @@ class Discovery:
                 if str(path) not in state.settled:
                     self._look(state, path)
             # What was passed over and is gone (a tmp folder renamed into place) is forgotten.
-            present_names = {str(p) for p in (*found, *passed_over)}
+            present_names = {_ignored_key(p) for p in (*found, *passed_over)}
+            if self._root_model(state):
+                present_names.add(str(root))
+            self._overwritten(state)
             self._unignore(state, [k for k in state.ignored if k not in present_names])
             # Recorded ones deleted while nobody watched are marked vanished: left as discovered, they
             # would hold every newer checkpoint back from planning.
@@ -395,18 +432,39 @@ class Discovery:
     def _look(self, state: _RunState, path: Path) -> None:
         try:
             self._look_into(state, path)
+        except DatabaseUnreachable:
+            raise
         except (FileNotFoundError, NotADirectoryError):
             if not os.path.isdir(path):  # noqa: PTH112 (never raises, unlike Path.is_dir on 3.11)
                 self._gone(state, path)
             # else a file went while it was read: the next look sees the folder as it is then
         except OSError as exc:
             self._unreadable(state, path, exc)
+        except MemoryError:
+            raise
+        except Exception as exc:
+            self._broken(state, path, exc)
+
+    def _broken(self, state: _RunState, path: Path, exc: Exception) -> None:
+        """Judging this folder raised (a ``RecursionError`` from a deeply nested JSON file, a
+        ``ValueError`` or ``UnicodeError`` from a file no layout expected): the folder's problem, recorded
+        ``invalid`` with the error, never the pass's."""
+        message = " ".join(str(exc).split())[:300]
+        reason = f"cannot judge {refusals.shown(_name(state, path))}: {type(exc).__name__}: {message}"
+        self._settle(state, path, None, CheckpointState.INVALID, reason, "invalid")
 
     def _look_into(self, state: _RunState, path: Path) -> None:
         """Look at one folder; ``OSError`` from reading it is :meth:`_look`'s to place."""
         key = str(path)
         run = state.run
         now = self._clock()
+        problem = refusals.name_problem(path.name)
+        if problem is not None:
+            self._bad_name(state, path, problem)
+            return
+        if path.parent == run.config.root and is_container(path):
+            self._not_a_checkpoint(state, path)
+            return
         problem = _link_problem(state, path)
         if problem is not None:
             self._settle(state, path, None, CheckpointState.INVALID, problem, "refused")
@@ -421,7 +479,7 @@ class Discovery:
             state.candidates[key] = candidate
         layout = layouts.detect(path, snapshot, run.config.layout)
         if layout is not None:
-            _, _, problem = self._step(path, layout)
+            _, _, problem = self._step(path, layout, raising=True)
             if problem is not None:
                 # The name is final: no quiet period makes the step fit.
                 self._settle(state, path, layout, CheckpointState.INVALID, problem, "invalid")
@@ -432,13 +490,16 @@ class Discovery:
             if candidate.recorded and now - candidate.stable_since >= self._scheduling.invalid_after_secs:
                 reason = "no recognisable checkpoint in it any more"
                 self._settle(state, path, None, CheckpointState.INVALID, reason, "invalid")
+            elif not candidate.recorded and (unsupported := refusals.unsupported(snapshot.names())):
+                # A trainer's own format (Megatron, NeMo-RL): said at once, with how to export weights.
+                self._ignore(state, path, unsupported, level="warning")
             elif not candidate.recorded and now - candidate.seen_since >= self._scheduling.invalid_after_secs:
                 # Still looked at (files may come), but said once: a folder nobody hears of is a silent skip.
                 reason = refusals.unrecognised(now - candidate.seen_since, snapshot.names())
                 self._ignore(state, path, reason, level="warning")
             return
-        if key in state.ignored:
-            self._unignore(state, [key])  # recognised after all
+        if _ignored_key(path) in state.ignored:
+            self._unignore(state, [_ignored_key(path)])  # recognised after all
         marker = run.config.marker
         try:
             verdict = layouts.inspect(path, snapshot, layout, run.settings)
@@ -454,24 +515,116 @@ class Discovery:
         )
         self._act(state, path, layout, candidate, outcome)
 
-    def _ignore(self, state: _RunState, path: Path, reason: str, *, level: str) -> None:
-        """Note a folder that could be a checkpoint and is not taken, with why; logged once."""
-        key = str(path)
+    def _ignore(
+        self,
+        state: _RunState,
+        path: Path,
+        reason: str,
+        *,
+        level: str,
+        name: str | None = None,
+        event: str = "folder.ignored",
+        **context: object,
+    ) -> None:
+        """Note a folder that could be a checkpoint and is not taken, with why; logged once. Its path and
+        name are stored escaped (:func:`refusals.shown`): one no database takes is still listed."""
+        key = _ignored_key(path)
         if key in state.ignored:
             return
         error = None
+        shown_name = refusals.shown(name if name is not None else _name(state, path))
         try:
             with self._db.session() as session:
                 queries.record_ignored(
-                    session, run_id=state.run.run_id, path=key, name=_name(state, path), reason=reason
+                    session, run_id=state.run.run_id, path=key, name=shown_name, reason=reason
                 )
         except DatabaseUnreachable:
             raise
         except Exception as exc:
             error = error_reason(exc)  # said in the line instead: the line is what must not be lost
         state.ignored[key] = reason
-        fields = {"error": error} if error is not None else {}
-        getattr(log, level)("folder.ignored", run=state.run.config.name, path=key, reason=reason, **fields)
+        fields = {**context, "error": error} if error is not None else context
+        getattr(log, level)(event, run=state.run.config.name, path=str(path), reason=reason, **fields)
+
+    def _bad_name(self, state: _RunState, path: Path, problem: str) -> None:
+        """A name that must never take a step (a newline in it, bytes that are not UTF-8): noted under its
+        escaped name, and settled ``invalid`` if an earlier daemon had recorded it as a checkpoint."""
+        key = str(path)
+        candidate = state.candidates.pop(key, None)
+        state.unreadable.pop(key, None)
+        if key in state.recorded or (candidate is not None and candidate.recorded):
+            self._settle(state, path, None, CheckpointState.INVALID, problem, "invalid")
+            return
+        self._ignore(state, path, problem, level="warning")
+
+    def _not_a_checkpoint(self, state: _RunState, path: Path) -> None:
+        """A candidate that now holds checkpoints (an engine save_dir made before its first save) is one
+        no more: what it holds is looked at instead, each folder with its own step. Read as one, it took
+        the step and, later, the weights of whatever ``latest`` named when its job ran."""
+        key = str(path)
+        candidate = state.candidates.pop(key, None)
+        state.unreadable.pop(key, None)
+        state.waiting.pop(key, None)
+        if key in state.recorded or (candidate is not None and candidate.recorded):
+            self._settle(state, path, None, CheckpointState.INVALID, refusals.CONTAINER, "invalid")
+        elif _ignored_key(path) in state.ignored:
+            self._unignore(state, [_ignored_key(path)])
+        try:
+            inside = _subdirs(path)
+        except OSError:
+            return  # unreadable since: the next scan lists it again
+        for folder in inside:
+            if str(folder) not in state.settled:
+                self._look(state, folder)
+
+    def _root_model(self, state: _RunState) -> bool:
+        """Whether the run root itself holds a model (``trainer.save_model(output_dir)``); said once, with
+        how to have it evaluated."""
+        root = state.run.config.root
+        try:
+            with os.scandir(root) as entries:
+                # Names only (no stat): a link loop among them is the scan's to name, not this check's.
+                names = sorted(entry.name for entry in entries)
+            weights = [n for n in names if _OWN_CHECKPOINT_FILE.fullmatch(n) and n != "config.json"]
+            if "config.json" not in names or not weights:
+                return False
+            if str(root) not in state.ignored:
+                step = _trainer_state_step(root / "trainer_state.json")
+                reason = refusals.root_model(["config.json", *weights[:3]], step)
+                self._ignore(state, root, reason, level="warning", name="(run root)")
+        except OSError:
+            return False  # the root cannot be listed: the scan says so
+        return True
+
+    def _overwritten(self, state: _RunState) -> None:
+        """Stat the weight files of the checkpoints this daemon judged ready: one whose weights changed
+        since is said once (a warning line, and listed in ``evald status``); it is not evaluated again."""
+        for key, evaluated in list(state.evaluated.items()):
+            changed = None
+            try:
+                for before in evaluated.weights:
+                    now = (Path(key) / before.relpath).stat()
+                    if (now.st_size, now.st_mtime_ns) != (before.size, before.mtime_ns):
+                        changed = f"{before.relpath}: {before.size} bytes then, {now.st_size} now, rewritten"
+                        break
+            except FileNotFoundError:
+                del state.evaluated[key]  # rotated away: nothing to compare any more
+                continue
+            except OSError:
+                continue  # unreadable for now: compared again by the next rescan
+            if changed is None:
+                continue
+            del state.evaluated[key]
+            reason = refusals.overwritten(evaluated.name, evaluated.step, changed)
+            self._ignore(
+                state,
+                Path(key),
+                reason,
+                level="warning",
+                event="checkpoint.overwritten",
+                checkpoint=evaluated.name,
+                step=evaluated.step,
+            )
 
     def _unignore(self, state: _RunState, keys: list[str]) -> None:
         if not keys:
@@ -542,8 +695,15 @@ class Discovery:
                 candidate = state.candidates.get(str(path))
                 if str(path) in state.settled or candidate is None:
                     continue  # settled meanwhile (an alternate released by an earlier one)
-                if not self._another_shape(state, path, layout, candidate):
-                    self._settle(state, path, layout, CheckpointState.READY, reason, "ready")
+                try:
+                    if not self._another_shape(state, path, layout, candidate):
+                        self._settle(state, path, layout, CheckpointState.READY, reason, "ready")
+                except DatabaseUnreachable:
+                    raise
+                except MemoryError:
+                    raise
+                except Exception as exc:
+                    self._broken(state, path, exc)
 
     def _ready_order(self, item: tuple[_RunState, Path, str, str]) -> tuple[str, int, int, str]:
         state, path, layout, _ = item
@@ -623,6 +783,7 @@ class Discovery:
         self, state: _RunState, path: Path, layout: str | None, new: CheckpointState, reason: str, event: str
     ) -> None:
         step, epoch, _ = self._step(path, layout)
+        candidate = state.candidates.get(str(path))
         # Written before it is forgotten: if the database is away, the candidate is still there to be
         # settled by a later pass.
         try:
@@ -634,18 +795,44 @@ class Discovery:
             self._unwritable(state, path, layout, exc)
             return
         self._forget(state, path)
+        if new is CheckpointState.READY and candidate is not None:
+            weights = tuple(
+                f for f in candidate.snapshot.files if _WEIGHT_FILE.fullmatch(Path(f.relpath).name)
+            )
+            state.evaluated[str(path)] = _Evaluated(_name(state, path), step, weights)
         log_method = log.info if new is CheckpointState.READY else log.warning
         log_method(f"checkpoint.{event}", run=state.run.config.name, path=str(path), step=step, reason=reason)
         self._settled_any = True
         self._release_waiters(state, path)
 
     @staticmethod
-    def _step(path: Path, layout: str | None) -> tuple[int | None, int | None, str | None]:
-        """(step, epoch, problem): both ``None`` with the problem when the name's cannot be stored."""
-        if layout is not None and layout in layouts.REGISTRY:
-            step, epoch = layouts.get(layout).step(path)
-        else:
-            step, epoch = layouts.parse_step(path.name)
+    def _step(
+        path: Path, layout: str | None, *, raising: bool = False
+    ) -> tuple[int | None, int | None, str | None]:
+        """(step, epoch, problem): both ``None`` with the problem when the name's cannot be stored, or the
+        layout could not read it; with ``raising``, an ``OSError`` reading it is the caller's to place."""
+        try:
+            if layout is not None and layout in layouts.REGISTRY:
+                step, epoch = layouts.get(layout).step(path)
+            else:
+                step, epoch = layouts.parse_step(path.name)
+        except OSError:
+            if raising:
+                raise
+            return (
+                None,
+                None,
+                f"cannot read the step of {refusals.shown(path.name)}: the folder is unreadable",
+            )
+        except MemoryError:
+            raise
+        except Exception as exc:
+            message = " ".join(str(exc).split())[:300]
+            return (
+                None,
+                None,
+                f"cannot read the step of {refusals.shown(path.name)}: {type(exc).__name__}: {message}",
+            )
         problem = layouts.step_problem(path.name, step, epoch)
         return (None, None, problem) if problem is not None else (step, epoch, None)
 
@@ -688,3 +875,40 @@ def _link_problem(state: _RunState, path: Path) -> str | None:
     return refusals.link_problem(
         _name(state, path), os.path.realpath(path), state.real_root, os.path.realpath(path.parent)
     )
+
+
+def _ignored_key(path: Path) -> str:
+    """How a noted folder is keyed, in memory and in the database: its path, escaped when no database
+    could store it as it is (a newline, bytes that are not UTF-8)."""
+    return refusals.shown(str(path))
+
+
+def _root_problem(root: Path) -> str | None:
+    """Why a run root cannot be watched although something is there (a symlink loop, a permission), or
+    ``None``: one that does not exist yet is not a problem (the trainer creates it)."""
+    try:
+        root.stat()
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            return None
+        if exc.errno == errno.ELOOP:
+            return f"the run root {root} is a symlink loop ({exc.strerror}): not watched until it is fixed"
+        return f"the run root {root} cannot be read ({exc.strerror}): not watched until it can"
+    return None
+
+
+def _trainer_state_step(path: Path) -> int | None:
+    """``global_step`` of a ``trainer_state.json``; ``None`` when there is none, or it is not a small
+    regular file (never opened then: a FIFO would block) or holds no usable step."""
+    try:
+        # Opened without blocking and judged by what was opened: a FIFO swapped in never holds the loop.
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(descriptor, "rb") as handle:
+            info = os.fstat(handle.fileno())
+            if not stat.S_ISREG(info.st_mode) or info.st_size > _TRAINER_STATE_MAX:
+                return None
+            data = json.loads(handle.read(_TRAINER_STATE_MAX))
+    except (OSError, ValueError, RecursionError):
+        return None
+    step = data.get("global_step") if isinstance(data, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None

@@ -6,6 +6,7 @@ GPFS produces no events here, so on those filesystems ``watch_mode = "auto"`` po
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 #: Filesystem types whose writes by other hosts inotify never sees.
@@ -61,5 +62,7 @@ def is_network(path: Path) -> bool:
         text = MOUNTS.read_text(encoding="utf-8")
     except OSError:
         return False
-    fstype = fstype_of(path.resolve(), text)
+    # realpath, not Path.resolve: a root that is a symlink loop raises RuntimeError there on 3.11, which
+    # ended the start (or a reload) with a traceback.
+    fstype = fstype_of(Path(os.path.realpath(path)), text)
     return fstype is not None and fstype in NETWORK_FILESYSTEMS

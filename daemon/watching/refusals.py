@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import errno
 import os
+import re
+import unicodedata
 
 #: Errors worth another look: the storage may answer later (a network filesystem's hiccup, a busy or
 #: briefly unavailable server). Anything else (a symlink loop, a permission, a name too long) stays as it
@@ -84,9 +86,87 @@ IGNORED_NAME = (
 
 def unrecognised(waited: float, names: frozenset[str]) -> str:
     """Why a folder seen for ``waited`` seconds, holding ``names``, is not taken for a checkpoint (pure)."""
-    shown = sorted(names)[:4]
-    files = f"{len(names)} files: {', '.join(shown)}{', ...' if len(names) > len(shown) else ''}"
+    listed = sorted(names)[:4]
+    files = f"{len(names)} files: {', '.join(listed)}{', ...' if len(names) > len(listed) else ''}"
     return (
         f"no checkpoint layout recognised in it after {waited:.0f} s ({files if names else 'no files'}); "
         "not a checkpoint, or one of a layout to name in runs[].layout"
     )
+
+
+# Trainers whose checkpoints no layout reads: their own formats, which only their converters turn into
+# weights ``from_pretrained`` loads. Told apart by the files' places, so that the refusal says what to run.
+_MEGATRON = re.compile(r"(?:[^/]+/)?mp_rank_\d+(?:_\d+)?/(?:model_optim_rng|distrib_optim)\.pt")
+_NEMO_RL = re.compile(r"policy/weights/.+")
+
+
+def unsupported(names: frozenset[str]) -> str | None:
+    """Why a folder holding ``names`` is a checkpoint of a trainer evald cannot read, with how to export
+    weights it can, or ``None`` when the files are of no such trainer (pure)."""
+    then = "then point runs[].root at the folder that holds the exported checkpoints"
+    if any(_MEGATRON.fullmatch(name) for name in names):
+        return (
+            "a Megatron-LM checkpoint (mp_rank_*/model_optim_rng.pt): not supported; export HF weights with "
+            "Megatron-LM's tools/checkpoint/convert.py --saver hf (or Megatron-Bridge's export), " + then
+        )
+    if any(_NEMO_RL.fullmatch(name) for name in names):
+        return (
+            "a NeMo-RL checkpoint (policy/weights/): not supported; export HF weights with NeMo-RL's "
+            "examples/converters/convert_dcp_to_hf.py, " + then
+        )
+    return None
+
+
+def shown(text: str) -> str:
+    """``text`` as it can be stored and printed: control characters and bytes that are not UTF-8 (which
+    Python holds as lone surrogates) escaped as Python writes them, ``step_340\\n``, ``step_7\\xff``
+    (pure)."""
+    out = []
+    for char in text:
+        category = unicodedata.category(char)
+        if category == "Cs" and 0xDC80 <= ord(char) <= 0xDCFF:
+            out.append(f"\\x{ord(char) - 0xDC00:02x}")  # surrogateescape: the byte it stands for
+        elif category in ("Cc", "Cs"):
+            out.append(repr(char)[1:-1])
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+def name_problem(name: str) -> str | None:
+    """Why a folder called ``name`` is never taken as a checkpoint, or ``None`` (pure): a control
+    character (a newline would make ``step_340\\n`` a second step 340, shadowing the real one, and split
+    every log line) or bytes that are not UTF-8 (no database stores them)."""
+    escaped = shown(name)
+    if escaped == name:
+        return None
+    return (
+        f"folder name '{escaped}' holds a control character or bytes that are not UTF-8: never taken as a "
+        "checkpoint; rename it"
+    )
+
+
+def root_model(files: list[str], step: int | None) -> str:
+    """Why a model saved straight into the run root (``trainer.save_model(output_dir)`` at the end of a TRL
+    or HF run) is not evaluated, and how to have it evaluated (pure)."""
+    at = f" (trainer_state.json: global_step {step})" if step is not None else ""
+    return (
+        f"the run root itself holds a model{at} ({', '.join(files)}), what trainer.save_model(output_dir) "
+        "writes at the end of a run: it is not a checkpoint folder, so the daemon does not evaluate it; "
+        "evaluate it once with `evald eval <root>`, or save it into a sub-folder of the root (final/, "
+        "checkpoint-N/) where discovery takes it"
+    )
+
+
+def overwritten(name: str, step: int | None, changed: str) -> str:
+    """What to say about a checkpoint whose weights changed after it was judged ready (pure)."""
+    return (
+        f"checkpoint {name} (step {step}) was overwritten in place after it was judged ready ({changed}): "
+        "its results are of the earlier weights and it is not evaluated again; save new weights under a "
+        "new step"
+    )
+
+
+#: Why a folder that turned out to hold checkpoints (an engine save_dir made empty before its first save)
+#: stopped being one.
+CONTAINER = "a folder of checkpoints (such as a DeepSpeed save_dir), not one: each one in it is looked at"

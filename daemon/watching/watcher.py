@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -32,7 +33,8 @@ class _Handler(FileSystemEventHandler):
         for raw in (event.src_path, getattr(event, "dest_path", "")):
             if not raw:
                 continue
-            path = Path(raw if isinstance(raw, str) else raw.decode())
+            # fsdecode: a name that is not UTF-8 keeps its bytes (surrogateescape) instead of raising here.
+            path = Path(raw if isinstance(raw, str) else os.fsdecode(raw))
             child = top_level_child(self._root, path)
             if child is not None:
                 self._hints.put((self._run, child))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 import os
 import re
+import stat
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,26 +49,38 @@ class FileStat:
     relpath: str
     size: int
     mtime_ns: int
+    #: ``stat.S_IFMT`` of the file (a link followed): a FIFO or a device is listed too, so that it is named.
+    file_type: int = stat.S_IFREG
+
+    @property
+    def special(self) -> bool:
+        """A FIFO, socket or device: opening or reading it may block forever, so it is never read."""
+        return self.file_type not in (stat.S_IFREG, stat.S_IFDIR)
 
 
 @dataclass(frozen=True)
 class Snapshot:
-    """Every regular file under a checkpoint directory, sorted; equal snapshots mean nothing changed."""
+    """Every file under a checkpoint directory (FIFOs and devices too, to be named), sorted; equal snapshots
+    mean nothing changed."""
 
     files: tuple[FileStat, ...]
 
     def names(self) -> frozenset[str]:
         return frozenset(f.relpath for f in self.files)
 
+    def special(self) -> tuple[FileStat, ...]:
+        """The files no reader may open (:attr:`FileStat.special`), in path order."""
+        return tuple(f for f in self.files if f.special)
+
     def size(self, relpath: str) -> int | None:
-        for stat in self.files:
-            if stat.relpath == relpath:
-                return stat.size
+        for entry in self.files:
+            if entry.relpath == relpath:
+                return entry.size
         return None
 
 
 def take_snapshot(directory: Path) -> Snapshot:
-    """Stat every file under ``directory`` without following symlinks out of it.
+    """Stat every file under ``directory`` without following symlinks out of it (nothing is opened).
 
     Raises ``FileNotFoundError`` when the directory itself is gone (rotated away).
     """
@@ -90,7 +103,7 @@ def take_snapshot(directory: Path) -> Snapshot:
             except FileNotFoundError:
                 continue
             relpath = os.path.relpath(entry.path, directory)
-            found.append(FileStat(relpath, info.st_size, info.st_mtime_ns))
+            found.append(FileStat(relpath, info.st_size, info.st_mtime_ns, stat.S_IFMT(info.st_mode)))
     return Snapshot(tuple(sorted(found, key=lambda f: f.relpath)))
 
 
@@ -100,16 +113,22 @@ _STEP_PATTERNS = (
     re.compile(r"epoch(?P<epoch>-?\d+)epochstep-?\d+globalstep(?P<step>-?\d+)"),
     re.compile(r"(?:checkpoint|global_step|globalstep|step|iter|iteration|ckpt)[-_]?(?P<step>-?\d+)", re.I),
 )
-_LAST_NUMBER = re.compile(r"(?P<step>(?:(?:^|(?<=[_=\s]))-)?\d+)(?!.*\d)")
+#: Without a step word, only a number that ends the name, alone or after a separator (``300``, ``model-5``,
+#: ``step=300``): digits inside a word (``ds2``, ``Qwen2.5-7B-Instruct``, ``qwen2-7b-grpo``) name a model
+#: or a save_dir, not a step, and a folder's step must never come from them.
+_LAST_NUMBER = re.compile(r"(?:^|(?<=[-_=\s]))(?P<step>(?:(?:^|(?<=[_=\s]))-)?\d+)\Z")
 
 #: The largest step or epoch evald stores: PostgreSQL's ``INTEGER`` (32-bit signed), the type of the
 #: ``step`` and ``epoch`` columns. SQLite would take 64 bits, but both backends refuse the same folders.
 STEP_MAX = 2**31 - 1
 
 
-def parse_step(name: str) -> tuple[int | None, int | None]:
+def parse_step(name: str, *, bare_number: bool = True) -> tuple[int | None, int | None]:
     """(step, epoch) from a checkpoint directory name; ``None`` for what the name does not say.
 
+    ``bare_number=False`` takes only a step word (``checkpoint-N``, ``global_stepN``, ``iter_N``, ...): a
+    name a layout owns, which makes the folder a checkpoint whatever it holds. A bare trailing number
+    (``300``, a DeepSpeed tag) is a step only once the folder's files make it a checkpoint.
     Negative and huge numbers are returned as written: :func:`step_problem` says why they are refused.
     """
     for pattern in _STEP_PATTERNS:
@@ -117,6 +136,8 @@ def parse_step(name: str) -> tuple[int | None, int | None]:
         if match:
             epoch = match.groupdict().get("epoch")
             return int(match["step"]), int(epoch) if epoch is not None else None
+    if not bare_number:
+        return None, None
     last = _LAST_NUMBER.search(name)
     return (int(last["step"]), None) if last else (None, None)
 
@@ -149,6 +170,8 @@ class LayoutSettings:
     hf_config: Path | None = None
     #: The run's ``root``: how far up from a checkpoint its ``config.json`` is looked for.
     run_root: Path | None = None
+    #: ``runs[].base_model``: the model a LoRA adapter is merged into (``lora``).
+    base_model: Path | None = None
 
 
 class Layout(ABC):
