@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -60,9 +60,59 @@ def _vanished(directory: Path, exc: BaseException) -> CheckpointVanished:
     return CheckpointVanished(f"{directory}: checkpoint disappeared while loading ({exc})")
 
 
+#: How many mismatched tensors an error names (the count says how many more there are).
+MISMATCHES_SHOWN = 3
+
+
+def shape_mismatches(directory: Path) -> str | None:
+    """Which tensors of the safetensors in ``directory`` have another shape than ``config.json`` gives
+    them, with both shapes and the file; ``None`` when none (or when that cannot be told).
+
+    transformers refuses such a checkpoint with "You set `ignore_mismatched_sizes`...", naming no tensor;
+    its report goes to a log nobody reads. The model is built on the meta device (no memory) to learn the
+    shapes the config asks for, and each file's header gives the checkpoint's.
+    """
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(directory, local_files_only=True, trust_remote_code=False)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)  # type: ignore[no-untyped-call]
+    except Exception:  # the diagnosis of an error must not replace it with its own
+        return None
+    expected = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+    prefix = f"{model.base_model_prefix}."
+    found: list[str] = []
+    for path in sorted(directory.glob("*.safetensors")):
+        try:
+            with safe_open(str(path), framework="pt") as weights:
+                shapes = {name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()}  # noqa: SIM118
+        except Exception:
+            continue
+        for name, shape in shapes.items():
+            # A checkpoint may name tensors with or without the base model's prefix (``model.``).
+            wanted = (
+                expected.get(name) or expected.get(prefix + name) or expected.get(name.removeprefix(prefix))
+            )
+            if wanted is not None and wanted != shape:
+                found.append(f"{name} is {list(shape)} in {path.name}, config.json gives {list(wanted)}")
+    if not found:
+        return None
+    shown = "; ".join(found[:MISMATCHES_SHOWN])
+    more = f" (and {len(found) - MISMATCHES_SHOWN} more)" if len(found) > MISMATCHES_SHOWN else ""
+    return f"tensor shape does not match config.json: {shown}{more}"
+
+
 @contextmanager
-def _converting_errors(directory: Path, what: str) -> Iterator[None]:
-    """Turn the libraries' errors about ``directory`` into ours; out-of-memory and bugs pass through."""
+def _converting_errors(
+    directory: Path, what: str, diagnose: Callable[[], str | None] | None = None
+) -> Iterator[None]:
+    """Turn the libraries' errors about ``directory`` into ours; out-of-memory and bugs pass through.
+
+    ``diagnose`` is asked, after a library error, for a message that names what is wrong better than the
+    library's own (the tensor whose shape does not fit)."""
     import torch
     from safetensors import SafetensorError
 
@@ -81,6 +131,9 @@ def _converting_errors(directory: Path, what: str) -> Iterator[None]:
         if not directory.is_dir():
             raise _vanished(directory, exc) from exc
         message = " ".join(str(exc).split())
+        better = diagnose() if diagnose is not None else None
+        if better is not None:
+            raise CheckpointInvalid(f"{directory}: cannot load the {what}: {better}") from exc
         raise CheckpointInvalid(f"{directory}: cannot load the {what}: {message}") from exc
 
 
@@ -112,9 +165,12 @@ def load_model(
         if scratch is None:
             # Never beside the checkpoint: that is the trainer's watched folder.
             scratch = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="evald-load-")))
-        with _converting_errors(checkpoint, "model"):
+        # The folder the weights are read from: the checkpoint, or what its layout made of it.
+        read_from = [checkpoint]
+        with _converting_errors(checkpoint, "model", lambda: shape_mismatches(read_from[-1])):
             check_layout(checkpoint, layout, settings)
             directory = layouts.get(layout).materialise(checkpoint, settings, scratch)
+            read_from.append(directory)
             check_checkpoint(directory)
             if spec.engine == "deepspeed" and spec.tp > 1:
                 sharded = load_sharded(

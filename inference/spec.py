@@ -21,6 +21,11 @@ EXIT_INPUT_ERROR = 3
 #: the job with half the batch size.
 EXIT_OUT_OF_MEMORY = 4
 
+#: Exit status of a worker (or one rank of it) that could not write its result file for want of space
+#: (ENOSPC, EDQUOT): the host's fault, not the checkpoint's; the daemon requeues the job without spending
+#: an attempt.
+EXIT_DISK_FULL = 5
+
 #: The daemon's pid, set in a worker's environment: the worker dies with it (see ``inference.worker``).
 PARENT_PID_ENV = "EVALD_PARENT_PID"
 
@@ -139,6 +144,8 @@ class JobSpec(_Plain):
     hf_config: Path | None = None
     #: The run's root: without ``hf_config``, a config.json is looked for up to it from the checkpoint.
     run_root: Path | None = None
+    #: The base model a LoRA adapter checkpoint is merged into (``runs[].base_model``).
+    base_model: Path | None = None
     task: TaskSpec
     inference: InferenceSpec = InferenceSpec()
     result_path: Path
@@ -246,7 +253,12 @@ class JobResult(_Plain):
     def write(self, path: Path) -> None:
         """Write atomically, so the daemon never reads half a result."""
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(self.model_dump_json(indent=1), encoding="utf-8")
+        try:
+            tmp.write_text(self.model_dump_json(indent=1), encoding="utf-8")
+        except OSError:
+            # Half a file on a full disk only takes the room the next writer needs.
+            tmp.unlink(missing_ok=True)
+            raise
         tmp.replace(path)
 
     @classmethod

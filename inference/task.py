@@ -228,7 +228,7 @@ def _evaluate(
         spec.checkpoint_path,
         spec.inference,
         layout=spec.layout,
-        settings=LayoutSettings(hf_config=spec.hf_config, run_root=spec.run_root),
+        settings=LayoutSettings(hf_config=spec.hf_config, run_root=spec.run_root, base_model=spec.base_model),
         scratch=scratch,
         device=device,
         tp_group=group.tp_group,

@@ -20,21 +20,57 @@ Logs are structlog events on stderr, JSON lines unless stderr is a terminal.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import faulthandler
 import logging
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TextIO
 
 import structlog
 
 from inference.errors import InferenceError
 from inference.group import launched_rank
 from inference.lifeline import die_with_parent, watch_daemon
-from inference.spec import EXIT_INPUT_ERROR, EXIT_OUT_OF_MEMORY, JobResult, JobSpec, WorkerError
+from inference.spec import (
+    EXIT_DISK_FULL,
+    EXIT_INPUT_ERROR,
+    EXIT_OUT_OF_MEMORY,
+    JobResult,
+    JobSpec,
+    WorkerError,
+)
 
 log = structlog.get_logger("inference.worker")
+
+#: A full filesystem or quota: the host's fault, never the checkpoint's.
+DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+class _FullDiskTolerant:
+    """A log stream whose writes on a full disk are dropped: the log file shares the disk with the result,
+    and a lost log line must not turn a finished evaluation into a crash."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as exc:
+            if exc.errno not in DISK_FULL:
+                raise
+            return 0
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as exc:
+            if exc.errno not in DISK_FULL:
+                raise
 
 
 def configure_logging(level: int = logging.INFO) -> None:
@@ -50,7 +86,7 @@ def configure_logging(level: int = logging.INFO) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(_FullDiskTolerant(sys.stderr)),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )
 
@@ -94,6 +130,21 @@ def _out_of_memory(exc: BaseException) -> bool:
 def result_path(spec: JobSpec, rank: int) -> Path:
     """Rank 0 writes the job's result; another rank writes a file of its own only to report an error."""
     return spec.result_path if rank == 0 else spec.result_path.with_name(f"result.rank{rank}.json")
+
+
+def write_result(result: JobResult, path: Path) -> int | None:
+    """Write ``result`` to ``path``; on a full disk (ENOSPC, EDQUOT) say so in one line and return
+    :data:`EXIT_DISK_FULL`, the exit status that tells the daemon the host is at fault. Other errors raise."""
+    try:
+        result.write(path)
+    except OSError as exc:
+        if exc.errno not in DISK_FULL:
+            raise
+        log.error("worker.disk_full", error=f"disk full writing result at {path}", strerror=exc.strerror)
+        with contextlib.suppress(OSError):
+            print(f"evald worker: disk full writing result at {path}", file=sys.stderr, flush=True)
+        return EXIT_DISK_FULL
+    return None
 
 
 def run(spec: JobSpec, rank: int) -> tuple[JobResult | None, int]:
@@ -156,10 +207,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     result, code = run(spec, rank or 0)
     if result is not None:
-        result.write(result_path(spec, rank or 0))
+        unwritten = write_result(result, result_path(spec, rank or 0))
+        if unwritten is not None:
+            if rank is not None:
+                os._exit(unwritten)  # as below: peers may wait for this rank
+            return unwritten
     if result is not None and result.error is not None:
         log.warning("worker.rejected", kind=result.error.kind, message=result.error.message)
-        print(f"evald worker: {result.error.kind}: {result.error.message}", file=sys.stderr, flush=True)
+        with contextlib.suppress(OSError):
+            print(f"evald worker: {result.error.kind}: {result.error.message}", file=sys.stderr, flush=True)
         if rank is not None:
             # Peers may wait in a collective for this rank: leave now, the launcher stops them.
             os._exit(code)
@@ -176,8 +232,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    # On a full disk the log's last lines may not fit; the exit status still must get out.
+    with contextlib.suppress(OSError):
+        sys.stdout.flush()
+    with contextlib.suppress(OSError):
+        sys.stderr.flush()
     # The result is written and closed; the interpreter's own teardown (torch's, DeepSpeed's and
     # transformers' exit hooks, freeing the module graph) took over a second of CPU per job for nothing.
     os._exit(code)

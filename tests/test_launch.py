@@ -90,16 +90,20 @@ def test_a_crash_names_the_rank_that_died_and_quotes_its_log(tmp_path: Path) -> 
     outcome = read_outcome(spec, 1, tmp_path / "worker.log")
 
     assert (outcome.result, outcome.error_kind) == (None, "crash")
+    # Its log holds no error: the signal is the cause, and the log's tail follows below it.
     assert (
-        outcome.error
-        == 'rank 3 failed (killed by SIGKILL); its stderr ends: {"event": "task.loaded", "rank": 3}'
+        outcome.error == "rank 3 failed (killed by SIGKILL), with no error in its log\n"
+        'its log ends:\n{"event": "task.loaded", "rank": 3}'
     )
 
 
 def test_without_a_summary_the_crash_quotes_the_workers_own_log(tmp_path: Path) -> None:
     (tmp_path / "worker.log").write_text("Traceback (most recent call last):\nZeroDivisionError\n")
     outcome = read_outcome(_spec(tmp_path), 1, tmp_path / "worker.log")
-    assert outcome.error == "worker exit status 1: Traceback (most recent call last):\nZeroDivisionError"
+    assert outcome.error == (
+        "worker exit status 1: ZeroDivisionError\n"
+        "its log ends:\nTraceback (most recent call last):\nZeroDivisionError"
+    )
 
 
 def test_out_of_memory_on_any_rank_decides_over_the_errors_it_caused(tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ from daemon.config import Config
 from daemon.running.environment import worker_environment
 from daemon.running.executors.base import Active, Ended, EndKind, Phase
 from daemon.running.executors.slurm import LOG_NAME, SlurmExecutor
-from daemon.running.workers import Outcome, read_outcome
+from daemon.running.workers import Outcome, crash_cause, read_outcome
 from inference.spec import JobSpec
 
 #: Outcome kinds of a scheduler's end that another attempt may cure.
@@ -77,10 +77,13 @@ def outcome_of(ended: Ended, spec: JobSpec) -> Outcome:
         outcome = read_outcome(spec, code or 1, folder / LOG_NAME)
         if outcome.error_kind not in (None, "crash"):
             return outcome
-        tail = ended.log_tail or outcome.error
-        return Outcome(
-            error_kind="crash", error=f"{ended.detail}; log ends: {tail}" if tail else ended.detail
-        )
+        if not ended.log_tail:
+            # The worker's own files named the cause (or said there is none) on their first line.
+            error = f"{ended.detail}; {outcome.error}" if outcome.error else ended.detail
+            return Outcome(error_kind="crash", error=error)
+        cause = crash_cause(ended.log_tail)
+        first = f"{ended.detail}: {cause}" if cause is not None else ended.detail
+        return Outcome(error_kind="crash", error=f"{first}\nlog ends: {ended.log_tail}")
     if ended.kind is EndKind.OUT_OF_MEMORY:
         # The worker's own report (CUDA out of memory) says more than the scheduler's cgroup kill.
         own = read_outcome(spec, ended.exit_code or 1, folder / LOG_NAME)

@@ -107,6 +107,7 @@ def build_spec(config: Config, job: queries.ClaimedJob, job_dir: Path) -> JobSpe
         layout=job.layout,
         hf_config=run.hf_config if run is not None else None,
         run_root=run.root if run is not None else None,
+        base_model=run.base_model if run is not None else None,
         task=task.spec(stage_subset=subset),
         inference=config.inference.spec(),
         result_path=job_dir / "result.json",
@@ -1057,6 +1058,9 @@ class JobRunner:
                 queries.requeue_job(session, job_id=job.id, owner=self._owner, attempt=job.attempts)
             log.info("job.cancelled", job_id=job.id, run=job.run, step=job.step, reason=outcome.error)
             return
+        if kind == "disk_full":
+            self._disk_full(running, outcome)
+            return
         if kind == "checkpoint_vanished" and running.remote:
             self._record(running, "cancelled", outcome)
             self._fail(job, kind, outcome.error, duration)
@@ -1083,6 +1087,34 @@ class JobRunner:
         retry = kind in RETRYABLE and job.attempts < running.config.inference.max_attempts
         self._record(running, "retried" if retry else "failed", outcome)
         self._fail(job, kind, outcome.error, duration, retry=retry)
+
+    def _disk_full(self, running: RunningJob, outcome: Outcome) -> None:
+        """The worker evaluated but found no room for its result: the host's fault, not the checkpoint's.
+        The job goes back to the queue without spending an attempt, and claiming pauses (longer each time
+        in a row, as for a full state folder) until there is room."""
+        job = running.job
+        self._record(running, "requeued", outcome)
+        with self._db.session() as session:
+            queries.requeue_job(
+                session,
+                job_id=job.id,
+                owner=self._owner,
+                attempt=job.attempts,
+                error_kind="disk_full",
+                error=outcome.error,
+            )
+        self._scratch_failures += 1
+        pause = min(SCRATCH_PAUSE_MAX_SECS, 2.0 ** (self._scratch_failures - 1))
+        self._paused_until = time.monotonic() + pause
+        log.error(
+            "job.disk_full",
+            job_id=job.id,
+            run=job.run,
+            step=job.step,
+            task=job.task,
+            error=outcome.error.splitlines()[0],
+            action=f"requeued without spending an attempt; claiming pauses {pause:g} s",
+        )
 
     def _record(self, running: RunningJob, outcome: str, ended: Outcome) -> None:
         if running.recorded:

@@ -9,6 +9,7 @@ session of its own, out of reach of a signal to torchrun's process group.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -20,7 +21,7 @@ from pathlib import Path
 import psutil
 import structlog
 
-from inference.spec import JobResult, JobSpec
+from inference.spec import EXIT_DISK_FULL, JobResult, JobSpec
 
 log = structlog.get_logger("evald.workers")
 
@@ -33,6 +34,65 @@ STOP_GRACE_SECS = 5.0
 _ROOT_CAUSE = re.compile(
     r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.DOTALL
 )
+
+
+#: How much of a worker's log is searched for the cause of its crash.
+CAUSE_SEARCH_CHARS = 64000
+#: The longest cause kept on the first line of a crash's error.
+CAUSE_CHARS = 500
+
+_TRACEBACK = "Traceback (most recent call last):"
+#: Lines a process that died in C or C++ leaves: faulthandler's, libstdc++'s, glibc's.
+_FATAL = re.compile(
+    r"^(Fatal Python error: .*|terminate called .*|\s*what\(\): .*|.*(?:Segmentation fault|Aborted)"
+    r"(?: \(core dumped\))?$)"
+)
+
+_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)(?::.*)?$")
+
+
+def crash_cause(log_text: str) -> str | None:
+    """The line of a dead worker's log that says why it died (pure): the exception line of the last
+    Python traceback, else the last structlog event at level error or critical, else the last line a
+    native crash leaves (faulthandler's "Fatal Python error", C++'s "terminate called"); ``None`` when
+    the log says nothing (a SIGKILL from outside: the exit status is all there is)."""
+    lines = log_text.splitlines()
+    start = max((i for i, line in enumerate(lines) if line.startswith(_TRACEBACK)), default=None)
+    if start is not None:
+        # The frames are indented; the first line at the margin after them is "Type: message".
+        for line in lines[start + 1 :]:
+            if line.strip() and not line[0].isspace():
+                return _short(line)
+    for line in reversed(lines):
+        if not line.startswith("{"):
+            continue
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict) and event.get("level") in ("error", "critical"):
+            detail = event.get("error") or event.get("message") or event.get("exception") or ""
+            return _short(f"{event.get('event')}: {detail}" if detail else str(event.get("event")))
+    fatal = [line.strip() for line in lines if _FATAL.match(line)]
+    if fatal:
+        return _short(" ".join(fatal[-2:]))
+    # A tail cut after its traceback's start (a scheduler's last lines) may still end in the exception.
+    raised = [line for line in lines if _EXCEPTION.match(line)]
+    return _short(raised[-1]) if raised else None
+
+
+def _short(text: str) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= CAUSE_CHARS else flat[: CAUSE_CHARS - 1] + "…"
+
+
+def crash_error(what: str, log_path: Path) -> str:
+    """A crash's error: ``what`` died, why (:func:`crash_cause`) on the same first line, which is all
+    ``evald status`` shows, then the tail of its log on the lines below it, for ``evald history``."""
+    cause = crash_cause(stderr_tail(log_path, limit=CAUSE_SEARCH_CHARS))
+    tail = stderr_tail(log_path)
+    first = f"{what}: {cause}" if cause is not None else f"{what}, with no error in its log"
+    return f"{first}\nits log ends:\n{tail}" if tail else first
 
 
 def stderr_tail(path: Path, limit: int = STDERR_TAIL_CHARS) -> str:
@@ -153,12 +213,26 @@ def read_outcome(spec: JobSpec, code: int, log_path: Path) -> Outcome:
         return Outcome(error_kind="crash", error="worker exited without writing a result")
     root = failed_rank(stderr_tail(log_path, limit=20000))
     if root is None:
-        return Outcome(error_kind="crash", error=f"worker {describe_exit(code)}: {stderr_tail(log_path)}")
+        if code == EXIT_DISK_FULL:
+            return disk_full(spec, log_path, None)
+        return Outcome(error_kind="crash", error=crash_error(f"worker {describe_exit(code)}", log_path))
     rank, rank_code = root
-    tail = stderr_tail(log_path.with_name(f"rank-{rank}.log"))
+    rank_log = log_path.with_name(f"rank-{rank}.log")
+    if rank_code == EXIT_DISK_FULL:
+        return disk_full(spec, rank_log, rank)
     return Outcome(
-        error_kind="crash", error=f"rank {rank} failed ({describe_exit(rank_code)}); its stderr ends: {tail}"
+        error_kind="crash", error=crash_error(f"rank {rank} failed ({describe_exit(rank_code)})", rank_log)
     )
+
+
+def disk_full(spec: JobSpec, log_path: Path, rank: int | None) -> Outcome:
+    """A worker (or rank) that could not write its result for want of space: the host's fault, not the
+    checkpoint's (kind ``disk_full``, which spends no attempt)."""
+    path = spec.result_path if not rank else spec.result_path.with_name(f"result.rank{rank}.json")
+    who = "worker" if rank is None else f"rank {rank}"
+    error = f"disk full writing result at {path} ({who} exit status {EXIT_DISK_FULL})"
+    tail = stderr_tail(log_path)
+    return Outcome(error_kind="disk_full", error=f"{error}\nits log ends:\n{tail}" if tail else error)
 
 
 def _attempt_folders(state_dir: Path, job_id: int, attempts: int) -> list[Path]:

@@ -158,7 +158,7 @@ def run_harness(spec: JobSpec, group: WorkerGroup) -> JobResult | None:
         spec.checkpoint_path,
         spec.inference,
         layout=spec.layout,
-        settings=LayoutSettings(hf_config=spec.hf_config, run_root=spec.run_root),
+        settings=LayoutSettings(hf_config=spec.hf_config, run_root=spec.run_root, base_model=spec.base_model),
         scratch=scratch,
         device=group.device if spec.inference.device.startswith("cuda") else None,
         tp_group=group.tp_group,

@@ -11,7 +11,8 @@ import importlib
 from functools import cache
 from pathlib import Path
 
-from inference.layouts import hf
+from inference.errors import FileRefused
+from inference.layouts import files, hf
 from inference.layouts.base import (
     STEP_MAX,
     FileStat,
@@ -36,8 +37,9 @@ REGISTRY: dict[str, str] = {
     "verl": "inference.layouts.verl:VerlLayout",
     "areal": "inference.layouts.areal:ArealLayout",
     "openrlhf": "inference.layouts.openrlhf:OpenRlhfLayout",
+    "lora": "inference.layouts.lora:LoraLayout",
 }
-AUTO_ORDER = ("hf_trainer", "verl", "areal", "openrlhf", "deepspeed", "dcp", "hf")
+AUTO_ORDER = ("lora", "hf_trainer", "verl", "areal", "openrlhf", "deepspeed", "dcp", "hf")
 
 __all__ = [
     "AUTO_ORDER",
@@ -99,8 +101,19 @@ def detect(directory: Path, snapshot: Snapshot, configured: str) -> str | None:
 def inspect(
     directory: Path, snapshot: Snapshot, layout: str, settings: LayoutSettings | None = None
 ) -> Verdict:
+    """Readiness of ``directory`` by ``layout``; a FIFO, socket or device anywhere in it makes it invalid
+    first, named, since the worker would block reading it wherever it lies."""
     try:
         chosen = get(layout)
     except KeyError as exc:
         return Verdict(Readiness.INVALID, str(exc.args[0]))
-    return chosen.inspect(directory, snapshot, settings or LayoutSettings())
+    special = snapshot.special()
+    if special:
+        return Verdict(
+            Readiness.INVALID,
+            f"{special[0].relpath} is {files.kind(special[0].file_type)}, not a regular file",
+        )
+    try:
+        return chosen.inspect(directory, snapshot, settings or LayoutSettings())
+    except FileRefused as exc:
+        return files.refusal(directory, exc)

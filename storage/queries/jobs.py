@@ -593,20 +593,28 @@ def submitted_per_run(session: Session) -> dict[int, int]:
     )
 
 
-def requeue_job(session: Session, *, job_id: int, owner: str, attempt: int | None = None) -> bool:
-    """Give a running job back to the queue (shutdown): it runs again, and its attempt is not a failure."""
-    result = session.execute(
-        update(EvalJob)
-        .where(_owned_running(job_id, owner, attempt))
-        .values(
-            state=JobState.PENDING,
-            claimed_by=None,
-            heartbeat_at=None,
-            attempts=EvalJob.attempts - 1,
-            executor_handle=None,
-            executor_state=None,
-        )
-    )
+def requeue_job(
+    session: Session,
+    *,
+    job_id: int,
+    owner: str,
+    attempt: int | None = None,
+    error_kind: str | None = None,
+    error: str | None = None,
+) -> bool:
+    """Give a running job back to the queue (shutdown, the host's disk full): it runs again, and its
+    attempt is not a failure. ``error_kind`` and ``error``, when given, say why until it runs again."""
+    values: dict[str, Any] = {
+        "state": JobState.PENDING,
+        "claimed_by": None,
+        "heartbeat_at": None,
+        "attempts": EvalJob.attempts - 1,
+        "executor_handle": None,
+        "executor_state": None,
+    }
+    if error_kind is not None:
+        values.update(error_kind=error_kind, error=error)
+    result = session.execute(update(EvalJob).where(_owned_running(job_id, owner, attempt)).values(**values))
     return bool(getattr(result, "rowcount", 0))
 
 

@@ -156,7 +156,7 @@ def job_rows(session: Session, run: str | None = None) -> list[JobRow]:
             stage=sg,
             state=str(st.value),
             attempts=a,
-            error=e,
+            error=shown_error(e),
             priority=p,
             wait_reason=w,
             error_kind=k,
@@ -168,6 +168,15 @@ def job_rows(session: Session, run: str | None = None) -> list[JobRow]:
         )
         for i, r, c, s, t, sg, st, a, e, p, w, k, d, n, o, h, sa in session.execute(query)
     ]
+
+
+def shown_error(error: str | None) -> str | None:
+    """A job's error as status lists it: the first line, which says what went wrong (a crashed worker's
+    cause, a disk full at which path); the lines below it (the worker's log tail) are the attempt's, in
+    ``evald history``."""
+    if error is None:
+        return None
+    return error.strip().split("\n", 1)[0]
 
 
 def _utc(value: datetime | None) -> datetime | None:
