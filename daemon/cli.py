@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from daemon import curves, report
+from daemon import curves, filter_values, report
 from daemon import log as logs
 from daemon.config import Config, InferenceConfig, config_path, load_config
 from daemon.errors import ConfigError, EvaldError
@@ -156,31 +156,42 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     if exposed is not None:
         allowed = " (allowed by [web] allow_open = true)" if config.web.allow_open else ""
         print(f"evald: warning: web.host: {exposed}{allowed}", file=sys.stderr)
+    for i, webhook in enumerate(config.webhooks):
+        # Not an error: the daemon's unit may be what provides it (Environment=, LoadCredential=).
+        absent = webhook.secret_absent(os.environ)
+        if absent is not None:
+            print(
+                f"evald: warning: webhooks[{i}] ({webhook.name}): {absent}, so its secret was not checked; "
+                "evald run refuses to start without it",
+                file=sys.stderr,
+            )
     return 0
 
 
-def _step_range(args: argparse.Namespace) -> tuple[int | None, int | None]:
-    """``--steps A:B`` (either side may be empty) or ``--step-min``/``--step-max``, inclusive; the lower
-    above the upper is refused as the API refuses it."""
-    from daemon.web.params import step_range_problem
+def _bound(option: str, text: str | None) -> int | None:
+    try:
+        return None if text is None else filter_values.parse_integer(text.strip())
+    except filter_values.ValueRefused as exc:
+        raise ConfigError(option, [str(exc)]) from None
 
-    step_min, step_max = args.step_min, args.step_max
+
+def _step_range(args: argparse.Namespace) -> tuple[int | None, int | None]:
+    """``--steps A:B`` (either side may be empty) or ``--step-min``/``--step-max``, inclusive; each bound
+    and the lower above the upper are refused as the API refuses them (:mod:`daemon.filter_values`)."""
+    step_min, step_max = _bound("--step-min", args.step_min), _bound("--step-max", args.step_max)
     if args.steps is not None:
         if step_min is not None or step_max is not None:
             raise ConfigError("--steps", ["give --steps A:B or --step-min/--step-max, not both"])
         low, colon, high = args.steps.partition(":")
+        if not colon:
+            shape = f"{filter_values.shown(args.steps)} is not A:B (e.g. 100:500, 100: or :500)"
+            raise ConfigError("--steps", [shape])
         try:
-            if not colon:
-                raise ValueError
-            step_min = int(low) if low.strip() else None
-            step_max = int(high) if high.strip() else None
-        except ValueError:
-            shape = f"{args.steps!r} is not A:B (e.g. 100:500, 100: or :500)"
-            raise ConfigError("--steps", [shape]) from None
-    for name, value in (("--step-min", step_min), ("--step-max", step_max)):
-        if value is not None and value < 0:
-            raise ConfigError(name, [f"{value} is below 0 (steps are non-negative)"])
-    problem = step_range_problem(step_min, step_max)
+            step_min = filter_values.parse_integer(low.strip()) if low.strip() else None
+            step_max = filter_values.parse_integer(high.strip()) if high.strip() else None
+        except filter_values.ValueRefused as exc:
+            raise ConfigError("--steps", [f"{filter_values.shown(args.steps)}: {exc}"]) from None
+    problem = filter_values.step_range_problem(step_min, step_max)
     if problem is not None:
         raise ConfigError("--step-min", [problem])
     return step_min, step_max
@@ -527,6 +538,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             ignored = queries.ignored_rows(session)
             alternates = queries.alternate_rows(session)
             scheduled = executor_states(session)
+            latest = queries.latest_results(session)
     finally:
         database.dispose()
     schedules = {
@@ -536,7 +548,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     }
     names = [r.name for r in config.runs]
     runs = report.status(
-        checkpoints, jobs, names, plans, schedules, config.inference.max_attempts, ignored, alternates
+        checkpoints, jobs, names, plans, schedules, config.inference.max_attempts, ignored, alternates, latest
     )
     if scheduled:
         runs = report.with_scheduler(runs, scheduled)
@@ -728,6 +740,29 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(workdir, as_json=args.json, serve=args.serve, port=args.port)
 
 
+def _name(value: str) -> str:
+    """A ``--run``/``--task``/``--metric`` value, checked as the API checks its filters."""
+    try:
+        return filter_values.check_text(value)
+    except filter_values.ValueRefused as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _step(value: str) -> int:
+    """A ``--step``/``--step-min``/``--step-max`` value: in the range every database can hold."""
+    try:
+        return filter_values.parse_integer(value)
+    except filter_values.ValueRefused as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _job_id(value: str) -> int:
+    try:
+        return filter_values.parse_integer(value, minimum=1)
+    except filter_values.ValueRefused as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="evald", description="Sidecar evaluation daemon for LLM RL training."
@@ -762,7 +797,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     evaluate = commands.add_parser("eval", help="evaluate one checkpoint now, without the daemon")
     evaluate.add_argument("checkpoint")
-    evaluate.add_argument("--task", help="only this task (default: every task in the config)")
+    evaluate.add_argument("--task", type=_name, help="only this task (default: every task in the config)")
     evaluate.add_argument("--format", choices=("table", "json"), default="table")
     evaluate.add_argument("--layout", default="auto", help="checkpoint layout (default: detect it)")
     evaluate.add_argument("--hf-config", help="folder with config.json for checkpoints that have none")
@@ -772,18 +807,18 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.set_defaults(func=cmd_eval)
 
     results = commands.add_parser("results", help="stored results")
-    results.add_argument("--run")
-    results.add_argument("--task")
+    results.add_argument("--run", type=_name)
+    results.add_argument("--task", type=_name)
     results.add_argument("--stage", choices=(stages.FULL, stages.QUICK))
-    results.add_argument("--metric")
-    results.add_argument("--step-min", type=int, help="only steps at or above this (inclusive)")
-    results.add_argument("--step-max", type=int, help="only steps at or below this (inclusive)")
+    results.add_argument("--metric", type=_name)
+    results.add_argument("--step-min", help="only steps at or above this (inclusive)")
+    results.add_argument("--step-max", help="only steps at or below this (inclusive)")
     results.add_argument("--steps", metavar="A:B", help="a step range, inclusive (100:500, 100: or :500)")
     results.add_argument("--format", choices=("table", "json", "csv"), default="table")
     results.set_defaults(func=cmd_results)
 
     alerts = commands.add_parser("alerts", help="alerts: what fired, when, and whether it was delivered")
-    alerts.add_argument("--run", help="only this run")
+    alerts.add_argument("--run", type=_name, help="only this run")
     alerts.add_argument("--state", choices=("firing", "resolved"), help="only alerts in this state")
     alerts.add_argument("--format", choices=("table", "json"), default="table")
     alerts.set_defaults(func=cmd_alerts)
@@ -791,9 +826,13 @@ def build_parser() -> argparse.ArgumentParser:
     compare = commands.add_parser(
         "compare", help="two runs at matched steps: the difference, tested (paired where prompts are shared)"
     )
-    compare.add_argument("--run", action="append", required=True, help="give twice: --run A --run B")
-    compare.add_argument("--metric", help="only this metric (default: every metric both runs have)")
-    compare.add_argument("--task", help="only this task")
+    compare.add_argument(
+        "--run", action="append", type=_name, required=True, help="give twice: --run A --run B"
+    )
+    compare.add_argument(
+        "--metric", type=_name, help="only this metric (default: every metric both runs have)"
+    )
+    compare.add_argument("--task", type=_name, help="only this task")
     compare.add_argument("--stage", choices=(stages.FULL, stages.QUICK), help="only this stage")
     compare.add_argument("--smooth", default="none", help="none (default), ema:W (e.g. ema:0.6) or window:N")
     compare.add_argument(
@@ -808,9 +847,13 @@ def build_parser() -> argparse.ArgumentParser:
     plot = commands.add_parser(
         "plot", help="a metric's curves as a PNG, PDF or SVG: error bands, alerts, best checkpoint"
     )
-    plot.add_argument("--run", action="append", required=True, help="a run to draw (repeat to overlay runs)")
-    plot.add_argument("--metric", required=True)
-    plot.add_argument("--task", help="only this task (default: one curve per task with the metric)")
+    plot.add_argument(
+        "--run", action="append", type=_name, required=True, help="a run to draw (repeat to overlay runs)"
+    )
+    plot.add_argument("--metric", type=_name, required=True)
+    plot.add_argument(
+        "--task", type=_name, help="only this task (default: one curve per task with the metric)"
+    )
     plot.add_argument("--stage", choices=(stages.FULL, stages.QUICK), help="only this stage")
     plot.add_argument("--smooth", default="none", help="none (default), ema:W (e.g. ema:0.6) or window:N")
     plot.add_argument("--title", help="the chart's title (default: the metric and runs)")
@@ -822,7 +865,7 @@ def build_parser() -> argparse.ArgumentParser:
     tensorboard = export_commands.add_parser(
         "tensorboard", help="a run's results as TensorBoard event files (one scalar per metric, x = step)"
     )
-    tensorboard.add_argument("--run", required=True)
+    tensorboard.add_argument("--run", type=_name, required=True)
     tensorboard.add_argument("--out", required=True, help="log folder; the files go to OUT/<run>/")
     tensorboard.add_argument(
         "--replace", action="store_true", help="remove event files an earlier export left in OUT/<run>/"
@@ -831,15 +874,15 @@ def build_parser() -> argparse.ArgumentParser:
     lm_eval = export_commands.add_parser(
         "lm-eval", help="one checkpoint's results in lm-evaluation-harness's results JSON shape"
     )
-    lm_eval.add_argument("--run", required=True)
-    lm_eval.add_argument("--step", type=int, required=True, help="the checkpoint's step")
+    lm_eval.add_argument("--run", type=_name, required=True)
+    lm_eval.add_argument("--step", type=_step, required=True, help="the checkpoint's step")
     lm_eval.add_argument("--out", help="the JSON file to write (default: standard output)")
     lm_eval.set_defaults(func=cmd_export_lm_eval)
     for kind in ("mlflow", "wandb"):
         tracker = export_commands.add_parser(
             kind, help=f"send a run's stored results to the [[trackers]] {kind} (idempotent backfill)"
         )
-        tracker.add_argument("--run", required=True)
+        tracker.add_argument("--run", type=_name, required=True)
         tracker.add_argument("--tracker", help="the tracker's name, when several of this kind are configured")
         tracker.set_defaults(func=cmd_export_tracker)
 
@@ -852,16 +895,16 @@ def build_parser() -> argparse.ArgumentParser:
     test.set_defaults(func=cmd_webhook_test)
 
     history = commands.add_parser("history", help="every worker run of one job: retries, OOM, errors")
-    history.add_argument("job", type=int, help="job id (as `evald status` shows it)")
+    history.add_argument("job", type=_job_id, help="job id (as `evald status` shows it)")
     history.add_argument("--format", choices=("table", "json"), default="table")
     history.set_defaults(func=cmd_history)
 
     samples = commands.add_parser(
         "samples", help="one job's per-sample outputs, and the inputs it left out of its metrics"
     )
-    samples.add_argument("--run", required=True)
-    samples.add_argument("--step", type=int, required=True, help="the checkpoint's step")
-    samples.add_argument("--task", required=True)
+    samples.add_argument("--run", type=_name, required=True)
+    samples.add_argument("--step", type=_step, required=True, help="the checkpoint's step")
+    samples.add_argument("--task", type=_name, required=True)
     samples.add_argument(
         "--stage", choices=(stages.FULL, stages.QUICK), help="default: full where it ran, else quick"
     )

@@ -8,6 +8,7 @@ database URL need not live in the file.
 
 from __future__ import annotations
 
+import errno
 import os
 import tomllib
 from collections.abc import Mapping
@@ -125,7 +126,11 @@ class RunConfig(_Section):
     @field_validator("root")
     @classmethod
     def _root(cls, value: Path, info: ValidationInfo) -> Path:
-        root = resolve_path(value, info)
+        try:
+            root = resolve_path(value, info)
+        except RuntimeError:
+            # Path.resolve on 3.11 raises this on a symlink loop: kept unresolved for _root_readable to name.
+            root = base_dir(info) / value.expanduser()
         if root.exists() and not root.is_dir():
             raise ValueError(f"not a directory: {root}")
         return root
@@ -163,8 +168,24 @@ class RunConfig(_Section):
             raise ValueError("eval_before_train needs base_model (the model the run starts from)")
         return self
 
+    @model_validator(mode="after")
+    def _root_readable(self) -> RunConfig:
+        """A root that does not exist yet is fine (the trainer creates it); one that is a symlink loop or
+        cannot be looked at is not: ``exists()`` says False for both, and the run would watch nothing."""
+        try:
+            self.root.stat()
+        except OSError as exc:
+            if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+                what = "is a symlink loop" if exc.errno == errno.ELOOP else "cannot be read"
+                raise ValueError(
+                    f"run {self.name!r}: root {self.root} {what} ({exc.strerror}); fix the link or the path"
+                ) from None
+        return self
+
     def layout_settings(self) -> layouts.LayoutSettings:
-        return layouts.LayoutSettings(marker=self.marker, hf_config=self.hf_config)
+        return layouts.LayoutSettings(
+            marker=self.marker, hf_config=self.hf_config, base_model=self.base_model
+        )
 
 
 #: Task settings that only an lm_eval task takes, and those it does not (its YAML defines them).
@@ -675,6 +696,32 @@ class WebhookConfig(_Section):
     def _secret_file(cls, value: Path | None, info: ValidationInfo) -> Path | None:
         return None if value is None else resolve_path(value, info)
 
+    @model_validator(mode="after")
+    def _secret_usable(self, info: ValidationInfo) -> WebhookConfig:
+        """The secret read as ``evald run`` reads it, so ``config check`` and a reload refuse what a start
+        would, in the same words. One that is not there at all (a variable or credential file only the
+        daemon's unit provides) is left to the start: see :meth:`secret_absent`."""
+        environ = (info.context or {}).get("environ")
+        unsigned = self.secret_env is None and self.secret_file is None
+        if unsigned or environ is None or self.secret_absent(environ) is not None:
+            return self
+        from daemon.alerts.errors import SecretError
+        from daemon.alerts.signing import load_secret
+
+        try:
+            load_secret(env=self.secret_env, file=self.secret_file, environ=environ)
+        except SecretError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    def secret_absent(self, environ: Mapping[str, str]) -> str | None:
+        """Why this host cannot read the secret at all (its variable unset, its file missing), else None."""
+        if self.secret_env is not None and self.secret_file is None and self.secret_env not in environ:
+            return f"environment variable {self.secret_env} is not set here"
+        if self.secret_file is not None and self.secret_env is None and not os.path.lexists(self.secret_file):
+            return f"secret file {self.secret_file} does not exist here"
+        return None
+
 
 class WebConfig(_Section):
     """``evald serve``: the read-only HTTP API, dashboard and ``/metrics``."""
@@ -858,9 +905,10 @@ def apply_env(data: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any
 def parse_config(
     data: dict[str, Any], *, base_dir: Path, source: str, environ: Mapping[str, str] | None = None
 ) -> Config:
+    environ = os.environ if environ is None else environ
     try:
         return Config.model_validate(
-            apply_env(data, os.environ if environ is None else environ), context={"base_dir": base_dir}
+            apply_env(data, environ), context={"base_dir": base_dir, "environ": environ}
         )
     except ValidationError as exc:
         raise ConfigError(source, format_errors(exc)) from exc

@@ -60,7 +60,13 @@ def _jsonable(value: Any) -> Any:
 
 def result_dicts(rows: Iterable[ResultRow]) -> list[dict[str, Any]]:
     # Field by field rather than asdict(), which deep-copies every value: 10x slower on the API's pages.
-    return [{k: _jsonable(getattr(row, k)) for k in RESULT_FIELDS} for row in rows]
+    out = []
+    for row in rows:
+        shown = {k: _jsonable(getattr(row, k)) for k in RESULT_FIELDS}
+        if row.no_samples:
+            shown["value"] = None  # not the NaN stored for it: a mean over nothing has no value
+        out.append(shown)
+    return out
 
 
 RESULT_FIELDS = (
@@ -75,7 +81,10 @@ RESULT_FIELDS = (
     "n",
     "stderr",
     "evaluated_at",
+    "no_samples",
 )
+#: The value cell of a metric over no samples (``n = 0``), in tables and status.
+NO_SAMPLES = "no samples"
 
 
 def results(rows: Sequence[ResultRow], fmt: Format) -> str:
@@ -88,7 +97,11 @@ def results(rows: Sequence[ResultRow], fmt: Format) -> str:
         writer.writeheader()
         writer.writerows(dicts)
         return buffer.getvalue().rstrip("\n")
-    return table(RESULT_FIELDS, ([getattr(r, f) for f in RESULT_FIELDS] for r in rows))
+    headers = RESULT_FIELDS[:-1]  # the value cell says it
+    return table(
+        headers,
+        ([NO_SAMPLES if f == "value" and r.no_samples else getattr(r, f) for f in headers] for r in rows),
+    )
 
 
 CheckpointKey = tuple[str, int | None, str, str]
@@ -111,11 +124,13 @@ def status(
     max_attempts: int | None = None,
     ignored: Sequence[IgnoredRow] = (),
     alternates: Sequence[AlternateRow] = (),
+    latest: Sequence[ResultRow] = (),
 ) -> dict[str, Any]:
     """Per run: counts by state, the frequency and when the next checkpoint is due, the queue by
     priority, every deferred job, waiting and skipped checkpoint with its reason, and every job that is
     being retried or failed with its attempts (of ``max_attempts``) and its last error; the folders
-    discovery did not take, with why, and the other shapes of evaluated steps (alternates)."""
+    discovery did not take, with why, and the other shapes of evaluated steps (alternates); the metrics
+    whose newest result (of ``latest``) was computed over no samples."""
     out: dict[str, Any] = {}
     for run in runs:
         run_checkpoints = [c for c in checkpoints if c.run == run]
@@ -165,6 +180,12 @@ def status(
                 for j in run_jobs
                 if j.state in RETRYING_STATES and j.attempts > 0 and j.error is not None
             ],
+            # Still being written, or incomplete until invalid_after_secs: newer ones are not held back.
+            "not_ready": [
+                {"checkpoint": c.name, "step": c.step, "reason": c.reason}
+                for c in run_checkpoints
+                if c.state == "discovered"
+            ],
             "waiting": [_plan(p) for p in run_plans if p.plan == "waiting"],
             "skipped": [_plan(p) for p in run_plans if p.plan == "skipped"],
             "problems": [
@@ -196,6 +217,17 @@ def status(
                 {"job": j.id, "step": j.step, "task": j.task, "stage": j.stage, "inputs": j.problems}
                 for j in run_jobs
                 if j.problems
+            ],
+            "no_samples": [
+                {
+                    "step": r.step,
+                    "checkpoint": r.checkpoint,
+                    "task": r.task,
+                    "stage": r.stage,
+                    "metric": r.metric,
+                }
+                for r in latest
+                if r.run == run and r.no_samples
             ],
             "ignored": [{"folder": i.name, "reason": i.reason} for i in ignored if i.run == run],
             "alternates": [
@@ -311,6 +343,8 @@ def status_text(summary: Mapping[str, Any]) -> str:
                 f"  retrying:    {where}: {job['state']}, {_attempts(job['attempts'], job['max_attempts'])} "
                 f"so far; last error {job['kind']}: {error}"
             )
+        for folder in info.get("not_ready", []):
+            lines.append(f"  not ready:   {folder['checkpoint']}: {folder['reason'] or 'being written'}")
         for plan in info.get("waiting", []):
             lines.append(f"  waiting:     {plan['checkpoint']}: {plan['reason']}")
         skipped = info.get("skipped", [])
@@ -337,6 +371,12 @@ def status_text(summary: Mapping[str, Any]) -> str:
             where = f"step {_cell(job['step'])} [{job['task']}/{job['stage']}] (job {job['job']})"
             lines.append(
                 f"  left out:    {where}: {job['inputs']} input(s) with problems (see `evald samples`)"
+            )
+        for row in info.get("no_samples", []):
+            where = f"{row['metric']} [{row['task']}/{row['stage']}] at step {_cell(row['step'])}"
+            lines.append(
+                f"  {NO_SAMPLES}:  {where} ({row['checkpoint']}), the newest evaluated: "
+                "computed over no samples (n = 0)"
             )
         for folder in info.get("ignored", []):
             lines.append(f"  ignored:     {folder['folder']}: {folder['reason']}")

@@ -154,13 +154,23 @@ def waiting(session: Session, run_id: int) -> list[PlanCandidate]:
     return _candidates(session, Checkpoint.run_id == run_id, Checkpoint.plan == Plan.WAITING)
 
 
-def lowest_unsettled_step(session: Session, run_id: int) -> int | None:
-    """The lowest step still being written: newer checkpoints wait for it, so plans follow step order."""
-    return session.scalar(
-        select(func.min(Checkpoint.step)).where(
-            Checkpoint.run_id == run_id, Checkpoint.state == CheckpointState.DISCOVERED
+def due_before(session: Session, run_id: int, step: int) -> tuple[int, int | None] | None:
+    """The step and epoch of the run's highest-step checkpoint planned due below ``step``: what a
+    checkpoint that became ready late is judged against."""
+    row = session.execute(
+        select(Checkpoint.step, Checkpoint.epoch)
+        .where(
+            Checkpoint.run_id == run_id,
+            Checkpoint.plan == Plan.DUE,
+            Checkpoint.step.is_not(None),
+            Checkpoint.step < step,
         )
-    )
+        .order_by(Checkpoint.step.desc())
+        .limit(1)
+    ).first()
+    if row is None or row.step is None:
+        return None
+    return row.step, row.epoch
 
 
 def newest_checkpoint(session: Session, run_id: int) -> PlanCandidate | None:

@@ -126,6 +126,7 @@ def test_results_in_every_format(
             "n",
             "stderr",
             "evaluated_at",
+            "no_samples",
         }
     ] * 2
     assert (rows[0]["metric"], rows[0]["value"], rows[0]["n"], rows[0]["step"]) == ("accuracy", 0.25, 4, 5)

@@ -199,14 +199,56 @@ def test_a_crash_between_any_two_checkpoints_changes_nothing(
     assert b.due() == [20, 40, 60, 80]
 
 
-def test_a_newer_checkpoint_waits_for_an_older_one_still_being_written(bench: Callable[..., Bench]) -> None:
+def test_an_older_checkpoint_still_incomplete_holds_no_newer_one_back(bench: Callable[..., Bench]) -> None:
+    """step_20 is still incomplete (a missing shard, a crashed save) when step_30 is ready: step_30 is
+    planned at once, not after invalid_after_secs. When step_20 does become ready it is judged against
+    the evaluated checkpoint before it (none: the run's start), as it would have been in step order."""
     b = bench(freq_steps=20)
     b.record(20, state=CheckpointState.DISCOVERED)
+    assert b.ready(30) == 1
+    assert b.plans()[30] == ("due", "30 steps since step 0, freq_steps=20")
+    b.ready(40)
+    assert b.plans()[40] == ("skipped", "not due: 10 steps since step 30, freq_steps=20")
+    b.ready(20)
+    assert b.due() == [20, 30]
+    assert b.plans()[20] == ("due", "ready after step 30 was planned: 20 steps since step 0, freq_steps=20")
+    b.ready(50)  # the newest evaluated step still counts for what comes next
+    assert b.plans()[50] == ("due", "20 steps since step 30, freq_steps=20")
+
+
+@pytest.mark.parametrize(
+    ("run", "scheduling", "expected"),
+    [
+        ({}, {}, ("due", "ready after step 40 was planned: every checkpoint is due (no frequency set)")),
+        (
+            {"freq_steps": 20},
+            {},
+            ("skipped", "not due: ready after step 40 was planned: 10 steps since step 20, freq_steps=20"),
+        ),
+        (
+            {"freq_secs": 600},
+            {},
+            ("skipped", "not due: ready after step 40 was planned (the time trigger takes the newest)"),
+        ),
+        (
+            {},
+            {"backlog": "newest_only"},
+            ("skipped", "not due: ready after step 40 was planned (backlog = newest_only takes the newest)"),
+        ),
+    ],
+)
+def test_a_late_checkpoint_is_judged_by_the_run_policy(
+    bench: Callable[..., Bench], run: dict[str, Any], scheduling: dict[str, Any], expected: tuple[str, str]
+) -> None:
+    b = bench(scheduling=scheduling, **run)
+    b.record(30, state=CheckpointState.DISCOVERED)
+    for step in (20, 40):
+        b.ready(step)
+    if "freq_secs" in run:
+        b.advance(700)
     b.ready(30)
-    assert b.plans() == {}
-    b.ready(20)  # settled: both are planned, in step order
-    assert b.due() == [20]
-    assert b.plans()[30] == ("skipped", "not due: 10 steps since step 20, freq_steps=20")
+    assert b.plans()[30] == expected
+    assert (30 in [j.step for j in b.jobs()]) is (expected[0] == "due")
 
 
 def _claim_order(

@@ -325,7 +325,7 @@ def test_cli_results_filters_as_the_api_does(
         (["--step-min", "40", "--step-max", "20"], "--step-min: 40 is above step_max 20"),
         (["--steps", "20-40"], "--steps: '20-40' is not A:B"),
         (["--steps", "1:2", "--step-min", "1"], "--steps: give --steps A:B or --step-min/--step-max"),
-        (["--step-min", "-5"], "--step-min: -5 is below 0"),
+        (["--step-min", "-5"], "--step-min: -5 is outside 0..2147483647"),
     ):
         assert main([*base, *flags]) == 2, flags
         assert capsys.readouterr().err.startswith(f"evald: {where}"), flags

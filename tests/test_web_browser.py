@@ -535,6 +535,15 @@ def test_dashboard_axes_scales_zoom_tooltip_sections_groups_runs_and_downloads(
         gap = f'{EMPTY} circle.pt[data-run="grpo-s1"][data-step="{dashboard_data.EMPTY_STEP}"]'
         assert page.locator(gap).count() == 0
         assert _domain(page, EMPTY)[2] > 100  # the scale does not reach down to a fake 0
+        # Not a silent gap: a mark on the axis at that step, and the note names the step (issue 31).
+        mark = page.locator(
+            f'{EMPTY} circle.no-samples[data-run="grpo-s1"][data-step="{dashboard_data.EMPTY_STEP}"]'
+        )
+        assert mark.count() == 1
+        assert "no samples (n = 0)" in (mark.locator("title").text_content() or "")
+        note = page.inner_text(f"{EMPTY} .legend .note")
+        assert f"no samples (n = 0), so no value, at step {dashboard_data.EMPTY_STEP} (grpo-s1)" in note, note
+        page.locator(EMPTY).screenshot(path=str(_shots(tmp_path) / "no-samples.png"))
 
         # The alert's marker at its onset, its bar to the last step it was seen at.
         alert = dashboard.api.get("/api/v1/alerts", params={"run": "grpo-s1"}).json()["items"][0]

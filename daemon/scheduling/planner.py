@@ -2,8 +2,11 @@
 
 Every verdict is stored on the checkpoint with its reason (``not due: 10 steps since step 40,
 freq_steps=20``), and the verdict, the counters it resets and the jobs it creates commit in one
-transaction. Checkpoints are planned in step order and a newer one waits while an older one is still
-being written, so the same checkpoints are chosen whatever the timing of discoveries and restarts.
+transaction. Ready checkpoints are planned in step order, and a folder still incomplete holds nothing
+back: a newer ready checkpoint is planned at once (a crashed save or a missing shard must not stall a run
+for ``invalid_after_secs``). An older one that becomes ready later is judged against the evaluated
+checkpoint before it, not the newest (see :meth:`Planner._late`), so it is evaluated where it would have
+been in step order, and queued by the backlog policy.
 """
 
 from __future__ import annotations
@@ -129,7 +132,6 @@ class Planner:
             )
             for run in runs
         }
-        self._held: dict[str, int | None] = {}
         now = clock()
         with database.session() as session:
             for policy in self.policies.values():
@@ -202,17 +204,11 @@ class Planner:
         schedule = store.load_schedule(session, policy.run_id)
         candidates = store.unplanned(session, policy.run_id)
         now = self._clock()
-        hold_from = store.lowest_unsettled_step(session, policy.run_id)
         created = 0
         for candidate in candidates:
             if policy.is_base(candidate):
                 created += self._make_due(session, policy, schedule, candidate, "eval_before_train", now)
                 continue
-            if candidate.step is not None and hold_from is not None and candidate.step > hold_from:
-                if self._held.get(policy.name) != hold_from:
-                    log.info("checkpoint.held", run=policy.name, step=candidate.step, until_step=hold_from)
-                    self._held[policy.name] = hold_from
-                break
             created += self._isolated(session, policy, schedule, candidate, now)
         store.save_schedule(session, schedule, now)
         return created
@@ -249,6 +245,10 @@ class Planner:
         candidate: store.PlanCandidate,
         now: datetime,
     ) -> int:
+        epoch = frequency.epoch_of(candidate.step, candidate.epoch, policy.config.steps_per_epoch)
+        step = candidate.step
+        if step is not None and step < schedule.anchor_step and not policy.is_final(step):
+            return self._late(session, policy, schedule, candidate, step, epoch, now)
         if candidate.step is not None:
             # The time trigger only ever takes the newest checkpoint: older waiting ones are done for.
             reason = f"not due: superseded by step {candidate.step} (the time trigger takes the newest)"
@@ -261,7 +261,6 @@ class Planner:
         if policy.is_final(candidate.step):
             final = f"final step (final_step={policy.config.final_step})"
             return self._make_due(session, policy, schedule, candidate, final, now, final=final)
-        epoch = frequency.epoch_of(candidate.step, candidate.epoch, policy.config.steps_per_epoch)
         decision = frequency.decide(
             policy.effective(schedule), _anchor(schedule), step=candidate.step, epoch=epoch, now=now
         )
@@ -270,6 +269,46 @@ class Planner:
         plan = Plan.WAITING if decision.verdict is frequency.Verdict.WAITING else Plan.SKIPPED
         store.set_plan(session, candidate.id, plan, decision.reason, now)
         log.info(f"checkpoint.{plan.value}", run=policy.name, step=candidate.step, reason=decision.reason)
+        return 0
+
+    def _late(
+        self,
+        session: Session,
+        policy: RunPolicy,
+        schedule: store.Schedule,
+        candidate: store.PlanCandidate,
+        step: int,
+        epoch: int | None,
+        now: datetime,
+    ) -> int:
+        """A checkpoint that became ready after a newer one was planned (it was incomplete, or copied in
+        late): judged by its step and epoch against the evaluated checkpoint before it, as it would have
+        been in step order. The time trigger takes only the newest, so it plays no part here."""
+        newest = schedule.anchor_step
+        triggers = policy.effective(schedule)
+        if policy.backlog == "newest_only":
+            why = f"not due: ready after step {newest} was planned (backlog = newest_only takes the newest)"
+            self._skip(session, policy, [candidate], why, now)
+            return 0
+        if not triggers.every_checkpoint and triggers.steps is None and triggers.epochs is None:
+            why = f"not due: ready after step {newest} was planned (the time trigger takes the newest)"
+            self._skip(session, policy, [candidate], why, now)
+            return 0
+        before = store.due_before(session, policy.run_id, step)
+        anchor = frequency.Anchor(step=0, epoch=0, at=now)
+        if before is not None:
+            before_epoch = frequency.epoch_of(*before, policy.config.steps_per_epoch)
+            anchor = frequency.Anchor(step=before[0], epoch=before_epoch or 0, at=now)
+        decision = frequency.decide(
+            dataclasses.replace(triggers, secs=None), anchor, step=step, epoch=epoch, now=now
+        )
+        if decision.verdict is frequency.Verdict.DUE:
+            reason = f"ready after step {newest} was planned: {decision.reason}"
+            return self._make_due(session, policy, schedule, candidate, reason, now)
+        shown = decision.reason.removeprefix("not due: ")
+        self._skip(
+            session, policy, [candidate], f"not due: ready after step {newest} was planned: {shown}", now
+        )
         return 0
 
     def _skip(

@@ -122,6 +122,18 @@ class DatabaseCollector(Collector):
                 value.add_metric([row.run, row.task, row.stage, row.metric], row.value)
         yield value
 
+        # Beside the value, so "no samples" is a sample too (0), not a series that silently stops.
+        samples = GaugeMetricFamily(
+            "evald_metric_samples",
+            "Samples (n) behind each metric at the newest step evaluated for it; 0: no samples, so "
+            "evald_metric_value has no sample for it there",
+            labels=["run", "task", "stage", "metric"],
+        )
+        for row in latest:
+            if listed(row.run) and row.n is not None:
+                samples.add_metric([row.run, row.task, row.stage, row.metric], row.n)
+        yield samples
+
         stamp = GaugeMetricFamily(
             "evald_last_result_timestamp_seconds",
             "Unix time the newest result of the run's task was stored",

@@ -6,44 +6,25 @@ silently unfiltered answer.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from starlette.datastructures import QueryParams
 
+from daemon import filter_values
+from daemon.filter_values import MAX_INT, ValueRefused, shown, step_range_problem
+
 #: Rows one page may hold; a larger ``limit`` is refused (400), not silently cut.
 MAX_LIMIT = 10_000
 DEFAULT_LIMIT = 1_000
-#: The longest text a filter may be (run names are at most 200 characters in the database).
-MAX_TEXT = 500
-#: The largest step or offset accepted (PostgreSQL's integer; larger would be a database error).
-MAX_INT = 2**31 - 1
-
-
-#: Plain ASCII digits (``str.isdigit`` also takes "²" and other digits ``int`` refuses).
-INTEGER = re.compile(r"-?[0-9]{1,12}")
 
 
 def check_text(name: str, value: str) -> str:
-    """``value`` if it is text a name could be: not empty, not too long, no control characters."""
-    if not value:
-        raise bad(name, "empty (leave it out to mean any)")
-    if len(value) > MAX_TEXT:
-        raise bad(name, f"longer than {MAX_TEXT} characters")
-    # Undecodable bytes arrive as U+FFFD; NUL and other control characters no name contains (and
-    # PostgreSQL refuses NUL in text outright).
-    if "\ufffd" in value or any(ord(c) < 32 or ord(c) == 127 for c in value):
-        raise bad(name, "not valid UTF-8 text, or holds control characters")
-    return value
-
-
-def step_range_problem(step_min: int | None, step_max: int | None) -> str | None:
-    """Why an inclusive step range is refused (the lower bound above the upper), or None: the one rule
-    the API's routes and ``evald results --step-min/--step-max`` share."""
-    if step_min is not None and step_max is not None and step_min > step_max:
-        return f"{step_min} is above step_max {step_max}"
-    return None
+    """``value`` if it is text a name could be (:func:`daemon.filter_values.check_text`, the CLI's rule)."""
+    try:
+        return filter_values.check_text(value)
+    except ValueRefused as exc:
+        raise bad(name, str(exc)) from None
 
 
 class ApiError(Exception):
@@ -87,19 +68,17 @@ class Params:
     def choice(self, name: str, choices: Sequence[str]) -> str | None:
         value = self.text(name)
         if value is not None and value not in choices:
-            raise bad(name, f"{value[:60]!r} is not one of {', '.join(choices)}")
+            raise bad(name, f"{shown(value)} is not one of {', '.join(choices)}")
         return value
 
     def integer(self, name: str, *, minimum: int = 0, maximum: int = MAX_INT) -> int | None:
         value = self.values.get(name)
         if value is None:
             return None
-        if not INTEGER.fullmatch(value):
-            raise bad(name, f"{value[:60]!r} is not an integer")
-        number = int(value)
-        if not minimum <= number <= maximum:
-            raise bad(name, f"{number} is outside {minimum}..{maximum}")
-        return number
+        try:
+            return filter_values.parse_integer(value, minimum=minimum, maximum=maximum)
+        except ValueRefused as exc:
+            raise bad(name, str(exc)) from None
 
     def boolean(self, name: str) -> bool:
         value = self.values.get(name)
@@ -110,7 +89,7 @@ class Params:
             return True
         if lowered in ("0", "false", "no", "off"):
             return False
-        raise bad(name, f"{value[:60]!r} is not a boolean (true or false)")
+        raise bad(name, f"{shown(value)} is not a boolean (true or false)")
 
     def step_range(self) -> tuple[int | None, int | None]:
         """``step_min`` and ``step_max`` (inclusive), refused when the lower is above the upper: every

@@ -34,6 +34,11 @@ class ResultRow:
     stderr: float | None
     evaluated_at: datetime
 
+    @property
+    def no_samples(self) -> bool:
+        """A metric computed over no samples (``n = 0``): its stored value is no number, whatever it is."""
+        return self.n == 0
+
 
 def _result_select() -> Select[*tuple[Any, ...]]:
     return (

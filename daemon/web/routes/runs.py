@@ -12,9 +12,10 @@ from starlette.routing import BaseRoute, Route
 
 from daemon import curves, report
 from daemon.errors import SmoothingError
+from daemon.filter_values import INTEGER, MAX_INT
 from daemon.smoothing import parse_smoothing
 from daemon.web.context import context
-from daemon.web.params import INTEGER, MAX_INT, PAGE, STEPS, ApiError, Params, bad
+from daemon.web.params import PAGE, STEPS, ApiError, Params, bad
 from daemon.web.responses import JSON, envelope, page
 from daemon.web.routes.common import require_filters, require_run, step_hint
 from storage import alerting, queries
@@ -102,6 +103,8 @@ def series(request: Request) -> JSON:
                 "value": curve.values,
                 "stderr": curve.stderrs,
                 "n": [p.n for p in curve.points],
+                # The steps whose value is no number because it was computed over no samples (n = 0).
+                "no_samples": [p.step for p in curve.points if p.n == 0],
                 "checkpoint": [p.checkpoint for p in curve.points],
                 # When each result was stored (Unix seconds): the dashboard's wall-time x axes.
                 "time": [

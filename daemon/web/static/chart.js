@@ -222,6 +222,16 @@ export function drawChart(card, model, handlers) {
       }
     }
   }
+  for (const t of model.traces) {
+    if (t.kind === "member") continue;
+    // A metric over no samples (n = 0) has no value to draw: a hollow mark on the x axis at its step says
+    // so where the line breaks, rather than a silent gap.
+    for (const p of t.points) {
+      if (p.n !== 0 || Number.isFinite(p.y) || !inX(p.x)) continue;
+      const mark = el("circle", { class: "no-samples", cx: xs.to(p.x).toFixed(1), cy: top + plotH - 5, r: 4, fill: "#ffffff", stroke: t.color, "stroke-width": 1.5, "stroke-dasharray": "2 1.5", "data-run": t.run ?? t.name, "data-step": p.step }, svg);
+      el("title", {}, mark).textContent = `${t.name} step ${p.step}: no samples (n = 0), no value`;
+    }
+  }
   Object.assign(svg.dataset, { x0: dom.x[0], x1: dom.x[1], y0: dom.y[0], y1: dom.y[1], skipped, clipped });
   el("g", { class: "hover" }, svg);
   el("rect", { class: "zoom-sel", x: 0, y: 0, width: 0, height: 0, fill: "#1f77b4", opacity: 0.12, visibility: "hidden" }, svg);

@@ -541,8 +541,11 @@ function drawCard(node, meta, width) {
     span.append(item.label);
   }
   const notes = [];
-  const missing = model.traces.filter((t) => t.kind !== "group").reduce((a, t) => a + t.points.filter((p) => !Number.isFinite(p.y)).length, 0);
-  if (missing) notes.push(`${missing} point${missing > 1 ? "s" : ""} without a value (no samples, or not a number) left out`);
+  const own = model.traces.filter((t) => t.kind !== "group" && t.kind !== "member");
+  const empty = own.flatMap((t) => t.points.filter((p) => p.n === 0 && !Number.isFinite(p.y)).map((p) => `step ${p.step} (${t.name})`));
+  if (empty.length) notes.push(`no samples (n = 0), so no value, at ${empty.slice(0, 4).join(", ")}${empty.length > 4 ? ` and ${empty.length - 4} more` : ""} (○ on the axis)`);
+  const missing = own.reduce((a, t) => a + t.points.filter((p) => !Number.isFinite(p.y) && p.n !== 0).length, 0);
+  if (missing) notes.push(`${missing} point${missing > 1 ? "s" : ""} without a value (not a number) left out`);
   if (drawn && Number(drawn.skipped)) notes.push(`${drawn.skipped} value${drawn.skipped > 1 ? "s" : ""} ≤ 0 not on the log scale`);
   if (drawn && Number(drawn.clipped)) notes.push(`${drawn.clipped} outlier${drawn.clipped > 1 ? "s" : ""} outside the scale (▲▼ at the edge)`);
   if (state.group !== "none") notes.push("band: ± 1 std across the group's runs; faint lines: its runs");
