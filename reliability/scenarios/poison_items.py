@@ -3,7 +3,10 @@
 Into the watched run go, at the same moment as the first good checkpoint: folders named ``step_2147483648``
 (past PostgreSQL's integer), ``step_99999999999999999999`` (past SQLite's) and ``step_-1`` (once read as
 step 1), each a whole toy checkpoint; a checkpoint ``step_6400`` holding a self-referencing symlink
-(``l1 -> l1``); and a symlink ``step_6201`` back to the run root itself. The config also has an lm_eval
+(``l1 -> l1``); a symlink ``step_6201`` back to the run root itself; a checkpoint ``step_6500`` whose
+``model.safetensors`` is a FIFO (an ``open`` of it blocks until a writer comes), one ``step_6600`` whose
+``config.json`` nests 100,000 brackets (a RecursionError in the parser), and a root-level symlink
+``step_6260`` to itself. The config also has an lm_eval
 task (``boxed``) whose two filters, ``boxed-digits`` and ``boxed_digits``, map to one evald metric name;
 its filters are set by the task's Python code, so no reading of the config can know, and each of its jobs
 must fail naming both. Then more good checkpoints arrive one by one (three; none in ``--short``); the
@@ -102,6 +105,9 @@ POISON_FOLDERS = (
     PoisonFolder("step_-1", "a negative step"),
     PoisonFolder("step_6400", "a checkpoint holding a self-referencing symlink"),
     PoisonFolder("step_6201", "a symlink to the run root"),
+    PoisonFolder("step_6500", "a checkpoint whose model.safetensors is a FIFO (a read would block)"),
+    PoisonFolder("step_6600", "a checkpoint whose config.json nests 100,000 brackets"),
+    PoisonFolder("step_6260", "a run-root symlink to itself (step_6260 -> step_6260)"),
 )
 
 
@@ -126,10 +132,18 @@ def write_poison_folders(root: Path, staging: Path) -> None:
         if item.name == "step_6201":
             target.symlink_to(root, target_is_directory=True)
             continue
+        if item.name == "step_6260":
+            target.symlink_to(item.name)
+            continue
         made = staging / item.name
         shutil.copytree(checkpoints.toy_checkpoint(), made)
         if item.name == "step_6400":
             (made / "l1").symlink_to("l1")
+        if item.name == "step_6500":
+            (made / "model.safetensors").unlink()
+            os.mkfifo(made / "model.safetensors")
+        if item.name == "step_6600":
+            (made / "config.json").write_text("[" * 100_000, encoding="utf-8")
         made.rename(target)
 
 
