@@ -69,6 +69,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.grading_throughput
 	$(BIN)/python -m bench.grading_share
 	$(BIN)/python -m bench.detector_quality
+	$(BIN)/python -m bench.judging
 	$(BIN)/python -m bench.alert_latency
 	$(BIN)/python -m bench.api_latency --browser
 	$(BIN)/python -m bench.metrics_scrape

@@ -31,11 +31,12 @@ def judge(
     directions: Mapping[str, bool | None],
     settings: Settings = DEFAULTS,
     thresholds: Mapping[str, Bounds] | None = None,
+    since: int | None = None,
 ) -> dict[int, list[Finding]]:
     """Findings at every step of ``series`` (metric name → points in step order), each step judged on the
     points up to it; keys in step order, an empty list where nothing fired. A metric's ``directions``
     entry says which way is better (``None``: no good direction, any jump counts); ``thresholds`` are the
-    absolute bounds configured per metric."""
+    absolute bounds configured per metric; with ``since``, only the steps from it on are judged."""
     s = settings
     found: dict[int, list[Finding]] = {}
     crossed: dict[int, list[Finding]] = {}
@@ -47,6 +48,8 @@ def judge(
         minimum, maximum = (thresholds or {}).get(metric, (None, None))
         for k, view in _views(points, s.window):
             step = points[k].step
+            if since is not None and step < since:
+                continue
             here = found.setdefault(step, [])
             at_step.setdefault(step, {})[metric] = view
             bad = non_finite(metric, view)
@@ -78,8 +81,11 @@ def detect(
     settings: Settings = DEFAULTS,
 ) -> list[Finding]:
     """Findings at the newest step of ``series`` (see :func:`judge`)."""
-    judged = judge(series, directions, settings)
-    return judged[max(judged)] if judged else []
+    ends = [points[-1].step for points in series.values() if points]
+    if not ends:
+        return []
+    newest = max(ends)
+    return judge(series, directions, settings, since=newest).get(newest, [])
 
 
 def _views(points: Sequence[Point], window: int) -> Iterator[tuple[int, Sequence[Point]]]:
