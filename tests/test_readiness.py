@@ -129,6 +129,24 @@ def test_decide_needs_a_quiet_period_or_the_marker() -> None:
     assert _decide(incomplete, 0, marker="COMPLETE", present=True) is Decision.INVALID
 
 
+def test_a_final_refusal_needs_no_quiet_period(single: Path, tmp_path: Path) -> None:
+    """A FIFO where the weights should be is refused at its first look (one line, no "discovered" before
+    it); a corrupt header still waits for the quiet period, as a half-written file looks corrupt."""
+    import os
+    import shutil
+
+    folder = tmp_path / "step_10"
+    shutil.copytree(single, folder)
+    (folder / "model.safetensors").unlink()
+    os.mkfifo(folder / "model.safetensors")
+    verdict = inspect(folder, take_snapshot(folder), "hf")
+    assert verdict.final and "FIFO" in verdict.reason
+    timing = {"quiet_secs": 2.0, "invalid_after_secs": 300.0, "marker": None, "marker_present": False}
+    assert decide(verdict, quiet_for=0.0, **timing).decision is Decision.INVALID  # type: ignore[arg-type]
+    corrupt = Verdict(Readiness.INVALID, "corrupt header")
+    assert decide(corrupt, quiet_for=0.0, **timing).decision is Decision.WAIT  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     ("name", "expected"),
     [

@@ -73,6 +73,11 @@ def replaced(source: Path, target: Path, name: str, make: Callable[[Path], objec
     return target
 
 
+def refused(reason: str) -> Verdict:
+    """A refusal: invalid at once, whatever the quiet period (a final verdict)."""
+    return Verdict(Readiness.INVALID, reason, final=True)
+
+
 def judged(directory: Path, layout: str = "hf", settings: LayoutSettings | None = None) -> Verdict:
     """The verdict the daemon's discovery gets, failing the test if it blocks."""
     return promptly(lambda: layouts.inspect(directory, take_snapshot(directory), layout, settings))
@@ -149,11 +154,11 @@ def test_a_fifo_in_a_checkpoint_makes_it_invalid_by_name(
     good: Path, tmp_path: Path, name: str, what: str
 ) -> None:
     folder = replaced(good, tmp_path / "step_20", name, os.mkfifo)
-    assert judged(folder) == Verdict(Readiness.INVALID, f"{name} is {what}, not a regular file")
+    assert judged(folder) == refused(f"{name} is {what}, not a regular file")
     # The layout's own read refuses it too (the loader and `evald eval` call it directly).
     if name != "tokenizer.json":
         verdict = promptly(lambda: layouts.hf.inspect(folder, take_snapshot(folder)))
-        assert verdict == Verdict(Readiness.INVALID, f"{name} is {what}, not a regular file")
+        assert verdict == refused(f"{name} is {what}, not a regular file")
     assert judged(good) == Verdict.complete()
 
 
@@ -161,29 +166,25 @@ def test_a_socket_or_device_in_a_checkpoint_makes_it_invalid_by_name(good: Path,
     folder = copy_checkpoint(good, short_dir / "step_30")
     (folder / SINGLE_FILE).unlink()
     with listening_socket(folder / SINGLE_FILE):
-        assert judged(folder) == Verdict(Readiness.INVALID, f"{SINGLE_FILE} is a socket, not a regular file")
+        assert judged(folder) == refused(f"{SINGLE_FILE} is a socket, not a regular file")
     (folder / SINGLE_FILE).unlink()
     (folder / SINGLE_FILE).symlink_to("/dev/zero")
-    assert judged(folder) == Verdict(
-        Readiness.INVALID, f"{SINGLE_FILE} is a character device, not a regular file"
-    )
+    assert judged(folder) == refused(f"{SINGLE_FILE} is a character device, not a regular file")
 
 
 def test_deep_json_in_config_index_and_header_makes_it_invalid_by_name(good: Path, tmp_path: Path) -> None:
     config = replaced(good, tmp_path / "step_40", CONFIG_FILE, lambda p: p.write_text(DEEP))
-    assert judged(config) == Verdict(Readiness.INVALID, f"config.json {files.TOO_DEEP}")
+    assert judged(config) == refused(f"config.json {files.TOO_DEEP}")
     index = replaced(good, tmp_path / "step_50", INDEX_FILE, lambda p: p.write_text(DEEP))
-    assert judged(index) == Verdict(Readiness.INVALID, f"{INDEX_FILE} {files.TOO_DEEP}")
+    assert judged(index) == refused(f"{INDEX_FILE} {files.TOO_DEEP}")
 
     def deep_header(path: Path) -> None:
         header = ("[" * 100_000).encode()
         path.write_bytes(struct.pack("<Q", len(header)) + header)
 
     header = replaced(good, tmp_path / "step_60", SINGLE_FILE, deep_header)
-    assert judged(header) == Verdict(
-        Readiness.INVALID,
-        f"{SINGLE_FILE}: header {files.TOO_DEEP}",
-    )
+    # A shard's header is judged as a whole file's (a half-written one looks corrupt): not final.
+    assert judged(header) == Verdict(Readiness.INVALID, f"{SINGLE_FILE}: header {files.TOO_DEEP}")
     assert judged(good) == Verdict.complete()
 
 
@@ -202,20 +203,18 @@ def test_trainer_state_deepspeed_latest_verl_tracker_and_dcp_metadata(good: Path
     # hf_trainer: trainer_state.json nested too deep (it is read first, the Trainer writes it last).
     trainer = copy_checkpoint(good, tmp_path / "trainer" / "checkpoint-10")
     (trainer / "trainer_state.json").write_text(DEEP)
-    assert judged(trainer, "hf_trainer") == Verdict(Readiness.INVALID, f"trainer_state.json {files.TOO_DEEP}")
+    assert judged(trainer, "hf_trainer") == refused(f"trainer_state.json {files.TOO_DEEP}")
     # DeepSpeed: `latest` beside the tag folder is a FIFO, named by its path (it lies outside the folder).
     save_dir = tmp_path / "ds"
     (save_dir / "global_step10").mkdir(parents=True)
     (save_dir / "global_step10" / "mp_rank_00_model_states.pt").write_bytes(b"PK")
     os.mkfifo(save_dir / "latest")
     tag = save_dir / "global_step10"
-    assert judged(tag, "deepspeed") == Verdict(
-        Readiness.INVALID, f"{save_dir / 'latest'} is a FIFO, not a regular file"
-    )
+    assert judged(tag, "deepspeed") == refused(f"{save_dir / 'latest'} is a FIFO, not a regular file")
     # A save_dir whose `latest` is a FIFO: recognised, refused by name, its step from its name.
     ds = layouts.get("deepspeed")
     assert promptly(lambda: ds.recognise(save_dir, take_snapshot(save_dir)))
-    assert judged(save_dir, "deepspeed") == Verdict(Readiness.INVALID, "latest is a FIFO, not a regular file")
+    assert judged(save_dir, "deepspeed") == refused("latest is a FIFO, not a regular file")
     # verl: latest_checkpointed_iteration.txt is a FIFO.
     verl_root = tmp_path / "verl"
     step = copy_checkpoint(good, verl_root / "global_step_10" / "actor" / "huggingface").parents[1]
@@ -227,9 +226,9 @@ def test_trainer_state_deepspeed_latest_verl_tracker_and_dcp_metadata(good: Path
     dcp = tmp_path / "dcp" / "step_10"
     dcp.mkdir(parents=True)
     os.mkfifo(dcp / ".metadata")
-    refused = Verdict(Readiness.INVALID, ".metadata is a FIFO, not a regular file")
-    assert promptly(lambda: layouts.get("dcp").inspect(dcp, take_snapshot(dcp), LayoutSettings())) == refused
-    assert judged(dcp, "dcp") == refused
+    refusal = refused(".metadata is a FIFO, not a regular file")
+    assert promptly(lambda: layouts.get("dcp").inspect(dcp, take_snapshot(dcp), LayoutSettings())) == refusal
+    assert judged(dcp, "dcp") == refusal
 
 
 def test_the_worker_refuses_a_deep_index_as_an_invalid_checkpoint(good: Path, tmp_path: Path) -> None:

@@ -36,8 +36,11 @@ def decide(
 
     With a marker the trainer has said the checkpoint is done, so whatever is wrong is final. Without one,
     a directory must stay unchanged for ``quiet_secs`` before it is read, and one that stays incomplete and
-    unchanged for ``invalid_after_secs`` is given up on.
+    unchanged for ``invalid_after_secs`` is given up on. A final verdict (a file no trainer writes, such as
+    a FIFO) is refused at once.
     """
+    if verdict.readiness is Readiness.INVALID and verdict.final:
+        return Outcome(Decision.INVALID, verdict.reason)
     if marker is not None:
         if not marker_present:
             return Outcome(Decision.WAIT, f"marker {marker} not written yet")

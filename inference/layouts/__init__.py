@@ -112,6 +112,7 @@ def inspect(
         return Verdict(
             Readiness.INVALID,
             f"{special[0].relpath} is {files.kind(special[0].file_type)}, not a regular file",
+            final=True,
         )
     try:
         return chosen.inspect(directory, snapshot, settings or LayoutSettings())

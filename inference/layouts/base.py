@@ -38,6 +38,9 @@ class Shape(enum.StrEnum):
 class Verdict:
     readiness: Readiness
     reason: str
+    #: Invalid whatever comes next (a FIFO, JSON nested too deep): refused at once, not after the quiet
+    #: period that lets a half-written file look corrupt for a moment.
+    final: bool = False
 
     @classmethod
     def complete(cls) -> Verdict:

@@ -130,7 +130,7 @@ def shown(path: PurePath, directory: Path) -> str:
 
 def refusal(directory: Path, exc: FileRefused) -> Verdict:
     """The folder's final verdict for a file of it refused: ``invalid``, naming the file."""
-    return Verdict(Readiness.INVALID, f"{shown(exc.path, directory)} {exc.problem}")
+    return Verdict(Readiness.INVALID, f"{shown(exc.path, directory)} {exc.problem}", final=True)
 
 
 def judged(
