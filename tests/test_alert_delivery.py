@@ -70,8 +70,10 @@ def test_alerts_survive_a_receiver_outage_and_a_killed_daemon(
     # Nobody listens: every checkpoint is still evaluated, and every alert waits in the outbox.
     wait_for(lambda: all_jobs_done(database, len(steps)), 240, "every job evaluated", first.process)
     # The relay keeps trying the run's first alert; the later ones wait behind it (a run's alerts in order).
+    # How many notices the episode made depends on the order the backlog ran in (a late result inside the
+    # episode is no news): one at least, and one per checkpoint at most.
     wait_for(
-        lambda: (len(outbox(database)) == len(steps) and outbox(database)[0][2] >= 2) or None,
+        lambda: (1 <= len(outbox(database)) <= len(steps) and outbox(database)[0][2] >= 2) or None,
         30,
         "the relay to have retried the first alert",
         first.process,
@@ -83,7 +85,7 @@ def test_alerts_survive_a_receiver_outage_and_a_killed_daemon(
         WebhookReceiver(SECRET, port=port) as receiver,
         running_daemon(config, tmp_path / "daemon-2.log", ENV),
     ):
-        delivered = receiver.wait_for(len(steps), timeout=60)
+        delivered = receiver.wait_for(len(outbox(database)), timeout=60)
         attempts = receiver.attempts
         # The receiver answered before the relay wrote "delivered" down.
         wait_for(
@@ -94,7 +96,7 @@ def test_alerts_survive_a_receiver_outage_and_a_killed_daemon(
     assert all(a.error is None for a in attempts)
     assert {state for _, state, _ in queued} == {"delivered"}
     bodies = [json.loads(a.body) for a in delivered]
-    assert [b["rule"] for b in bodies] == ["threshold"] * len(steps)
+    assert [b["rule"] for b in bodies] == ["threshold"] * len(queued)
     # One alert fired at every checkpoint: each notice names its onset (``step``) and the span it has
     # fired over so far; the last spans them all, whichever order the backlog was evaluated in.
     assert all(b["step"] == b["first_step"] <= b["last_step"] for b in bodies)

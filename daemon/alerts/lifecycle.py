@@ -229,9 +229,9 @@ class Alerter:
         now: datetime,
     ) -> Notice | None:
         """Bring the alert of ``fp`` to ``episode``, its latest; the notice to send, if any. A new episode,
-        one that resolved, or one that fires again is sent; a firing one that reached a newer step is sent
-        again after the cooldown or when its severity rose; a late older result that only moves an onset or
-        an end back is recorded without a word."""
+        one that resolved, or one that fires again is sent; a firing one that reached a newer step or whose
+        onset a late older result moved back is sent again after the cooldown or when its severity rose;
+        anything else (a resolved episode's history corrected) is recorded without a word."""
         finding = episode.latest
         alert = alerting.by_fingerprint(session, fp)
         if alert is None:
@@ -243,7 +243,13 @@ class Alerter:
         else:
             same = episode.overlaps(alert.first_step, alert.last_step)
             was_firing = alert.state is AlertState.FIRING
-            newer = alert.last_step is None or episode.last_step > alert.last_step
+            # Reached a newer step, or a late older result moved its onset back: news for a receiver.
+            newer = (
+                alert.last_step is None
+                or alert.first_step is None
+                or episode.last_step > alert.last_step
+                or episode.first_step < alert.first_step
+            )
             rose = SEVERITY_RANK[finding.severity] > SEVERITY_RANK.get(alert.severity, 0)
         if not same:
             notify = True
