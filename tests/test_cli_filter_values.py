@@ -12,10 +12,8 @@ from pathlib import Path
 import pytest
 
 from daemon.cli import main
-from storage import queries
-from storage.database import Database
-from storage.models import CheckpointState
-from tests.harness import upgraded, write_config, write_dataset
+from tests.harness import write_config, write_dataset
+from tests.test_cli import _stored
 
 HUGE = "99999999999999999999"
 UNDECODABLE = "\udcff"  # what Python makes of the byte 0xff in argv
@@ -44,35 +42,6 @@ STEPPED: list[tuple[list[str], str]] = [
     (["export", "lm-eval", "--run", "toy"], "--step"),
     (["samples", "--run", "toy", "--task", "arith"], "--step"),
 ]
-
-
-def _stored(url: str) -> Database:
-    database = upgraded(url)
-    with database.session() as s:
-        run_id = queries.ensure_run(s, "toy", "/r")
-        checkpoint_id = queries.record_checkpoint(
-            s,
-            run_id=run_id,
-            path="/r/step_5",
-            name="step_5",
-            step=5,
-            epoch=None,
-            layout="hf",
-            state=CheckpointState.READY,
-        )
-        queries.enqueue_jobs(s, checkpoint_id=checkpoint_id, step=5, tasks=["arith"])
-        job = queries.claim_next_job(s, "h:1")
-        assert job is not None
-        queries.complete_job(
-            s,
-            job_id=job.id,
-            owner="h:1",
-            duration_s=1.0,
-            load_s=0.1,
-            metrics=[queries.MetricRow("accuracy", 0.25, 4, 0.2165)],
-            samples=[],
-        )
-    return database
 
 
 @pytest.fixture

@@ -203,6 +203,26 @@ def is_bin(name: str) -> bool:
     return not name.endswith(".safetensors")
 
 
+def shard_verdict(name: str, header: ShardHeader | None, size: int | None) -> Verdict | None:
+    """Why the weights file ``name`` (its header read, its size on disk) is not whole yet or never will be;
+    ``None`` when it is (pure)."""
+    if header is None:
+        return Verdict(Readiness.INCOMPLETE, f"{name}: header not read yet")
+    if header.problem is not None:
+        kind = Readiness.INCOMPLETE if header.maybe_partial else Readiness.INVALID
+        return Verdict(kind, f"{name}: {header.problem}")
+    if header.expected_size is not None and size is not None:
+        if size < header.expected_size:
+            return Verdict(
+                Readiness.INCOMPLETE, f"{name}: truncated ({size} of {header.expected_size} bytes)"
+            )
+        if size > header.expected_size:
+            return Verdict(
+                Readiness.INVALID, f"{name}: {size - header.expected_size} bytes past the tensor data"
+            )
+    return None
+
+
 def assess(
     snapshot: Snapshot,
     *,
@@ -231,22 +251,9 @@ def assess(
     if missing:
         return Verdict(Readiness.INCOMPLETE, f"shard {missing[0]} named in {index_file(snapshot)} is missing")
     for shard in shards:
-        header = headers.get(shard)
-        if header is None:
-            return Verdict(Readiness.INCOMPLETE, f"{shard}: header not read yet")
-        if header.problem is not None:
-            kind = Readiness.INCOMPLETE if header.maybe_partial else Readiness.INVALID
-            return Verdict(kind, f"{shard}: {header.problem}")
-        size = snapshot.size(shard)
-        if header.expected_size is not None and size is not None:
-            if size < header.expected_size:
-                return Verdict(
-                    Readiness.INCOMPLETE, f"{shard}: truncated ({size} of {header.expected_size} bytes)"
-                )
-            if size > header.expected_size:
-                return Verdict(
-                    Readiness.INVALID, f"{shard}: {size - header.expected_size} bytes past the tensor data"
-                )
+        problem_verdict = shard_verdict(shard, headers.get(shard), snapshot.size(shard))
+        if problem_verdict is not None:
+            return problem_verdict
     try:
         config = files.parse_json(config_text, CONFIG_FILE) if config_text is not None else None
     except json.JSONDecodeError as exc:

@@ -142,21 +142,9 @@ def assess(
         return state_problem
     if weights is None:
         return Verdict(Readiness.INCOMPLETE, f"no {ADAPTER_WEIGHTS} (or {ADAPTER_BIN}) yet")
-    if header is None:
-        return Verdict(Readiness.INCOMPLETE, f"{weights}: header not read yet")
-    if header.problem is not None:
-        kind = Readiness.INCOMPLETE if header.maybe_partial else Readiness.INVALID
-        return Verdict(kind, f"{weights}: {header.problem}")
-    size = snapshot.size(weights)
-    if header.expected_size is not None and size is not None:
-        if size < header.expected_size:
-            return Verdict(
-                Readiness.INCOMPLETE, f"{weights}: truncated ({size} of {header.expected_size} bytes)"
-            )
-        if size > header.expected_size:
-            return Verdict(
-                Readiness.INVALID, f"{weights}: {size - header.expected_size} bytes past the tensor data"
-            )
+    unwhole = hf.shard_verdict(weights, header, snapshot.size(weights))
+    if unwhole is not None:
+        return unwhole
     _, problem = parse_config(config_text)
     if problem is not None:
         return problem
