@@ -700,7 +700,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         payload: list[dict[str, Any]] = [
             {
                 "task": name,
-                "metrics": {m.name: m.value for m in r.metrics},
+                # None for a metric over no samples (n = 0): no number, not NaN in the JSON.
+                "metrics": {m.name: None if m.n == 0 else m.value for m in r.metrics},
                 "n": {m.name: m.n for m in r.metrics},
                 "stderr": {m.name: m.stderr for m in r.metrics},
                 "problems": [p.model_dump() for p in r.problems],
@@ -709,7 +710,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         ]
         print(json.dumps({"checkpoint": str(Path(args.checkpoint).resolve()), "tasks": payload}, indent=1))
     else:
-        rows = [(name, m.name, m.value, m.n, m.stderr) for name, r in outcomes for m in r.metrics]
+        rows = [
+            (name, m.name, report.NO_SAMPLES if m.n == 0 else m.value, m.n, m.stderr)
+            for name, r in outcomes
+            for m in r.metrics
+        ]
         print(report.table(("task", "metric", "value", "n", "stderr"), rows))
         for name, r in outcomes:
             for problem in r.problems:

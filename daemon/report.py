@@ -107,11 +107,13 @@ def results(rows: Sequence[ResultRow], fmt: Format) -> str:
 CheckpointKey = tuple[str, int | None, str, str]
 
 
-def metrics_by_checkpoint(rows: Iterable[ResultRow]) -> dict[CheckpointKey, dict[str, float]]:
-    """(run, step, checkpoint, task) → {metric: value}: one table row per evaluated checkpoint and task."""
-    grouped: dict[CheckpointKey, dict[str, float]] = {}
+def metrics_by_checkpoint(rows: Iterable[ResultRow]) -> dict[CheckpointKey, dict[str, float | None]]:
+    """(run, step, checkpoint, task) → {metric: value}: one table row per evaluated checkpoint and task;
+    ``None`` for a metric over no samples."""
+    grouped: dict[CheckpointKey, dict[str, float | None]] = {}
     for row in rows:
-        grouped.setdefault((row.run, row.step, row.checkpoint, row.task), {})[row.metric] = row.value
+        value = None if row.no_samples else row.value
+        grouped.setdefault((row.run, row.step, row.checkpoint, row.task), {})[row.metric] = value
     return grouped
 
 

@@ -224,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.info(
             "worker.finished",
             result=str(spec.result_path),
-            metrics={m.name: m.value for m in result.metrics},
+            metrics={m.name: None if m.n == 0 else m.value for m in result.metrics},
             total_s=result.timing.total_s if result.timing else None,
         )
     return 0

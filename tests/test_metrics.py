@@ -79,8 +79,10 @@ def test_response_length_of_correct_and_incorrect_answers() -> None:
     assert (correct.value, correct.n) == (10.5, 2)
     assert correct.stderr == pytest.approx(math.sqrt(0.5 / 2))
     assert (incorrect.value, incorrect.n) == (22.0, 2)
-    # Every answer correct: no wrong answer to measure, so no value at all (not a mean of 0 over n = 0).
-    assert computed("response_length_incorrect", record((True, 3, False))) == ()
+    # Every answer correct: no wrong answer to measure, so no number (not a mean of 0 over n = 0).
+    assert is_no_samples(
+        computed("response_length_incorrect", record((True, 3, False))), "response_length_incorrect"
+    )
 
 
 def test_truncation_rate() -> None:
@@ -130,27 +132,34 @@ EMPTY_SENSITIVE = (
     "truncation_rate",
     "bleu",
     "exact_match",
-    "tokens_per_s",
-    "latency_p50_s",
 )
 
 
+def is_no_samples(values: tuple[MetricValue, ...], name: str) -> bool:
+    return len(values) == 1 and values[0].name == name and values[0].n == 0 and math.isnan(values[0].value)
+
+
 @pytest.mark.parametrize("name", EMPTY_SENSITIVE)
-def test_a_metric_over_no_samples_is_absent_never_a_number(name: str) -> None:
+def test_a_metric_over_no_samples_says_so_never_a_number(name: str) -> None:
     """Issue 20: ``response_length_correct`` was stored as 0 with n = 0 when no answer was correct (a fake
-    cliff on every chart). Computed over nothing, a metric is NaN with n = 0 and left out of the job."""
-    empty = record()
+    cliff on every chart). Issue 31: then it vanished without a word. Computed over nothing, a metric is
+    kept as n = 0 with no number (NaN), which every surface shows as "no samples"."""
+    found = computed(name, record())
 
-    assert computed(name, empty) == ()
-    [metric] = resolve_metrics([name], n_samples=8)
-    alone = metric.compute(empty)
-    assert alone.n == 0 and math.isnan(alone.value), alone
+    assert is_no_samples(found, name), found
+    assert found[0].stderr is None
 
 
-def test_likelihood_metrics_over_no_scored_tokens_are_absent() -> None:
+@pytest.mark.parametrize("name", ["tokens_per_s", "latency_p50_s", "peak_memory_mb"])
+def test_a_timing_that_was_not_measured_is_absent(name: str) -> None:
+    """A rate over no time or a memory figure the device cannot give is not news about the checkpoint."""
+    assert computed(name, record()) == ()
+
+
+def test_likelihood_metrics_over_no_scored_tokens_say_no_samples() -> None:
     nothing = EvalRecord(documents=(DocumentRecord(nll=0.0, tokens=0, words=0, bytes=0),))
     for name in ("perplexity", "nll", "word_perplexity", "byte_perplexity", "bits_per_byte"):
-        assert computed(name, nothing) == (), name
+        assert is_no_samples(computed(name, nothing), name), name
 
 
 def test_the_metrics_that_have_samples_are_kept_beside_the_empty_ones() -> None:
@@ -159,8 +168,14 @@ def test_the_metrics_that_have_samples_are_kept_beside_the_empty_ones() -> None:
 
     found = compute_metrics(resolve_metrics(names), every_correct)
 
-    assert [m.name for m in found] == ["accuracy", "response_length_correct", "tokens_per_s"]
+    assert [m.name for m in found] == [
+        "accuracy",
+        "response_length_correct",
+        "response_length_incorrect",
+        "tokens_per_s",
+    ]
     assert found[1] == MetricValue(name="response_length_correct", value=5.0, n=2, stderr=1.0)
+    assert found[2].n == 0 and math.isnan(found[2].value)
 
 
 def test_pass_at_k_averages_the_unbiased_estimator_over_prompts() -> None:
@@ -410,5 +425,5 @@ def test_a_clustered_proportion_at_one_keeps_the_agresti_coull_floor() -> None:
     assert reward.stderr == accuracy.stderr
 
 
-def test_the_spread_of_one_reward_is_absent() -> None:
-    assert computed("reward_std", sampled([[(True, 1.0)]])) == ()
+def test_the_spread_of_one_reward_is_no_samples() -> None:
+    assert is_no_samples(computed("reward_std", sampled([[(True, 1.0)]])), "reward_std")

@@ -150,7 +150,7 @@ def _values(rows: Sequence[ResultRow], candidates: list[tuple[str, str]]) -> tup
     exact = lm_eval_keys(names, candidates)
     values: dict[str, Any] = {}
     for row, name in zip(rows, names, strict=True):
-        if row.value is None:
+        if row.no_samples or row.value is None:
             continue  # no number (a metric over no samples): lm-eval would have none either
         metric, filter_name = _key(name, exact)
         values[f"{metric},{filter_name}"] = row.value

@@ -1201,7 +1201,7 @@ class JobRunner:
         if stored and problems:
             self._report_problems(job, problems)
         if stored:
-            values = {m.name: round(m.value, 4) for m in result.metrics}
+            values = {m.name: None if m.n == 0 else round(m.value, 4) for m in result.metrics}
             log.info(
                 "job.succeeded", job_id=job.id, run=job.run, step=job.step, task=job.task, metrics=values
             )

@@ -125,9 +125,12 @@ def resolve_metrics(
 
 
 def compute_metrics(metrics: Iterable[Metric], record: EvalRecord) -> tuple[MetricValue, ...]:
-    """Every metric's value; one computed over nothing (``response_length_correct`` when no answer was
-    correct) is left out, never reported as a number."""
-    return tuple(value for value in (metric.compute(record) for metric in metrics) if present(value))
+    """Every metric's value. One computed over no samples (``response_length_correct`` when no answer was
+    correct) is kept as ``n = 0`` with no number, so the user sees "no samples" at that step rather than a
+    series that silently stops; a timing that was not measured (``peak_memory_mb`` on a CPU,
+    ``tokens_per_s`` with no time in the model) is left out."""
+    values = ((metric, metric.compute(record)) for metric in metrics)
+    return tuple(value for metric, value in values if present(value) or metric.reports_no_samples)
 
 
 __all__ = [

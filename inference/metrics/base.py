@@ -81,6 +81,10 @@ class Metric(ABC):
     kinds: ClassVar[frozenset[TaskKind]] = GENERATE
     #: Completions per prompt it needs (pass@k needs k).
     min_samples_per_prompt: int = 1
+    #: Whether a value over no samples is still reported (``n = 0``, no number): "no samples" is news
+    #: about the checkpoint (no answer was correct, so no correct answers' length). A timing that was not
+    #: measured here (peak memory on a CPU) is no news, and is left out.
+    reports_no_samples: ClassVar[bool] = True
 
     @abstractmethod
     def compute(self, record: EvalRecord) -> MetricValue: ...
@@ -88,8 +92,8 @@ class Metric(ABC):
 
 def no_value(name: str) -> MetricValue:
     """What a metric computed over nothing gives (a mean over zero samples, a rate over no time): ``n = 0``
-    and no number. It is NaN, not 0, so that it can never pass for a value, and :func:`present` leaves it
-    out of a job's results: a metric with no samples is absent, never stored, plotted or exported."""
+    and no number. It is NaN, not 0, so that it can never pass for a value: it is stored as a row that
+    says "no samples" (no number, so never plotted as a point, fed to a detector or exported as one)."""
     return MetricValue(name=name, value=math.nan, n=0, stderr=None)
 
 
@@ -227,3 +231,4 @@ class RunMetric(Metric):
     """Reads the evaluation as a whole; no per-sample values, so no standard error."""
 
     kinds: ClassVar[frozenset[TaskKind]] = ANY_KIND
+    reports_no_samples: ClassVar[bool] = False
