@@ -15,14 +15,12 @@ from dataclasses import dataclass
 
 from inference.dataset import Item
 from inference.errors import TaskInvalid
+from inference.excerpt import cut_text
 from inference.generation import Generation
 from inference.grading import Grade, grade
 from inference.metrics import SampleRecord
 from inference.rewards import RewardFailed
 from inference.spec import Problem, SampleOutput
-
-#: Closes text cut to ``max_text_chars``.
-CUT_MARKER = "…[cut]"
 
 #: Failed samples before any succeeded at which the reward is judged broken: a reward that hangs on
 #: every sample must not cost every sample its time limit.
@@ -35,13 +33,6 @@ Scorer = Callable[[str, str, str, Grade], float]
 def builtin_scorer(prompt: str, response: str, reference: str, graded: Grade) -> float:
     """The built-in math reward, from the grade already made (the same verdict as ``math_reward``)."""
     return 1.0 if graded.correct else 0.0
-
-
-def cut_text(text: str, limit: int) -> str:
-    """``text`` if it fits in ``limit`` characters, else its start and :data:`CUT_MARKER`."""
-    if len(text) <= limit:
-        return text
-    return text[: max(0, limit - len(CUT_MARKER))] + CUT_MARKER
 
 
 @dataclass(frozen=True)

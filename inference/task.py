@@ -45,12 +45,10 @@ from inference.metrics import (
 )
 from inference.rewards import RewardProcess
 from inference.samples import (
-    CUT_MARKER,
     Graded,
     SampleLimits,
     Scorer,
     builtin_scorer,
-    cut_text,
     grade_samples,
 )
 from inference.sampling import stratified_subset
@@ -410,4 +408,4 @@ class TpVote:
         return self._group.agree_tp(token_digest(rows), rows, batch=number, disagreements=self.disagreements)
 
 
-__all__ = ["CUT_MARKER", "cut_text", "render_prompts", "run_task", "select_items"]
+__all__ = ["render_prompts", "run_task", "select_items"]

@@ -6,10 +6,11 @@ import pytest
 
 from inference.dataset import Item
 from inference.errors import TaskInvalid
+from inference.excerpt import CUT_MARKER
 from inference.generation import Generation
 from inference.grading import Grade
 from inference.rewards import RewardFailed
-from inference.samples import CUT_MARKER, SampleLimits, builtin_scorer, grade_samples
+from inference.samples import SampleLimits, builtin_scorer, grade_samples
 
 ITEMS = [Item("a", "1+1", "2"), Item("b", "2+2", "4"), Item("c", "3+3", "6")]
 PROMPTS = [f"{item.prompt}=" for item in ITEMS]

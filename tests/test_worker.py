@@ -13,9 +13,10 @@ import pytest
 from inference import loader
 from inference.dataset import load_dataset
 from inference.errors import CheckpointInvalid, CheckpointVanished, TaskInvalid
+from inference.excerpt import CUT_MARKER, cut_text
 from inference.loader import load_model
 from inference.spec import EXIT_INPUT_ERROR, InferenceSpec, JobResult, JobSpec, Problem, TaskSpec
-from inference.task import CUT_MARKER, cut_text, render_prompts
+from inference.task import render_prompts
 from inference.toy.problems import PROMPT_TEMPLATE
 from inference.worker import run
 from tests.conftest import SUBPROCESS_ENV, ToyRun

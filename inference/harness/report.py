@@ -13,8 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from inference.errors import TaskInvalid
+from inference.excerpt import cut_text
 from inference.harness.names import NO_FILTER, Collision, evald_name, split_key, stderr_key
-from inference.samples import cut_text
 from inference.spec import MetricValue, SampleOutput
 
 
