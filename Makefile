@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-long test-prerequisites lint bench reliability clean
+.PHONY: demo test test-long test-prerequisites lint bench reliability docs clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "evald needs Python 3.11 or newer (set PYTHON=...)")'
@@ -79,6 +79,11 @@ bench: $(STAMP)
 # full counts; writes the figures to RELIABILITY.md. Needs root (tmpfs mounts) and PostgreSQL binaries.
 reliability: $(STAMP)
 	$(BIN)/python -m reliability --write RELIABILITY.md
+
+# The docs site (docs/, mkdocs.yml) into site/, which git ignores; the reference pages are generated from the
+# code as it builds. --strict makes every warning an error: a broken link or anchor fails the build.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf $(VENV) *.egg-info .mypy_cache .ruff_cache .pytest_cache

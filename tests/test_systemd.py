@@ -180,7 +180,8 @@ def test_daemon_unit_lets_cuda_share_memory_and_reach_mps(unit: str) -> None:
     assert "-/tmp/nvidia-mps" in settings["Service.BindPaths"], settings["Service.BindPaths"]
 
 
-#: The README's drop-ins for CUDA MPS and for py-spy inside the sandbox: each keeps the units <= 3.0.
+#: The systemd how-to's drop-ins (docs/how-to/systemd.md) for CUDA MPS and for py-spy inside the sandbox:
+#: each keeps the units <= 3.0.
 DROP_INS = {
     "mps": "[Unit]\nAfter=nvidia-mps.service\n[Service]\nUser=trainer\nGroup=trainer\nRemoveIPC=no\n",
     "py-spy": (
@@ -192,10 +193,12 @@ DROP_INS = {
 
 @pytest.mark.parametrize("drop_in", sorted(DROP_INS))
 @pytest.mark.parametrize("unit", ["evald.service", "evald@.service"])
-def test_the_readmes_drop_ins_keep_the_score(unit: str, drop_in: str, tmp_path: Path) -> None:
+def test_the_documented_drop_ins_keep_the_score(unit: str, drop_in: str, tmp_path: Path) -> None:
     text = DROP_INS[drop_in]
-    readme = (UNITS.parent / "README.md").read_text()
-    assert f"```ini\n{text}```" in readme, f"README.md does not show the {drop_in} drop-in as tested"
+    howto = (UNITS.parent / "docs" / "how-to" / "systemd.md").read_text()
+    assert f"```ini\n{text}```" in howto, (
+        f"docs/how-to/systemd.md does not show the {drop_in} drop-in as tested"
+    )
     # A drop-in's settings apply as if appended to the unit (systemd-analyze --offline reads no drop-ins).
     name = unit.replace("@.", "@test.")
     (tmp_path / name).write_text((UNITS / unit).read_text() + "\n" + text)
