@@ -58,10 +58,14 @@ test-long: test-prerequisites $(STAMP)
 	$(BYTECODE)
 	EVALD_REQUIRE_BROWSER=1 EVALD_REQUIRE_POSTGRES=1 $(BIN)/python -m pytest -n $(LONG_WORKERS) --dist loadfile --no-loadscope-reorder -m long
 
+# ruff, mypy, the architecture (lint-imports: the layers of daemon/ and no import circle, as
+# [tool.importlinter] in pyproject.toml says) and the docs site built with --strict (broken links fail).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy daemon inference storage tests bench reliability
+	$(BIN)/mypy daemon inference storage tests bench reliability docs/hooks
+	$(BIN)/lint-imports
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir $$(mktemp -d)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.detection_latency

@@ -23,10 +23,10 @@ from pathlib import Path
 import structlog
 
 from daemon.alerts.lifecycle import Alerter
-from daemon.alerts.receiver import WebhookReceiver
-from daemon.alerts.relay import Endpoint, Relay
-from daemon.alerts.signing import Secret
-from daemon.config import Config, parse_config
+from daemon.config import Config, Secret, parse_config
+from daemon.delivery.outbox import Relay
+from daemon.delivery.receiver import WebhookReceiver
+from daemon.delivery.sinks.webhook import Endpoint
 from storage import migrations, queries
 from storage.database import Database
 from storage.models import CheckpointState

@@ -31,8 +31,9 @@ import structlog
 
 from daemon.alerts.lifecycle import Alerter
 from daemon.config import Config, parse_config
-from daemon.trackers.messages import ALERT_PREFIX
-from daemon.trackers.relay import TrackerRelay
+from daemon.delivery.messages import ALERT_PREFIX
+from daemon.delivery.outbox import Relay
+from daemon.delivery.trackers import tracker_routes
 from storage import migrations, queries
 from storage.database import Database
 from storage.models import CheckpointState, OutboxMessage, OutboxState
@@ -139,7 +140,7 @@ def latency(folder: Path, uri: str, results: int, *, woken: bool) -> list[float]
     migrations.upgrade(database)
     cfg = config(folder, database.url, uri, experiment)
     store = Store(database, cfg)
-    relay = TrackerRelay(database, cfg.trackers, {}).start()
+    relay = Relay(database, tracker_routes(cfg.trackers, {})).start()
     if woken:
         store.alerter._wake = relay.wake
     client = MlflowClient(uri)
@@ -184,7 +185,7 @@ def backlog(folder: Path, server_port: int, n: int, *, runs: int, batch: int) ->
     cfg = config(folder, database.url, gate.uri, experiment, runs=runs, batch=batch)
     store = Store(database, cfg)
     gate.close()
-    relay = TrackerRelay(database, cfg.trackers, {}).start()
+    relay = Relay(database, tracker_routes(cfg.trackers, {})).start()
     store.alerter._wake = relay.wake
     started = time.perf_counter()
     for i in range(n):

@@ -23,12 +23,10 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from sqlalchemy import func, select
 
-from daemon import report
-from daemon.alerts.receiver import WebhookReceiver
-from daemon.alerts.signing import Secret
-from daemon.config import load_config
+from daemon.analysis import report
+from daemon.config import ENDPOINT_PREFIX, Secret, load_config
+from daemon.delivery.receiver import WebhookReceiver
 from daemon.errors import EvaldError
-from daemon.trackers.config import ENDPOINT_PREFIX
 from inference.toy.problems import DATA_DIR
 from storage import migrations, queries
 from storage.database import Database
@@ -155,7 +153,7 @@ def write_workspace(workdir: Path, receiver_url: str = "http://127.0.0.1:9/hook"
 def _tracker_lines(config_path: Path, database: Database) -> list[str]:
     """Where the results went besides evald's database, when the workspace configures trackers."""
     from daemon.config import load_config
-    from daemon.trackers.report import destinations
+    from daemon.delivery.report import destinations
 
     trackers = load_config(config_path).trackers
     return destinations(database, trackers) if trackers else []

@@ -41,7 +41,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from daemon.alerts.receiver import Attempt
+from daemon.delivery.receiver import Attempt
 from storage.database import Database
 from storage.models import (
     Checkpoint,

@@ -26,8 +26,8 @@ from typing import TypeVar
 
 from sqlalchemy import func, select
 
-from daemon.alerts.receiver import Attempt, WebhookReceiver
-from daemon.alerts.signing import Secret
+from daemon.config import Secret
+from daemon.delivery.receiver import Attempt, WebhookReceiver
 from reliability.figures import Expected, Figures, count_alerts, count_results
 from reliability.supervisor import Supervisor
 from storage import migrations

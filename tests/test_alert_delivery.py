@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from daemon.alerts.receiver import WebhookReceiver
-from daemon.alerts.signing import Secret
+from daemon.config import Secret
+from daemon.delivery.receiver import WebhookReceiver
 from storage.database import Database
 from storage.models import OutboxMessage
 from tests.checkpoints import copy_checkpoint

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.alerts.signing import Secret
+from daemon.config import Secret
 from daemon.demo import COLLAPSE_AT, SECRET_ENV, TRAIN_STEPS, write_workspace
 from storage import alerting
 from storage.database import Database

@@ -15,15 +15,17 @@ from pathlib import Path
 import pytest
 
 from daemon.alerts.lifecycle import Alerter
-from daemon.alerts.receiver import WebhookReceiver
-from daemon.alerts.relay import Endpoint, Relay, backoff, retry_after
-from daemon.alerts.signing import Secret
 from daemon.cli import main
-from daemon.config import Config, parse_config
+from daemon.config import Config, Secret, parse_config
+from daemon.delivery.backoff import backoff, retry_after
+from daemon.delivery.outbox import Relay
+from daemon.delivery.receiver import WebhookReceiver
+from daemon.delivery.sinks.webhook import Endpoint
 from daemon.errors import ConfigError
 from storage import alerting, migrations, queries
 from storage.database import Database
 from storage.models import CheckpointState, utcnow
+from storage.outbox import disable_endpoint, disabled
 from tests import oldrows
 from tests.harness import wait_for
 
@@ -280,7 +282,7 @@ def test_410_disables_the_endpoint(database: Database, relay_config: tuple[Confi
         assert len(receiver.attempts) == 1
     assert {row[1] for row in outbox(database)} == {"disabled"}
     with database.session() as s:
-        assert alerting.disabled(s, "hook") is not None
+        assert disabled(s, "hook") is not None
 
 
 def test_an_alert_stored_before_a_crash_is_sent_after_the_restart(
@@ -596,7 +598,7 @@ def test_evald_webhook_test_sends_a_signed_test_alert(
         text = config_text(tmp_path, url=receiver.url)
         path.write_text(text + f'\n[database]\nurl = "{database.url}"\n')
         with database.session() as s:
-            alerting.disable_endpoint(s, "hook", "answered 410 Gone")
+            disable_endpoint(s, "hook", "answered 410 Gone")
 
         assert main(["--config", str(path), "webhook", "test", "hook"]) == 0
 
@@ -605,7 +607,7 @@ def test_evald_webhook_test_sends_a_signed_test_alert(
     assert out.startswith("hook: HTTP 200 in ") and f"webhook-id {got.webhook_id}" in out
     assert json.loads(got.body)["rule"] == "webhook_test" and got.error is None
     with database.session() as s:
-        assert alerting.disabled(s, "hook") is None
+        assert disabled(s, "hook") is None
     assert main(["--config", str(path), "webhook", "test", "nope"]) == 2
 
 

@@ -16,11 +16,11 @@ import pytest
 
 from daemon.cli import main
 from daemon.config import load_config
-from daemon.running.runner import build_spec
+from daemon.running.queue import build_spec
 from inference.errors import CheckpointInvalid
 from inference.layouts import LayoutSettings, get
 from inference.layouts.model_config import search_path
-from storage.queries.jobs import ClaimedJob
+from storage.queries import ClaimedJob
 from tests.cases import dcp, openrlhf
 from tests.checkpoints import LayoutCase
 from tests.harness import write_config, write_dataset

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from daemon.cli import dataset_problems, main
+from daemon.cli import main
+from daemon.cli.datasets import dataset_problems
 from daemon.config import load_config
 from inference.errors import DatasetInvalid
 from storage import queries

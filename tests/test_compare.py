@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from daemon import report
+from daemon.analysis import report
+from daemon.analysis.curves import compare, curves
+from daemon.analysis.significance import benjamini_hochberg
+from daemon.analysis.smoothing import parse_smoothing
 from daemon.cli import main
-from daemon.curves import compare, curves
-from daemon.significance import benjamini_hochberg
-from daemon.smoothing import parse_smoothing
 from storage.database import Database
 from storage.models import CheckpointState
 from storage.queries import (

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from daemon import report
+from daemon.analysis import report
 from daemon.running import remote
 from daemon.running.executors.base import Ended, EndKind
 from daemon.running.workers import crash_cause, read_outcome

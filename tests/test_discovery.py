@@ -13,8 +13,7 @@ import structlog
 
 from daemon.config import RunConfig, SchedulingConfig
 from daemon.scheduling.planner import Planner
-from daemon.watching import refusals
-from daemon.watching.discovery import Discovery, WatchedRun
+from daemon.watching import Discovery, WatchedRun, refusals
 from storage import queries
 from storage.database import Database
 from storage.models import CheckpointState

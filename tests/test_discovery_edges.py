@@ -21,8 +21,7 @@ import structlog
 from daemon.config import RunConfig, SchedulingConfig, load_config
 from daemon.errors import ConfigError
 from daemon.scheduling.planner import Planner
-from daemon.watching import filesystem, refusals
-from daemon.watching.discovery import Discovery, WatchedRun, candidate_dirs, is_container
+from daemon.watching import Discovery, WatchedRun, candidate_dirs, filesystem, is_container, refusals
 from inference.layouts import parse_step
 from storage import queries
 from storage.database import Database

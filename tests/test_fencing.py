@@ -20,7 +20,7 @@ from sqlalchemy import select
 from storage import queries
 from storage.database import Database
 from storage.models import CheckpointState, JobAttempt
-from storage.queries.jobs import orphans
+from storage.queries import orphans
 from tests.checkpoints import copy_checkpoint
 from tests.conftest import ToyRun
 from tests.harness import DaemonProcess, jobs, upgraded, wait_for, write_config, write_dataset

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.cli import override_layout
+from daemon.cli.evaluate import override_layout
 from daemon.config import InferenceConfig, TaskConfig
 from daemon.errors import ConfigError
 from daemon.running.workers import describe_exit, failed_rank, read_outcome

@@ -21,7 +21,7 @@ import pytest
 import tests.cases
 from daemon.config import RunConfig, SchedulingConfig
 from daemon.scheduling.planner import Planner
-from daemon.watching.discovery import Discovery, WatchedRun, top_level_child
+from daemon.watching import Discovery, WatchedRun, top_level_child
 from storage import queries
 from storage.database import Database
 from tests.cases import long_if_zero2

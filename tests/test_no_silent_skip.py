@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.watching.discovery import candidate_dirs
+from daemon.watching import candidate_dirs
 from inference import layouts
 from tests.cases import long_if_zero2
 

@@ -12,11 +12,10 @@ from pathlib import Path
 import pytest
 import structlog
 
-from daemon import report
+from daemon.analysis import report
 from daemon.config import RunConfig, SchedulingConfig
 from daemon.scheduling.planner import Planner
-from daemon.watching import alternates, refusals
-from daemon.watching.discovery import Discovery, WatchedRun, candidate_dirs, is_container
+from daemon.watching import Discovery, WatchedRun, alternates, candidate_dirs, is_container, refusals
 from inference import layouts
 from inference.layouts import LayoutSettings, Readiness, Shape, take_snapshot
 from storage import queries

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from daemon.alerts.payload import (
+from daemon.delivery.payload import (
     FORMATS,
     SLACK_HEADER_LIMIT,
     SLACK_TEXT_LIMIT,

@@ -13,8 +13,10 @@ import pytest
 from sqlalchemy import update
 
 from daemon.config import AdaptiveConfig, RunConfig, SchedulingConfig, TwoStageConfig
-from daemon.scheduling.planner import BASE_MODEL_NAME, Planner, schedule_summary
-from daemon.watching.discovery import WatchedRun
+from daemon.scheduling import followups
+from daemon.scheduling.planner import BASE_MODEL_NAME, Planner
+from daemon.scheduling.policy import schedule_summary
+from daemon.watching import WatchedRun
 from storage import queries
 from storage import scheduling as store
 from storage.database import Database
@@ -473,7 +475,7 @@ def test_a_failing_follow_up_never_loses_the_result(
     def broken(*_args: object) -> int:
         raise RuntimeError("a bug in a follow-up")
 
-    monkeypatch.setattr(b.planner, "_full_after_quick", broken)
+    monkeypatch.setattr(followups, "_full_after_quick", broken)
     _complete(b.db, 10, "quick", 0.4, 0.05, b.planner)
     with b.db.session() as s:
         rows = queries.result_rows(s, run="r", metric="accuracy")

@@ -22,8 +22,8 @@ import pytest
 import structlog
 from sqlalchemy import select, text
 
-from daemon import report
-from daemon.repeats import RepeatedErrors
+from daemon.analysis import report
+from daemon.analysis.repeats import RepeatedErrors
 from storage import queries
 from storage.database import Database
 from storage.models import CheckpointState, JobAttempt
@@ -328,7 +328,7 @@ def test_a_checkpoint_the_database_refuses_to_plan_is_skipped_naming_why_and_the
     alone (a savepoint), skipped with the database's words, and the checkpoints around it are planned."""
     from daemon.config import RunConfig, SchedulingConfig
     from daemon.scheduling.planner import Planner
-    from daemon.watching.discovery import WatchedRun
+    from daemon.watching import WatchedRun
     from storage import scheduling as store
 
     with database.session() as session:

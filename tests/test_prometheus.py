@@ -19,7 +19,7 @@ from starlette.testclient import TestClient
 from daemon.config import load_config
 from daemon.web.app import create_app
 from daemon.web.metrics import DURATION_BUCKETS
-from storage import alerting, queries
+from storage import alerting, outbox, queries
 from storage.database import Database
 from storage.models import Alert, AlertState, CheckpointState, EvalJob
 from tests import surface_data
@@ -242,15 +242,15 @@ def _outbox(database: Database, run: str, endpoint: str, attempts: list[int | No
         s.add(alert)
         s.flush()
         event = f"evt-{alert.id}-{endpoint}"
-        alerting.enqueue(s, alert=alert, endpoints=[endpoint], event_ids=[event], body="{}")
-        (message,) = alerting.due(s, endpoint=endpoint, now=datetime.now(UTC) + timedelta(days=1))
+        outbox.enqueue(s, alert=alert, endpoints=[endpoint], event_ids=[event], body="{}")
+        (message,) = outbox.due(s, endpoint=endpoint, now=datetime.now(UTC) + timedelta(days=1))
         for status in attempts:
             error = None if status is not None else "ConnectError: refused"
-            alerting.record_attempt(s, message.id, alerting.Attempt(datetime.now(UTC), 0.1, status, error))
+            outbox.record_attempt(s, message.id, outbox.Attempt(datetime.now(UTC), 0.1, status, error))
         if end == "delivered":
-            alerting.delivered(s, message.id)
+            outbox.delivered(s, message.id)
         elif end == "failed":
-            alerting.give_up(s, message.id, "HTTP 400 5 times")
+            outbox.give_up(s, message.id, "HTTP 400 5 times")
 
 
 def test_freshness_webhooks_and_the_run_window(database_url: str, tmp_path: Path) -> None:

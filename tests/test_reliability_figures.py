@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from daemon.alerts.receiver import Attempt
+from daemon.delivery.receiver import Attempt
 from reliability.figures import Figures, count_alerts
 from reliability.workspace import Fault, find_secrets, unlogged
 from storage import migrations

@@ -15,9 +15,8 @@ import psutil
 import pytest
 from sqlalchemy.engine import make_url
 
-from daemon.alerts.receiver import WebhookReceiver
-from daemon.alerts.signing import Secret
-from daemon.config import load_config
+from daemon.config import Secret, load_config
+from daemon.delivery.receiver import WebhookReceiver
 from daemon.running.environment import worker_environment
 from tests.checkpoints import copy_checkpoint
 from tests.conftest import ToyRun

@@ -17,9 +17,10 @@ import pytest
 import standardwebhooks
 import structlog
 
-from daemon.alerts.errors import SecretError, SignatureInvalid
-from daemon.alerts.receiver import WebhookReceiver
-from daemon.alerts.signing import Secret, load_secret, sign, verify
+from daemon.config import Secret, SecretError, load_secret
+from daemon.delivery.errors import SignatureInvalid
+from daemon.delivery.receiver import WebhookReceiver
+from daemon.delivery.signing import sign, verify
 
 KEY = bytes(range(32))
 SECRET_TEXT = "whsec_" + base64.b64encode(KEY).decode()

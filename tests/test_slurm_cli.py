@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from daemon.config import ExecutorConfig, parse_executor
 from daemon.errors import ConfigError
-from daemon.executor_config import ExecutorConfig, parse_executor
-from daemon.running.executors.slurm_cli import (
+from daemon.running.executors.slurm_output import (
     SlurmError,
     SlurmUnreachable,
     parse_duration,

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from daemon.executor_config import ExecutorConfig
+from daemon.config import ExecutorConfig
 from daemon.running.executors.base import (
     Active,
     Ended,
@@ -258,7 +258,7 @@ def test_a_pending_job_has_its_reason_and_evald_cancels_it(
 
 
 def plain_format() -> str:
-    from daemon.running.executors.slurm_cli import SQUEUE_FORMAT
+    from daemon.running.executors.slurm_output import SQUEUE_FORMAT
 
     return SQUEUE_FORMAT
 

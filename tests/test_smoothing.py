@@ -6,8 +6,8 @@ import math
 
 import pytest
 
+from daemon.analysis.smoothing import NONE, Smoothing, ema, moving_window, parse_smoothing
 from daemon.errors import SmoothingError
-from daemon.smoothing import NONE, Smoothing, ema, moving_window, parse_smoothing
 
 
 def close(got: list[float], want: list[float]) -> bool:

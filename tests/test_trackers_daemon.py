@@ -47,7 +47,7 @@ def assert_run_equals_results(client: Any, run: Any, rows: list[dict[str, Any]])
     expected: dict[str, list[tuple[int, float]]] = {}
     for row in rows:
         if row["n"] == 0:
-            # A mean over no samples has no value to plot: not sent (daemon/trackers/messages.py).
+            # A mean over no samples has no value to plot: not sent (daemon/delivery/messages.py).
             continue
         base = f"eval/{row['task']}" if row["stage"] == "full" else f"eval/{row['task']}/{row['stage']}"
         key = f"{base}/{row['metric']}"

@@ -26,12 +26,14 @@ from sqlalchemy import func, select, update
 from daemon.alerts.lifecycle import Alerter
 from daemon.cli import main
 from daemon.config import Config, load_config
+from daemon.delivery.outbox import Relay
+from daemon.delivery.report import destinations
+from daemon.delivery.trackers import tracker_routes
 from daemon.errors import ConfigError
-from daemon.trackers.relay import TrackerRelay
-from daemon.trackers.report import destinations
 from storage import alerting, queries
 from storage.database import Database
 from storage.models import CheckpointState, Delivery, OutboxMessage, OutboxState, utcnow
+from storage.outbox import enqueue_message
 from tests.harness import upgraded, wait_for, write_config, write_dataset
 from tests.mlflowserver import (
     ADMIN,
@@ -182,6 +184,9 @@ def delivered(database: Database, n: int) -> bool:
 def mlflow_run(setup: Setup) -> Any:
     from mlflow.tracking import MlflowClient
 
+    # The sink sets MLflow's request timeout for the whole process (1 s in the timeout tests); the test's
+    # own reads take a long one, so that a loaded machine does not fail them.
+    os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = "120"
     client = MlflowClient(setup.uri)
     experiment = client.get_experiment_by_name(setup.experiment)
     assert experiment is not None, f"experiment {setup.experiment} was not created"
@@ -214,10 +219,10 @@ def assert_equal_to_results(setup: Setup) -> int:
 
 @pytest.fixture
 def relay_for() -> Iterator[Any]:
-    relays: list[TrackerRelay] = []
+    relays: list[Relay] = []
 
-    def start(setup: Setup, environ: dict[str, str] | None = None) -> TrackerRelay:
-        relay = TrackerRelay(setup.database, setup.config.trackers, environ or {}).start()
+    def start(setup: Setup, environ: dict[str, str] | None = None) -> Relay:
+        relay = Relay(setup.database, tracker_routes(setup.config.trackers, environ or {})).start()
         relays.append(relay)
         # What the service does: the alerter's after_commit wakes the relay.
         setup.alerter._wake = relay.wake
@@ -529,7 +534,7 @@ def test_values_taken_without_their_delivery_tag_are_not_logged_twice(
 def test_a_message_mlflow_rejects_is_given_up_and_the_rest_of_its_batch_delivered(
     tmp_path: Path, mlflow_server: MlflowServer, relay_for: Any
 ) -> None:
-    from daemon.trackers.messages import MetricValue, ResultMessage
+    from daemon.delivery.messages import MetricValue, ResultMessage
 
     setup = _setup(tmp_path, mlflow_server.uri, extra='attach = "own"')
     # Queued with no relay running, so the four go in one claim and one log_batch.
@@ -551,7 +556,7 @@ def test_a_message_mlflow_rejects_is_given_up_and_the_rest_of_its_batch_delivere
 
 def enqueue_raw(session: Any, setup: Setup, message: Any) -> bool:
     """A message put in the outbox as is, not built from a stored result."""
-    return alerting.enqueue_message(
+    return enqueue_message(
         session,
         run_id=setup.run_id,
         endpoint=setup.config.trackers[0].endpoint,

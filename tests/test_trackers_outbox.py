@@ -1,4 +1,4 @@
-"""The outbox's batched claims for trackers (``storage.alerting.due_many``) on SQLite and PostgreSQL: many
+"""The outbox's batched claims for trackers (``storage.outbox.due_many``) on SQLite and PostgreSQL: many
 messages of a run in one claim, each run's in the order queued, a run held back while its oldest message
 backs off or is claimed elsewhere, and two relays claiming at once never sharing a message."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from datetime import timedelta
 
-from storage import alerting, queries
+from storage import outbox, queries
 from storage.database import Database
 from storage.models import utcnow
 
@@ -24,16 +24,16 @@ def queue(database: Database, runs: dict[str, int]) -> dict[str, list[str]]:
             for run, n in runs.items():
                 if i < n:
                     event = f"trk_{run}_{i}"
-                    assert alerting.enqueue_message(
+                    assert outbox.enqueue_message(
                         s, run_id=run_ids[run], endpoint=ENDPOINT, event_id=event, body="{}"
                     )
                     ids[run].append(event)
     return ids
 
 
-def claim(database: Database, limit: int) -> list[alerting.Due]:
+def claim(database: Database, limit: int) -> list[outbox.Due]:
     with database.session() as s:
-        return alerting.due_many(s, endpoint=ENDPOINT, now=utcnow(), lease=LEASE, limit=limit)
+        return outbox.due_many(s, endpoint=ENDPOINT, now=utcnow(), lease=LEASE, limit=limit)
 
 
 def test_one_claim_takes_many_of_each_run_in_order(database: Database) -> None:
@@ -44,7 +44,7 @@ def test_one_claim_takes_many_of_each_run_in_order(database: Database) -> None:
     # wait behind them (their oldest is claimed).
     assert claim(database, 10) == []
     with database.session() as s:
-        alerting.delivered_many(s, [d.id for d in first])
+        outbox.delivered_many(s, [d.id for d in first])
     assert [d.event_id for d in claim(database, 10)] == ids["a"][3:]
 
 
@@ -53,24 +53,24 @@ def test_a_run_whose_oldest_message_backs_off_waits_and_the_others_go(database: 
     (head,) = claim(database, 1)
     assert head.event_id == "trk_a_0"
     with database.session() as s:
-        alerting.record_attempts(s, [head.id], alerting.Attempt(utcnow(), 0.1, None, "down"))
-        alerting.retry_many_at(s, [head.id], utcnow() + timedelta(seconds=30), "down")
+        outbox.record_attempts(s, [head.id], outbox.Attempt(utcnow(), 0.1, None, "down"))
+        outbox.retry_many_at(s, [head.id], utcnow() + timedelta(seconds=30), "down")
     # a's later messages are due but wait behind its oldest: order within a run holds.
     assert [d.event_id for d in claim(database, 10)] == ["trk_b_0", "trk_b_1"]
 
 
 def test_two_relays_claiming_at_once_share_no_message(database: Database) -> None:
     queue(database, {f"r{i}": 30 for i in range(4)})
-    claimed: list[list[alerting.Due]] = []
+    claimed: list[list[outbox.Due]] = []
     barrier = threading.Barrier(2)
 
     def relay() -> None:
         barrier.wait()
-        got: list[alerting.Due] = []
+        got: list[outbox.Due] = []
         while batch := claim(database, 7):
             got += batch
             with database.session() as s:
-                alerting.delivered_many(s, [d.id for d in batch])
+                outbox.delivered_many(s, [d.id for d in batch])
         claimed.append(got)
 
     threads = [threading.Thread(target=relay) for _ in range(2)]

@@ -126,13 +126,11 @@ def test_a_huge_file_is_refused_from_its_size_unread(tmp_path: Path) -> None:
     assert time.perf_counter() - started < 1.0
 
 
-def test_deep_json_is_refused_by_name_promptly_and_shallow_json_parses() -> None:
+def test_deep_json_is_refused_by_name_and_shallow_json_parses() -> None:
     for deep in (DEEP, "[" * 100_000 + "]" * 100_000, '{"a":' * 100_000):
-        started = time.perf_counter()
         with pytest.raises(FileRefused) as caught:
             files.parse_json(deep, CONFIG_FILE)
         assert str(caught.value) == "config.json holds JSON nested too deep to parse"
-        assert time.perf_counter() - started < 0.5
     assert files.parse_json('["[[[[[[", "{{{{", "\\"[[["]', CONFIG_FILE) == ["[[[[[[", "{{{{", '"[[[']
     assert files.parse_json("[" * 500 + "]" * 500, CONFIG_FILE) is not None
     with pytest.raises(json.JSONDecodeError):

@@ -12,8 +12,7 @@ import structlog
 
 from daemon.config import RunConfig, SchedulingConfig
 from daemon.scheduling.planner import Planner
-from daemon.watching import filesystem
-from daemon.watching.discovery import Discovery, WatchedRun, candidate_dirs, is_container
+from daemon.watching import Discovery, WatchedRun, candidate_dirs, filesystem, is_container
 from daemon.watching.watcher import Watcher
 from storage import queries
 from storage.database import Database

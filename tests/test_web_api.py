@@ -20,10 +20,10 @@ from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
 from daemon.alerts.lifecycle import fingerprint
+from daemon.analysis.smoothing import parse_smoothing
 from daemon.cli import main
 from daemon.config import Config, load_config
 from daemon.errors import ConfigError
-from daemon.smoothing import parse_smoothing
 from daemon.web.app import create_app
 from daemon.web.params import MAX_LIMIT
 from daemon.web.server import build

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from daemon import report
+from daemon.analysis import report
 from daemon.config import Config, DaemonConfig, InferenceConfig, RunConfig, TaskConfig
 from daemon.running.runner import JobRunner
 from inference.faults import OOM_ABOVE_ENV

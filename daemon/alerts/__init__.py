@@ -1,2 +1,2 @@
-"""Alerts: signing webhook requests (:mod:`.signing`), rendering alert payloads (:mod:`.payload`) and a
-loopback webhook receiver for tests and the demo (:mod:`.receiver`)."""
+"""Alerts: stored results judged into alerts that fire and resolve, their notices queued in the outbox
+(:mod:`.lifecycle`; episodes, :mod:`.episodes`). :mod:`daemon.delivery` sends them."""

@@ -22,15 +22,15 @@ import structlog
 from sqlalchemy.orm import Session
 
 from daemon.alerts.episodes import Episode, latest_episodes
-from daemon.alerts.notice import notice_body
 from daemon.anomaly import Finding, Point
 from daemon.anomaly.detector import judge
 from daemon.anomaly.series import difference_noise
 from daemon.config import Config
+from daemon.delivery.notice import notice_body
+from daemon.delivery.queue import TrackerQueue
 from daemon.scheduling import stages
-from daemon.trackers.queue import TrackerQueue
 from inference.metrics import higher_is_better
-from storage import alerting, queries
+from storage import alerting, outbox, queries
 from storage.models import Alert, AlertState, utcnow
 
 log = structlog.get_logger("daemon.alerts")
@@ -363,7 +363,7 @@ class Alerter:
             for w in self._config.webhooks
             if SEVERITY_RANK[notice.severity] >= SEVERITY_RANK[w.min_severity]
             # An endpoint that answered 410 Gone gets nothing more (the alert itself is still stored).
-            and alerting.disabled(session, w.name) is None
+            and outbox.disabled(session, w.name) is None
         ]
         if not endpoints:
             return
@@ -371,7 +371,7 @@ class Alerter:
         assert alert is not None
         # Stored, not sent: Python's NaN token round-trips a NaN value to the relay, which renders it.
         body = json.dumps(notice.body, default=str, allow_nan=True)
-        alerting.enqueue(
+        outbox.enqueue(
             session,
             alert=alert,
             endpoints=endpoints,

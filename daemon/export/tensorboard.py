@@ -34,7 +34,7 @@ from typing import Any
 
 import structlog
 
-from daemon.curves import Curve, Point
+from daemon.analysis.curves import Curve, Point
 from daemon.errors import EvaldError
 from daemon.scheduling import stages
 from storage.alerting import AlertRow

@@ -19,49 +19,11 @@ variables. Then the daemon adds the tie to itself and the GPUs evaluations may u
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 
 from daemon.config import Config, env_overrides
-from inference.faults import DIVERGE_ENV, OOM_ABOVE_ENV
+from daemon.config.worker_env import LAUNCHER_VARIABLES, WORKER_NAMES
 from inference.spec import PARENT_PID_ENV
-
-#: Set by a launcher for its ranks; inherited by the daemon (started from a training job's shell, say),
-#: they would make a worker think it is one rank of a group that does not exist.
-LAUNCHER_VARIABLES = frozenset(
-    {
-        "RANK",
-        "LOCAL_RANK",
-        "WORLD_SIZE",
-        "LOCAL_WORLD_SIZE",
-        "LOCAL_SIZE",
-        "GROUP_RANK",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-    }
-)
-
-#: Variables a worker needs, by name.
-WORKER_NAMES = frozenset(
-    {
-        "PATH",
-        "HOME",
-        "USER",
-        "LOGNAME",
-        "LANG",
-        "LANGUAGE",
-        "TZ",
-        "TMPDIR",
-        "LD_LIBRARY_PATH",
-        # DeepSpeed's and Triton's JIT builds of their ops (the CPU shared-memory all-reduce, kernels).
-        "CC",
-        "CXX",
-        "MAX_JOBS",
-        # Faults a test injects into a real worker (the daemon never sets them).
-        OOM_ABOVE_ENV,
-        DIVERGE_ENV,
-    }
-)
 
 #: Variables a worker needs, by prefix: the libraries it runs and the hardware they drive.
 WORKER_PREFIXES = (
@@ -98,32 +60,6 @@ CREDENTIAL_PARTS = frozenset(
     {"TOKEN", "SECRET", "SECRETS", "PASSWORD", "PASSWD", "PASS", "CREDENTIAL", "CREDENTIALS", "KEY", "APIKEY"}
 )
 
-#: libpq's connection settings, the password among them: the daemon's, never a worker's.
-LIBPQ_VARIABLES = frozenset(
-    {
-        "PGHOST",
-        "PGHOSTADDR",
-        "PGPORT",
-        "PGDATABASE",
-        "PGUSER",
-        "PGPASSWORD",
-        "PGPASSFILE",
-        "PGSERVICE",
-        "PGSERVICEFILE",
-        "PGOPTIONS",
-        "PGAPPNAME",
-        "PGSSLMODE",
-        "PGSSLCERT",
-        "PGSSLKEY",
-        "PGSSLROOTCERT",
-    }
-)
-
-#: The variables the daemon itself reads: its own configuration, never a worker's.
-DAEMON_PREFIX = "EVALD_"
-
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
 
 def needed(name: str) -> bool:
     """Whether a worker inherits ``name`` without being told (the allow-list above)."""
@@ -132,19 +68,6 @@ def needed(name: str) -> bool:
     if not name.startswith(WORKER_PREFIXES):
         return False
     return not CREDENTIAL_PARTS.intersection(name.upper().split("_"))
-
-
-def refused_extra(name: str) -> str | None:
-    """Why ``[inference] worker_env`` may not list ``name`` (None when it may)."""
-    if not _NAME.match(name):
-        return f"{name!r} is not an environment variable name (letters, digits and _, not first a digit)"
-    if name in LAUNCHER_VARIABLES:
-        return f"{name} is set by the launcher for each rank: an inherited one would break the worker group"
-    if name.startswith(DAEMON_PREFIX) and name not in WORKER_NAMES:
-        return f"{name} is the daemon's own configuration: a worker gets its settings in its spec file"
-    if name in LIBPQ_VARIABLES:
-        return f"{name} is a PostgreSQL client setting (the daemon's): a worker never opens the database"
-    return None
 
 
 def secret_variables(config: Config) -> frozenset[str]:

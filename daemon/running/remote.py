@@ -27,12 +27,10 @@ from collections.abc import Mapping
 from daemon.config import Config
 from daemon.running.environment import worker_environment
 from daemon.running.executors.base import Active, Ended, EndKind, Phase
-from daemon.running.executors.slurm import LOG_NAME, SlurmExecutor
+from daemon.running.executors.slurm import SlurmExecutor
+from daemon.running.executors.slurm_script import LOG_NAME
 from daemon.running.workers import Outcome, crash_cause, read_outcome
 from inference.spec import JobSpec
-
-#: Outcome kinds of a scheduler's end that another attempt may cure.
-SCHEDULER_RETRYABLE = frozenset({"timeout", "preempted", "node_fail", "lost"})
 
 _KINDS = {
     EndKind.TIMEOUT: "timeout",

@@ -12,35 +12,14 @@ import enum
 from dataclasses import dataclass
 from datetime import datetime
 
+from daemon.config.scheduling import Frequency as Frequency
+
 
 class Verdict(enum.StrEnum):
     DUE = "due"
     SKIPPED = "skipped"
     #: Not due by step or epoch, but the time trigger may still pick it if it is the newest then.
     WAITING = "waiting"
-
-
-@dataclass(frozen=True)
-class Frequency:
-    steps: int | None = None
-    epochs: int | None = None
-    secs: float | None = None
-
-    @property
-    def every_checkpoint(self) -> bool:
-        return self.steps is None and self.epochs is None and self.secs is None
-
-    def describe(self) -> str:
-        parts = [
-            f"{name}={value:g}"
-            for name, value in (
-                ("freq_steps", self.steps),
-                ("freq_epochs", self.epochs),
-                ("freq_secs", self.secs),
-            )
-            if value is not None
-        ]
-        return ", ".join(parts) or "every checkpoint"
 
 
 @dataclass(frozen=True)

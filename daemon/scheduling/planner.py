@@ -7,29 +7,29 @@ back: a newer ready checkpoint is planned at once (a crashed save or a missing s
 for ``invalid_after_secs``). An older one that becomes ready later is judged against the evaluated
 checkpoint before it, not the newest (see :meth:`Planner._late`), so it is evaluated where it would have
 been in step order, and queued by the backlog policy.
+
+The rules it applies are pure (:mod:`daemon.scheduling.policy`, :mod:`daemon.scheduling.frequency`); the
+jobs they decide on are queued by :mod:`daemon.scheduling.enqueue`, and what a stored result sets off is
+:mod:`daemon.scheduling.followups`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import itertools
-import math
-import statistics
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import datetime
 
 import structlog
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from daemon.config import RunConfig, SchedulingConfig, TwoStageConfig
-from daemon.scheduling import adaptive, frequency, stages
-from daemon.watching.discovery import WatchedRun
+from daemon.config import SchedulingConfig
+from daemon.scheduling import followups, frequency
+from daemon.scheduling.enqueue import enqueue, enqueue_full
+from daemon.scheduling.policy import RunPolicy, anchor, judge_late, late_refusal, quiet_limit
+from daemon.watching.runs import WatchedRun
 from inference import layouts
-from inference.metrics import higher_is_better
 from storage import queries
 from storage import scheduling as store
 from storage.database import Database, reason
@@ -40,76 +40,6 @@ log = structlog.get_logger("evald.planner")
 
 #: The base model's checkpoint name when ``eval_before_train`` is set (no folder under a root has it).
 BASE_MODEL_NAME = "<base model>"
-
-#: A run counts as finished once quiet for this many of its usual gaps between checkpoints (and at least
-#: ``final_after_secs``): a slow run's every checkpoint must not count as its last.
-QUIET_GAPS = 3
-
-
-@dataclass(frozen=True)
-class RunPolicy:
-    watched: WatchedRun
-    triggers: frequency.Frequency
-    backlog: str
-
-    @property
-    def config(self) -> RunConfig:
-        return self.watched.config
-
-    @property
-    def name(self) -> str:
-        return self.watched.config.name
-
-    @property
-    def run_id(self) -> int:
-        return self.watched.run_id
-
-    def is_base(self, candidate: store.PlanCandidate) -> bool:
-        base = self.config.base_model
-        return self.config.eval_before_train and base is not None and candidate.path == str(base)
-
-    def is_final(self, step: int | None) -> bool:
-        final_step = self.config.final_step
-        return final_step is not None and step is not None and step >= final_step
-
-    def effective(self, schedule: store.Schedule) -> frequency.Frequency:
-        """The frequency in force: adaptive runs replace ``freq_steps`` by their current interval."""
-        if self.config.adaptive is None:
-            return self.triggers
-        every = schedule.every_steps or self.triggers.steps or self.config.adaptive.min_every_steps
-        return frequency.Frequency(steps=every, epochs=self.triggers.epochs, secs=self.triggers.secs)
-
-
-def _anchor(schedule: store.Schedule) -> frequency.Anchor:
-    return frequency.Anchor(schedule.anchor_step, schedule.anchor_epoch, schedule.anchor_at)
-
-
-def schedule_summary(
-    scheduling: SchedulingConfig, run: RunConfig, schedule: store.Schedule
-) -> dict[str, Any]:
-    """What ``evald status`` says about a run's frequency: the triggers, the next due point, and the
-    adaptive interval with its reason."""
-    policy = RunPolicy(
-        WatchedRun(run, schedule.run_id, ()), scheduling.frequency_for(run), scheduling.backlog_for(run)
-    )
-    effective = policy.effective(schedule)
-    summary: dict[str, Any] = {
-        "frequency": effective.describe(),
-        "backlog": policy.backlog,
-        "next_due": frequency.next_due(effective, _anchor(schedule)),
-        "last_reset": {
-            "step": schedule.anchor_step,
-            "epoch": schedule.anchor_epoch,
-            "at": schedule.anchor_at,
-        },
-        "evaluated_checkpoints": schedule.evaluated,
-    }
-    if run.adaptive is not None:
-        summary["adaptive"] = {
-            "every_steps": effective.steps,
-            "reason": schedule.every_reason or "no movement measured yet: the starting interval",
-        }
-    return summary
 
 
 class Planner:
@@ -262,7 +192,7 @@ class Planner:
             final = f"final step (final_step={policy.config.final_step})"
             return self._make_due(session, policy, schedule, candidate, final, now, final=final)
         decision = frequency.decide(
-            policy.effective(schedule), _anchor(schedule), step=candidate.step, epoch=epoch, now=now
+            policy.effective(schedule), anchor(schedule), step=candidate.step, epoch=epoch, now=now
         )
         if decision.verdict is frequency.Verdict.DUE:
             return self._make_due(session, policy, schedule, candidate, decision.reason, now)
@@ -284,31 +214,15 @@ class Planner:
         """A checkpoint that became ready after a newer one was planned (it was incomplete, or copied in
         late): judged by its step and epoch against the evaluated checkpoint before it, as it would have
         been in step order. The time trigger takes only the newest, so it plays no part here."""
-        newest = schedule.anchor_step
-        triggers = policy.effective(schedule)
-        if policy.backlog == "newest_only":
-            why = f"not due: ready after step {newest} was planned (backlog = newest_only takes the newest)"
-            self._skip(session, policy, [candidate], why, now)
-            return 0
-        if not triggers.every_checkpoint and triggers.steps is None and triggers.epochs is None:
-            why = f"not due: ready after step {newest} was planned (the time trigger takes the newest)"
-            self._skip(session, policy, [candidate], why, now)
+        refusal = late_refusal(policy, schedule)
+        if refusal is not None:
+            self._skip(session, policy, [candidate], refusal, now)
             return 0
         before = store.due_before(session, policy.run_id, step)
-        anchor = frequency.Anchor(step=0, epoch=0, at=now)
-        if before is not None:
-            before_epoch = frequency.epoch_of(*before, policy.config.steps_per_epoch)
-            anchor = frequency.Anchor(step=before[0], epoch=before_epoch or 0, at=now)
-        decision = frequency.decide(
-            dataclasses.replace(triggers, secs=None), anchor, step=step, epoch=epoch, now=now
-        )
-        if decision.verdict is frequency.Verdict.DUE:
-            reason = f"ready after step {newest} was planned: {decision.reason}"
-            return self._make_due(session, policy, schedule, candidate, reason, now)
-        shown = decision.reason.removeprefix("not due: ")
-        self._skip(
-            session, policy, [candidate], f"not due: ready after step {newest} was planned: {shown}", now
-        )
+        due, why = judge_late(policy, schedule, step=step, epoch=epoch, before=before, now=now)
+        if due:
+            return self._make_due(session, policy, schedule, candidate, why, now)
+        self._skip(session, policy, [candidate], why, now)
         return 0
 
     def _skip(
@@ -345,7 +259,7 @@ class Planner:
         store.set_plan(session, candidate.id, Plan.DUE, reason, now)
         if final is None and policy.is_final(candidate.step):
             final = f"final step (final_step={policy.config.final_step})"
-        created = self._enqueue(session, policy, candidate, schedule.evaluated, final)
+        created = enqueue(session, policy, candidate, self._scheduling.two_stage, schedule.evaluated, final)
         log.info(
             "checkpoint.due",
             run=policy.name,
@@ -368,60 +282,6 @@ class Planner:
             self._on_reset(policy.name, now)
         return created
 
-    def _enqueue(
-        self,
-        session: Session,
-        policy: RunPolicy,
-        candidate: store.PlanCandidate,
-        sequence: int,
-        final: str | None,
-    ) -> int:
-        created = 0
-        two_stage = self._scheduling.two_stage
-        single = [t for t in policy.watched.tasks if t not in two_stage]
-        created += queries.enqueue_jobs(
-            session,
-            checkpoint_id=candidate.id,
-            step=candidate.step,
-            tasks=single,
-            stage=stages.FULL,
-            priority=stages.PRIORITY_QUICK,
-        )
-        for task in policy.watched.tasks:
-            if task not in two_stage:
-                continue
-            created += queries.enqueue_jobs(
-                session,
-                checkpoint_id=candidate.id,
-                step=candidate.step,
-                tasks=[task],
-                stage=stages.QUICK,
-                priority=stages.PRIORITY_QUICK,
-            )
-            why = final or (
-                f"every {two_stage[task].full_every} evaluated checkpoints (this is number {sequence})"
-                if stages.full_by_count(sequence, two_stage[task].full_every)
-                else None
-            )
-            if why is not None:
-                created += self._enqueue_full(session, policy, candidate.id, candidate.step, task, why)
-        return created
-
-    def _enqueue_full(
-        self, session: Session, policy: RunPolicy, checkpoint_id: int, step: int | None, task: str, why: str
-    ) -> int:
-        created = queries.enqueue_jobs(
-            session,
-            checkpoint_id=checkpoint_id,
-            step=step,
-            tasks=[task],
-            stage=stages.FULL,
-            priority=stages.PRIORITY_FULL,
-        )
-        if created:
-            log.info("stage.full_queued", run=policy.name, step=step, task=task, reason=why)
-        return created
-
     # -- the time trigger ---------------------------------------------------------------------------
 
     def time_tick(self, run_name: str) -> int:
@@ -432,8 +292,8 @@ class Planner:
         with self._db.session() as session:
             schedule = store.load_schedule(session, policy.run_id)
             now = self._clock()
-            anchor = _anchor(schedule)
-            if not frequency.time_due(policy.triggers, anchor, now):
+            last = anchor(schedule)
+            if not frequency.time_due(policy.triggers, last, now):
                 return 0
             waiting = store.waiting(session, policy.run_id)
             if not waiting:
@@ -446,7 +306,7 @@ class Planner:
                 f"not due: superseded by step {newest.step} (the time trigger takes the newest)",
                 now,
             )
-            elapsed = (now - anchor.at).total_seconds()
+            elapsed = (now - last.at).total_seconds()
             reason = (
                 f"time trigger: {elapsed:.0f} s since the last evaluation, freq_secs={policy.triggers.secs:g}"
             )
@@ -460,120 +320,15 @@ class Planner:
         self, session: Session, job: queries.ClaimedJob, metrics: Sequence[queries.MetricRow]
     ) -> int:
         """Follow-ups of a stored result, in its transaction: the full stage when a quick result is a new
-        best or an anomaly candidate, and the adaptive interval. Returns how many jobs were created.
-
-        In a savepoint: a failure here is logged and undone, and the result itself still commits.
-        """
+        best or an anomaly candidate, and the adaptive interval (:mod:`daemon.scheduling.followups`).
+        Returns how many jobs were created; a failure there is logged and undone, and the result itself
+        still commits."""
         policy = self.policies.get(job.run)
         if policy is None:
             return 0
-        stage_config = self._scheduling.two_stage.get(job.task)
-        settings = policy.config.adaptive
-        watched_stage = stages.QUICK if stage_config is not None else stages.FULL
-        quick = job.stage == stages.QUICK and stage_config is not None
-        adapt = settings is not None and job.task == settings.task and job.stage == watched_stage
-        if not (quick or adapt):
-            return 0
-        values = {m.name: m for m in metrics}
-        try:
-            with session.begin_nested():
-                # The run's counters first, as planning passes lock them: one lock order, no deadlock.
-                schedule = store.load_schedule(session, policy.run_id)
-                created = 0
-                if quick and stage_config is not None:
-                    created = self._full_after_quick(session, policy, job, stage_config, values)
-                if adapt:
-                    self._adapt(session, policy, schedule, job, values)
-                return created
-        except Exception as exc:
-            log.exception("planner.after_result_failed", job_id=job.id, run=job.run, error=repr(exc))
-            return 0
-
-    def _series(
-        self, session: Session, policy: RunPolicy, job: queries.ClaimedJob, metric: str
-    ) -> tuple[list[adaptive.Point], adaptive.Point | None]:
-        """The metric's earlier points (steps below the job's) and the job's own point."""
-        points = store.metric_series(
-            session, run_id=policy.run_id, task=job.task, stage=job.stage, metric=metric
-        )
-        mine = [p for p in points if p.step == job.step]
-        earlier = [p for p in points if p.step is not None and job.step is not None and p.step < job.step]
-        current = adaptive.Point(job.step, mine[-1].value, mine[-1].stderr) if mine else None
-        return [adaptive.Point(p.step, p.value, p.stderr) for p in earlier], current
-
-    def _full_after_quick(
-        self,
-        session: Session,
-        policy: RunPolicy,
-        job: queries.ClaimedJob,
-        stage_config: TwoStageConfig,
-        values: dict[str, queries.MetricRow],
-    ) -> int:
-        metric = stage_config.watch_metric
-        value = values.get(metric)
-        if value is None:
-            return 0
-        history, _ = self._series(session, policy, job, metric)
-        why = stages.full_after_quick(
-            history,
-            adaptive.Point(job.step, value.value, value.stderr),
-            metric=metric,
-            higher_is_better=higher_is_better(metric),
-            sigmas=stage_config.anomaly_sigmas,
-        )
-        if why is None:
-            return 0
-        return self._enqueue_full(session, policy, job.checkpoint_id, job.step, job.task, why)
-
-    def _adapt(
-        self,
-        session: Session,
-        policy: RunPolicy,
-        schedule: store.Schedule,
-        job: queries.ClaimedJob,
-        values: dict[str, queries.MetricRow],
-    ) -> None:
-        settings = policy.config.adaptive
-        assert settings is not None
-        value = values.get(settings.metric)
-        if value is None or job.step is None:
-            return
-        points = store.metric_series(
-            session, run_id=policy.run_id, task=job.task, stage=job.stage, metric=settings.metric
-        )
-        if any(p.step is not None and p.step > job.step for p in points):
-            return  # a backfilled older checkpoint says nothing about where the run is now
-        earlier = [p for p in points if p.step is not None and p.step < job.step]
-        if not earlier or not math.isfinite(value.value):
-            return
-        current_every = policy.effective(schedule).steps
-        assert current_every is not None
-        interval = adaptive.adapt(
-            current_every,
-            adaptive.Point(earlier[-1].step, earlier[-1].value, earlier[-1].stderr),
-            adaptive.Point(job.step, value.value, value.stderr),
-            metric=settings.metric,
-            min_every=settings.min_every_steps,
-            max_every=settings.max_every_steps,
-            sigmas=settings.noise_sigmas,
-        )
-        schedule.every_steps = interval.every_steps
-        schedule.every_reason = interval.reason
-        store.save_schedule(session, schedule, self._clock())
-        log.info(
-            "schedule.adapted", run=policy.name, every_steps=interval.every_steps, reason=interval.reason
-        )
+        return followups.after_result(session, policy, self._scheduling, job, metrics, self._clock)
 
     # -- housekeeping -------------------------------------------------------------------------------
-
-    def _quiet_limit(self, planned: Sequence[datetime]) -> timedelta:
-        """How long a run must be quiet to count as finished: ``final_after_secs``, or ``QUIET_GAPS`` times
-        its median gap between recent checkpoints when that is longer."""
-        limit = self._scheduling.final_after_secs
-        gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(planned)]
-        if gaps:
-            limit = max(limit, QUIET_GAPS * statistics.median(gaps))
-        return timedelta(seconds=limit)
 
     def finalize_quiet_runs(self) -> int:
         """A run whose newest checkpoint has had no successor for ``final_after_secs`` has finished:
@@ -586,7 +341,9 @@ class Planner:
                 newest = store.newest_checkpoint(session, policy.run_id)
                 if newest is None or newest.planned_at is None:
                     continue
-                limit = self._quiet_limit(store.recent_plan_times(session, policy.run_id))
+                limit = quiet_limit(
+                    self._scheduling.final_after_secs, store.recent_plan_times(session, policy.run_id)
+                )
                 if now - newest.planned_at < limit:
                     continue
                 schedule = store.load_schedule(session, policy.run_id)
@@ -597,7 +354,5 @@ class Planner:
                 else:
                     for task in policy.watched.tasks:
                         if task in self._scheduling.two_stage:
-                            created += self._enqueue_full(
-                                session, policy, newest.id, newest.step, task, quiet
-                            )
+                            created += enqueue_full(session, policy, newest.id, newest.step, task, quiet)
         return created

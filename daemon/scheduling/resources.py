@@ -17,6 +17,7 @@ from types import ModuleType
 import psutil
 import structlog
 
+from daemon.config.scheduling import Thresholds as Thresholds
 from daemon.units import format_bytes
 
 log = structlog.get_logger("evald.resources")
@@ -25,23 +26,6 @@ log = structlog.get_logger("evald.resources")
 GPU_FREE_FIELD = "min_gpu_free_memory"
 GPU_UTILIZATION_FIELD = "max_gpu_utilization"
 HOST_FREE_FIELD = "min_host_free_memory"
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """What must hold before a job starts; ``None`` means not checked."""
-
-    min_gpu_free_bytes: int | None = None
-    max_gpu_utilization_percent: float | None = None
-    min_host_free_bytes: int | None = None
-
-    @property
-    def gpu_thresholds_set(self) -> bool:
-        return self.min_gpu_free_bytes is not None or self.max_gpu_utilization_percent is not None
-
-    @property
-    def any_set(self) -> bool:
-        return self.gpu_thresholds_set or self.min_host_free_bytes is not None
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 from watchdog.observers.api import ObservedWatch
 
-from daemon.watching.discovery import top_level_child
+from daemon.watching.folders import top_level_child
 
 log = structlog.get_logger("evald.watcher")
 

@@ -3,9 +3,11 @@
 Callers open the transaction (``Database.session()``); each function here is one step inside it, so a
 caller can make several steps atomic (a job's results, samples and ``succeeded`` commit together).
 
-Split by what it answers: :mod:`.jobs` (the queue: runs, checkpoints, jobs and their attempts),
-:mod:`.status` (where checkpoints and jobs stand), :mod:`.results` (metric values), :mod:`.samples` (one
-job's samples and problems). Alerts and the outbox are :mod:`storage.alerting`. Every name is re-exported
+Split by what it answers: :mod:`.queue` (runs, checkpoints and the jobs enqueued for them),
+:mod:`.claims` (claiming a job, its lease and fencing token, its submission), :mod:`.recovery` (claims of
+daemons taken for dead), :mod:`.outcomes` (results stored, failures, attempts' history), :mod:`.status`
+(where checkpoints and jobs stand), :mod:`.results` (metric values), :mod:`.samples` (one job's samples
+and problems). Alerts are :mod:`storage.alerting`, the outbox :mod:`storage.outbox`. Every name is re-exported
 here, so callers keep writing ``queries.job_rows``.
 """
 
@@ -22,27 +24,41 @@ from storage.queries.checkpoints import (
     record_ignored,
     same_step,
 )
-from storage.queries.jobs import (
+from storage.queries.claims import (
     CLAIMABLE,
-    AttemptRow,
     ClaimedJob,
+    claim_next_job,
+    executor_states,
+    heartbeat,
+    job_handle,
+    record_handle,
+    requeue_job,
+    set_executor_state,
+    submitted_per_run,
+)
+from storage.queries.outcomes import (
+    AttemptRow,
+    attempt_recorded,
+    complete_job,
+    fail_job,
+    job_history,
+    record_attempt,
+)
+from storage.queries.queue import (
     NewCheckpoint,
     checkpoint_states,
-    claim_next_job,
-    complete_job,
     enqueue_jobs,
     ensure_run,
-    fail_job,
-    heartbeat,
-    job_history,
     job_state,
     mark_checkpoint,
-    orphans,
-    record_attempt,
     record_checkpoint,
-    recover_orphans,
     register_discovered,
-    requeue_job,
+)
+from storage.queries.recovery import (
+    Orphan,
+    fail_orphan,
+    orphans,
+    recover_orphans,
     requeue_orphans,
     take_over,
 )
@@ -88,6 +104,7 @@ __all__ = [
     "JobSamples",
     "MetricRow",
     "NewCheckpoint",
+    "Orphan",
     "ProblemRow",
     "ResultRow",
     "RunRow",
@@ -96,6 +113,7 @@ __all__ = [
     "SamplesUnavailable",
     "alternate_paths",
     "alternate_rows",
+    "attempt_recorded",
     "change_marks",
     "checkpoint_rows",
     "checkpoint_states",
@@ -103,12 +121,15 @@ __all__ = [
     "complete_job",
     "enqueue_jobs",
     "ensure_run",
+    "executor_states",
     "fail_job",
+    "fail_orphan",
     "forget_ignored",
     "heartbeat",
     "ignored_paths",
     "ignored_rows",
     "job_durations",
+    "job_handle",
     "job_history",
     "job_rows",
     "job_samples",
@@ -120,6 +141,7 @@ __all__ = [
     "record_alternate",
     "record_attempt",
     "record_checkpoint",
+    "record_handle",
     "record_ignored",
     "recover_orphans",
     "register_discovered",
@@ -129,5 +151,7 @@ __all__ = [
     "run_exists",
     "run_rows",
     "same_step",
+    "set_executor_state",
+    "submitted_per_run",
     "take_over",
 ]

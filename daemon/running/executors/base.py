@@ -1,16 +1,19 @@
-"""The executor boundary: the daemon decides *what* to run, an executor decides *where*.
+"""The executor contract: the daemon decides *what* to run, an executor decides *where*.
 
 An executor is handed a job folder holding ``spec.json`` and runs the worker entry point
 (``python -m inference.worker``, or a group of its ranks) somewhere that folder is visible; the worker
 writes ``result.json`` (and ``result.rank<N>.json``, ``rank-<N>.log``) into it. Nothing else crosses:
 the result files are the whole contract, wherever the worker ran. The executor only says whether the
-worker is still waiting or running, and how the scheduler saw it end (:class:`Ended`): reading the
-result files and deciding on a retry stay the runner's.
+worker is still waiting or running, and how it saw it end (:class:`Ended`): reading the result files
+and deciding on a retry stay the runner's.
 
-The protocol is small: :meth:`Executor.start` returns a :class:`Handle`, which the runner records with
-the attempt before it moves on; :meth:`Executor.poll` says :class:`Active` or :class:`Ended`;
-:meth:`Executor.cancel`; and :meth:`Executor.find` re-attaches after a restart to a submission whose
-handle was never recorded.
+The protocol is small: :meth:`Executor.job_folder` says where a job's files go; :meth:`Executor.start`
+returns a :class:`Handle`, which the runner records with the attempt before it moves on (where the job
+outlives the daemon, :attr:`Executor.detached`); :meth:`Executor.poll` says :class:`Active` or
+:class:`Ended`, for a handle of this executor or of an earlier daemon's (re-attaching after a restart);
+:meth:`Executor.cancel`; and :meth:`Executor.find` finds a submission whose handle was never recorded.
+One file per implementation: :mod:`.local` (worker processes here), :mod:`.slurm`. Every executor passes
+tests/test_executor_contract.py.
 """
 
 from __future__ import annotations
@@ -166,14 +169,27 @@ class ExecutorUnavailable(RuntimeError):
 class Executor(Protocol):
     """Runs the worker of one job folder somewhere; see the module's docstring."""
 
+    #: Its name in handles and the config (``local``, ``slurm``).
     kind: str
+    #: Whether its jobs outlive the daemon (a scheduler's do; a worker process here does not): their
+    #: handles are stored, a stopping daemon leaves them running and the next one re-attaches.
+    detached: bool
+
+    def job_folder(self, job: JobRef) -> Path:
+        """Where the runner writes ``spec.json`` for ``job``."""
+        ...
+
+    def check(self) -> None:
+        """Whether it can take jobs: :class:`ExecutorError` names what is wrong as configured,
+        :class:`ExecutorUnavailable` says it cannot answer now."""
+        ...
 
     def start(self, spec_path: Path, job: JobRef) -> Handle:
-        """Hand the job whose ``spec.json`` is ``spec_path`` over; returns once it is queued."""
+        """Hand the job whose ``spec.json`` is ``spec_path`` over; returns once it is queued or started."""
         ...
 
     def poll(self, handle: Handle) -> Status:
-        """Where the job is now, or how it ended."""
+        """Where the job is now, or how it ended (for a handle an earlier daemon's executor made too)."""
         ...
 
     def cancel(self, handle: Handle) -> None:

@@ -22,17 +22,15 @@ import contextlib
 import json
 import os
 import re
-import shlex
 import shutil
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import quote, unquote
 
 import structlog
 
-from daemon.executor_config import ExecutorConfig
+from daemon.config import ExecutorConfig
+from daemon.running.executors import slurm_script
 from daemon.running.executors.base import (
     Active,
     Ended,
@@ -45,26 +43,20 @@ from daemon.running.executors.base import (
     Placement,
     Status,
 )
-from daemon.running.executors.slurm_cli import (
-    SlurmCli,
-    SlurmError,
-    SlurmJob,
-    SlurmUnreachable,
-    SubmitRejected,
+from daemon.running.executors.slurm_cli import SlurmCli
+from daemon.running.executors.slurm_output import SlurmError, SlurmJob, SlurmUnreachable, SubmitRejected
+from daemon.running.executors.slurm_script import (
+    EXIT_NAME,
+    ID_NAME,
+    LOG_NAME,
+    SCRIPT_NAME,
+    Layout,
+    submission_environment,
 )
 from daemon.running.workers import stderr_tail
-from inference.spec import EXIT_OUT_OF_MEMORY, PARENT_PID_ENV, JobResult, JobSpec
+from inference.spec import EXIT_OUT_OF_MEMORY, JobResult, JobSpec
 
 log = structlog.get_logger("evald.executor.slurm")
-
-SCRIPT_NAME = "job.sbatch"
-LOG_NAME = "worker.log"
-EXIT_NAME = "exit.json"
-ID_NAME = "slurm_job_id"
-
-#: Variables of the daemon's own that a batch job must not inherit: the daemon's lifeline (a worker on
-#: another node would wait for a pid that is not there) and an allocation the daemon itself may run in.
-_NOT_INHERITED = (PARENT_PID_ENV, "EVALD_DAEMON_PID")
 
 # srun's word on a rank that failed: "srun: error: node3: task 1: Exited with exit code 3".
 _SRUN_TASK = re.compile(r"srun: error: \S+: tasks? (\d+)(?:-\d+)?: (?:Exited with exit code (\d+)|Killed|.*)")
@@ -84,25 +76,11 @@ _ENDS = {
 }
 
 
-@dataclass(frozen=True)
-class Layout:
-    """How a job's ``tp × dp`` ranks sit on Slurm's nodes."""
-
-    nodes: int
-    tasks_per_node: int
-    cpus_per_task: int
-    #: GPUs per node (one a rank) for a CUDA job, else 0.
-    gpus_per_node: int
-
-    @property
-    def ranks(self) -> int:
-        return self.nodes * self.tasks_per_node
-
-
 class SlurmExecutor:
     """Runs job folders as Slurm batch jobs (see the module's docstring)."""
 
     kind = "slurm"
+    detached = True
 
     def __init__(
         self,
@@ -136,26 +114,14 @@ class SlurmExecutor:
     # --- naming ---------------------------------------------------------------------------------------
 
     def job_name(self, job: JobRef) -> str:
-        return f"{self._config.name_prefix}-{job.job_id}-{job.attempt}"
+        return slurm_script.job_name(self._config.name_prefix, job)
 
     def comment(self, job: JobRef) -> str:
-        # No spaces: scontrol -o prints the comment unquoted among KEY=VALUE pairs.
-        return (
-            f"{self._config.name_prefix}:job={job.job_id}:attempt={job.attempt}:run={quote(job.run, safe='')}"
-        )
+        return slurm_script.comment(self._config.name_prefix, job)
 
     def parse_comment(self, comment: str) -> JobRef | None:
         """The evald job a comment of :meth:`comment`'s names; None for anyone else's job."""
-        head, _, rest = comment.partition(":")
-        if head != self._config.name_prefix:
-            return None
-        fields = dict(part.split("=", 1) for part in rest.split(":") if "=" in part)
-        try:
-            return JobRef(
-                job_id=int(fields["job"]), attempt=int(fields["attempt"]), run=unquote(fields.get("run", ""))
-            )
-        except (KeyError, ValueError):
-            return None
+        return slurm_script.parse_comment(self._config.name_prefix, comment)
 
     def job_folder(self, job: JobRef) -> Path:
         """Where the runner writes ``spec.json`` for ``job``: ``<job_dir>/<job id>-<attempt>``."""
@@ -188,29 +154,7 @@ class SlurmExecutor:
         folder.mkdir()
         token = uuid.uuid4().hex
         (folder / "token").write_text(token, encoding="utf-8")
-        quoted = shlex.quote(str(folder))
-        options = [
-            f"--job-name={self._config.name_prefix}-probe",
-            f"--partition={self._partition}",
-            "--time=1",
-            "--ntasks=1",
-            # Not in the folder: where the node does not see it, the job must still run and say so.
-            "--output=/dev/null",
-            "--chdir=/tmp",
-            "--no-requeue",
-            *([f"--account={self._config.account}"] if self._config.account else []),
-            *([f"--qos={self._config.qos}"] if self._config.qos else []),
-            *self._config.extra_sbatch,
-        ]
-        script = "\n".join(
-            [
-                "#!/bin/bash",
-                *(f"#SBATCH {option}" for option in options),
-                f'{{ cat {quoted}/token && echo " $(hostname)"; }} > {quoted}/seen.tmp || exit 1',
-                f"mv -f {quoted}/seen.tmp {quoted}/seen",
-                "",
-            ]
-        )
+        script = slurm_script.probe_script(self._config, folder)
         (folder / "probe.sbatch").write_text(script, encoding="utf-8")
         try:
             slurm_id = self.cli.submit(folder / "probe.sbatch")
@@ -254,87 +198,13 @@ class SlurmExecutor:
     # --- the batch script ---------------------------------------------------------------------------
 
     def layout(self, spec: JobSpec) -> Layout:
-        ranks = spec.inference.world_size
-        nodes = min(self._config.nodes, ranks)
-        if ranks % nodes:
-            raise ExecutorError(
-                f"tp × dp = {ranks} ranks cannot be split evenly over executor.nodes = {self._config.nodes}"
-            )
-        per_node = ranks // nodes
-        cpus = self._config.cpus_per_task or spec.inference.threads or 1
-        gpus = per_node if spec.inference.device.startswith("cuda") else 0
-        return Layout(nodes=nodes, tasks_per_node=per_node, cpus_per_task=cpus, gpus_per_node=gpus)
+        return slurm_script.layout(self._config, spec)
 
     def batch_script(self, spec: JobSpec, spec_path: Path, job: JobRef) -> str:
-        """The script submitted for ``job``: options as ``#SBATCH`` lines (readable, and resubmittable by
-        hand with ``sbatch job.sbatch``), then the worker."""
-        folder = spec_path.parent
-        layout = self.layout(spec)
-        options = [
-            f"--job-name={self.job_name(job)}",
-            f"--comment={self.comment(job)}",
-            f"--partition={self._partition}",
-            f"--time={self._time}",
-            f"--nodes={layout.nodes}",
-            f"--ntasks={layout.ranks}",
-            f"--ntasks-per-node={layout.tasks_per_node}",
-            f"--cpus-per-task={layout.cpus_per_task}",
-            f"--output={folder / LOG_NAME}",
-            "--open-mode=append",
-            f"--chdir={folder}",
-            "--export=ALL",
-            "--requeue" if self._config.requeue else "--no-requeue",
-        ]
-        if self._config.account:
-            options.append(f"--account={self._config.account}")
-        if self._config.qos:
-            options.append(f"--qos={self._config.qos}")
-        if self._config.mem:
-            options.append(f"--mem={self._config.mem}")
-        if layout.gpus_per_node:
-            options.append(
-                f"--gres=gpu:{layout.gpus_per_node}"
-                if self._config.gpu_request == "gres"
-                else f"--gpus-per-node={layout.gpus_per_node}"
-            )
-        options.extend(self._config.extra_sbatch)
-        python, spec_arg = shlex.quote(self._python), shlex.quote(str(spec_path))
-        lines = ["#!/bin/bash", *(f"#SBATCH {option}" for option in options), ""]
-        lines += [
-            f"# evald job {job.job_id}, attempt {job.attempt}, run {job.run!r}, task {job.task!r}.",
-            # No `set -u`: a site's setup script (module init, conda activate) reads unset variables.
-            f"cd {shlex.quote(str(folder))} || exit 1",
-            f'echo "$SLURM_JOB_ID" > {ID_NAME}',
-            'echo "evald: slurm job $SLURM_JOB_ID on $SLURM_JOB_NODELIST" >&2',
-        ]
-        if self._config.setup_script is not None:
-            lines.append(f"source {shlex.quote(str(self._config.setup_script))} || exit 1")
-        if layout.ranks == 1:
-            lines.append(f"{python} -m inference.worker {spec_arg}")
-        else:
-            lines += [
-                # Rank 0 runs on the first node of the allocation: the rendezvous is there, on a port
-                # free on it now (two evald jobs may share a node).
-                'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
-                f"MASTER_PORT=\"$({python} -c 'import socket; s = socket.socket(); "
-                's.bind(("", 0)); print(s.getsockname()[1])\')"',
-                "export MASTER_ADDR MASTER_PORT",
-                # One task a rank; a rank that fails ends the others (--kill-on-bad-exit).
-                f"srun --ntasks={layout.ranks} --ntasks-per-node={layout.tasks_per_node} "
-                f"--cpus-per-task={layout.cpus_per_task} --kill-on-bad-exit=1 "
-                'bash -c \'export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" '
-                f'WORLD_SIZE="$SLURM_NTASKS" LOCAL_WORLD_SIZE={layout.tasks_per_node}; '
-                f'exec "$0" -m inference.worker "$1"\' {python} {spec_arg}',
-            ]
-        lines += [
-            "code=$?",
-            # Written once the worker is done, so that its end is known after Slurm forgets the job.
-            f'printf \'{{"exit_code": %d, "slurm_job_id": "%s"}}\\n\' "$code" "$SLURM_JOB_ID" '
-            f"> {EXIT_NAME}.tmp && mv -f {EXIT_NAME}.tmp {EXIT_NAME}",
-            'exit "$code"',
-            "",
-        ]
-        return "\n".join(lines)
+        """The script submitted for ``job`` (see :func:`slurm_script.batch_script`)."""
+        return slurm_script.batch_script(
+            self._config, spec, spec_path, job, python=self._python, time=self._time
+        )
 
     # --- the protocol ---------------------------------------------------------------------------------
 
@@ -541,19 +411,6 @@ class SlurmExecutor:
             if rank_log.is_file():
                 return f"rank {match.group(1)} failed; its log ends: {stderr_tail(rank_log)}"
         return stderr_tail(folder / LOG_NAME)
-
-
-def submission_environment(env: Mapping[str, str], config: ExecutorConfig) -> dict[str, str]:
-    """The environment ``sbatch`` (and so the job, ``--export=ALL``) gets: the worker environment less
-    the daemon's lifeline and any allocation of the daemon's own (``SLURM_*``; ``SLURM_CONF`` stays)."""
-    out = {
-        k: v
-        for k, v in env.items()
-        if k not in _NOT_INHERITED and not (k.startswith("SLURM_") and k != "SLURM_CONF")
-    }
-    if config.slurm_conf is not None:
-        out["SLURM_CONF"] = str(config.slurm_conf)
-    return out
 
 
 def _placement(job: SlurmJob) -> Placement:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.routing import BaseRoute, Route
 
-from daemon import report
+from daemon.analysis import report
 from daemon.web.context import context
 from daemon.web.params import PAGE, Params
 from daemon.web.responses import JSON, page

@@ -6,7 +6,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.routing import BaseRoute, Route
 
-from daemon import report
+from daemon.analysis import report
 from daemon.web.context import context
 from daemon.web.params import PAGE, STEPS, Params
 from daemon.web.responses import page

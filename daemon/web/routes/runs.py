@@ -10,10 +10,10 @@ from typing import Any
 from starlette.requests import Request
 from starlette.routing import BaseRoute, Route
 
-from daemon import curves, report
+from daemon.analysis import curves, report
+from daemon.analysis.smoothing import parse_smoothing
 from daemon.errors import SmoothingError
 from daemon.filter_values import INTEGER, MAX_INT
-from daemon.smoothing import parse_smoothing
 from daemon.web.context import context
 from daemon.web.params import PAGE, STEPS, ApiError, Params, bad
 from daemon.web.responses import JSON, envelope, page
@@ -72,7 +72,8 @@ def _best(curve: curves.Curve, better: bool | None) -> dict[str, Any] | None:
 
 def series(request: Request) -> JSON:
     """Every (task, stage, metric) curve of a run, columnar (one array per field), with its best point
-    (raw values) and, with ``smooth``, the smoothed values and standard errors of ``daemon.smoothing``."""
+    (raw values) and, with ``smooth``, the smoothed values and standard errors of
+    ``daemon.analysis.smoothing``."""
     params = Params.parse(request.query_params, ("task", "stage", "metric", "smooth", *STEPS))
     try:
         smoothing = parse_smoothing(params.text("smooth") or "none")

@@ -8,8 +8,8 @@ from dataclasses import asdict
 from starlette.requests import Request
 from starlette.routing import BaseRoute, Route
 
-from daemon import report
-from daemon.scheduling.planner import schedule_summary
+from daemon.analysis import report
+from daemon.scheduling.policy import schedule_summary
 from daemon.web.context import context
 from daemon.web.params import PAGE, Params
 from daemon.web.responses import JSON, page

@@ -2,7 +2,7 @@
 //
 // One chart per (task, stage, metric) in sections (pinned, quality, length and behaviour, system); every
 // selected run is a line on it with its standard-error band, the raw curve faint behind the smoothed one
-// (smoothing is computed by the server, daemon/smoothing.py, the same function as `evald compare`), alert
+// (smoothing is computed by the server, daemon/analysis/smoothing.py, the same function as `evald compare`), alert
 // markers at their onset (red: firing, grey: resolved) and the best checkpoint ringed. Runs can be grouped
 // (by name without its seed suffix, a name pattern or a config key) into a mean line with a ± 1 std band
 // across the group's runs. The x axis is the step, the wall time or the time since a run's first result;

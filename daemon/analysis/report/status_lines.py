@@ -1,0 +1,137 @@
+"""``evald status`` as text: each run's summary, the resource thresholds and the Slurm queue, line by line."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from daemon.analysis.report.cells import NO_SAMPLES, cell, one_line
+from daemon.scheduling.resources import Check
+
+
+def _attempts(done: int, most: int | None) -> str:
+    return f"{done} of {most} attempt(s)" if most is not None else f"{done} attempt(s)"
+
+
+def resources_text(check: Check | None) -> str:
+    if check is None:
+        return "resources: no thresholds set"
+    lines = [f"resources: {'met' if check.met else 'NOT met: ' + check.reason}"]
+    lines.extend(f"  {note}" for note in check.not_applicable)
+    return "\n".join(lines)
+
+
+#: How many skipped checkpoints the text status lists (the JSON lists all).
+SKIPPED_SHOWN = 10
+#: How much of a retrying job's last error the text status shows.
+RETRY_ERROR_CHARS = 200
+
+
+def status_text(summary: Mapping[str, Any]) -> str:
+    lines = []
+    for run, info in summary.items():
+        checkpoints = ", ".join(f"{k} {v}" for k, v in info["checkpoints"].items()) or "none"
+        jobs = ", ".join(f"{k} {v}" for k, v in info["jobs"].items()) or "none"
+        lines.append(f"run {run}: last evaluated step {cell(info['last_evaluated_step'])}")
+        schedule = info.get("schedule") or {}
+        if schedule:
+            lines.append(f"  frequency:   {schedule['frequency']} (backlog {schedule['backlog']})")
+            lines.append(f"  next due:    {schedule['next_due']}")
+            if "adaptive" in schedule:
+                adaptive = schedule["adaptive"]
+                lines.append(f"  adaptive:    every {adaptive['every_steps']} steps: {adaptive['reason']}")
+        lines.append(f"  checkpoints: {checkpoints}")
+        lines.append(f"  jobs:        {jobs}")
+        for group in info.get("queue", []):
+            steps = ", ".join(str(s) for s in group["steps"][:8]) + (
+                " ..." if len(group["steps"]) > 8 else ""
+            )
+            where = f"priority {group['priority']} {group['stage']}"
+            lines.append(f"  queue:       {where}: {group['jobs']} job(s), steps {steps}")
+        for job in info.get("running", []):
+            where = f"step {cell(job['step'])} [{job['task']}/{job['stage']}] (job {job['job']})"
+            most = job.get("max_attempts")
+            attempt = f"attempt {job['attempt']}" + (f" of {most}" if most is not None else "")
+            lines.append(
+                f"  running:     {where} on {job['held_by']}, {attempt}, "
+                f"last heartbeat {cell(job['heartbeat_at'])}"
+            )
+            if job.get("slurm_job_id") is not None:
+                lines.append(
+                    f"    slurm:     job {job['slurm_job_id']}: {job.get('scheduler_state') or 'submitted'}"
+                )
+        for job in info.get("deferred", []):
+            lines.append(
+                f"  deferred:    step {cell(job['step'])} [{job['task']}/{job['stage']}]: {job['reason']}"
+            )
+        for job in info.get("retrying", []):
+            where = f"step {cell(job['step'])} [{job['task']}/{job['stage']}] (job {job['job']})"
+            error = one_line(job["error"], RETRY_ERROR_CHARS)
+            lines.append(
+                f"  retrying:    {where}: {job['state']}, {_attempts(job['attempts'], job['max_attempts'])} "
+                f"so far; last error {job['kind']}: {error}"
+            )
+        for folder in info.get("not_ready", []):
+            lines.append(f"  not ready:   {folder['checkpoint']}: {folder['reason'] or 'being written'}")
+        for plan in info.get("waiting", []):
+            lines.append(f"  waiting:     {plan['checkpoint']}: {plan['reason']}")
+        skipped = info.get("skipped", [])
+        for plan in skipped[-SKIPPED_SHOWN:]:
+            lines.append(f"  skipped:     {plan['checkpoint']}: {plan['reason']}")
+        if len(skipped) > SKIPPED_SHOWN:
+            lines.append(
+                f"  skipped:     ... and {len(skipped) - SKIPPED_SHOWN} earlier (--format json lists all)"
+            )
+        for problem in info["problems"]:
+            what = problem["checkpoint"] + (f" [{problem['task']}]" if "task" in problem else "")
+            job = (
+                f" (job {problem['job']}, {_attempts(problem['attempts'], problem.get('max_attempts'))})"
+                if "job" in problem
+                else ""
+            )
+            lines.append(f"  {problem['state']}: {what}{job}: {problem['reason']}")
+        for found in info.get("tp_disagreements", []):
+            lines.append(
+                f"  tp ranks disagreed: step {cell(found['step'])} [{found['task']}] (job {found['job']}): "
+                f"{found['batches']} batch(es), settled by majority"
+            )
+        for job in info.get("left_out", []):
+            where = f"step {cell(job['step'])} [{job['task']}/{job['stage']}] (job {job['job']})"
+            lines.append(
+                f"  left out:    {where}: {job['inputs']} input(s) with problems (see `evald samples`)"
+            )
+        for row in info.get("no_samples", []):
+            where = f"{row['metric']} [{row['task']}/{row['stage']}] at step {cell(row['step'])}"
+            lines.append(
+                f"  {NO_SAMPLES}:  {where} ({row['checkpoint']}), the newest evaluated: "
+                "computed over no samples (n = 0)"
+            )
+        for folder in info.get("ignored", []):
+            lines.append(f"  ignored:     {folder['folder']}: {folder['reason']}")
+        for alternate in info.get("alternates", []):
+            lines.append(
+                f"  alternate:   {alternate['folder']} ({alternate['layout']}): the same step as "
+                f"{alternate['of']}, which is evaluated instead"
+            )
+    return "\n".join(lines)
+
+
+def cluster_text(cluster: Mapping[str, Any] | None) -> str:
+    """``evald status``'s lines on the Slurm queue: evald's jobs the controller holds now."""
+    if cluster is None:
+        return ""
+    head = f"slurm queue (partition {cluster['partition']}, prefix {cluster['prefix']}): "
+    if cluster.get("error"):
+        return head + f"not read: {cluster['error']}"
+    jobs = cluster["jobs"]
+    lines = [head + (f"{len(jobs)} job(s) queued or running" if jobs else "no job queued or running")]
+    if cluster.get("problem"):
+        lines.append(f"  not submitting: {cluster['problem']}")
+    for job in jobs:
+        where = f" on {job['nodes']}" if job.get("nodes") else ""
+        why = f" ({job['reason']})" if job.get("reason") and job["state"] != "RUNNING" else ""
+        lines.append(
+            f"  slurm {job['slurm_job_id']}: evald job {job['job']} attempt {job['attempt']} "
+            f"[{job['run']}] {job['state']}{why}{where}"
+        )
+    return "\n".join(lines)

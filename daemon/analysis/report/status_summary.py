@@ -1,0 +1,199 @@
+"""What ``evald status`` and ``/api/status`` say of each run, assembled from the stored rows as plain data."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from daemon.analysis.report.cells import jsonable
+from daemon.scheduling.resources import Check
+from storage.queries import AlternateRow, CheckpointRow, IgnoredRow, JobRow, ResultRow
+from storage.scheduling import PlanRow
+
+
+def status(
+    checkpoints: Sequence[CheckpointRow],
+    jobs: Sequence[JobRow],
+    runs: Sequence[str],
+    plans: Sequence[PlanRow] = (),
+    schedules: Mapping[str, Mapping[str, Any]] | None = None,
+    max_attempts: int | None = None,
+    ignored: Sequence[IgnoredRow] = (),
+    alternates: Sequence[AlternateRow] = (),
+    latest: Sequence[ResultRow] = (),
+) -> dict[str, Any]:
+    """Per run: counts by state, the frequency and when the next checkpoint is due, the queue by
+    priority, every deferred job, waiting and skipped checkpoint with its reason, and every job that is
+    being retried or failed with its attempts (of ``max_attempts``) and its last error; the folders
+    discovery did not take, with why, and the other shapes of evaluated steps (alternates); the metrics
+    whose newest result (of ``latest``) was computed over no samples."""
+    out: dict[str, Any] = {}
+    for run in runs:
+        run_checkpoints = [c for c in checkpoints if c.run == run]
+        run_jobs = [j for j in jobs if j.run == run]
+        run_plans = [p for p in plans if p.run == run]
+        out[run] = {
+            "checkpoints": _count(c.state for c in run_checkpoints),
+            "jobs": _count(j.state for j in run_jobs),
+            "last_evaluated_step": max(
+                (j.step for j in run_jobs if j.state == "succeeded" and j.step is not None), default=None
+            ),
+            "schedule": {k: _jsonable_deep(v) for k, v in (schedules or {}).get(run, {}).items()},
+            "queue": _queue(run_jobs),
+            "running": [
+                {
+                    "job": j.id,
+                    "step": j.step,
+                    "task": j.task,
+                    "stage": j.stage,
+                    "attempt": j.attempts,
+                    "max_attempts": max_attempts,
+                    "held_by": j.claimed_by,
+                    "started_at": jsonable(j.started_at),
+                    "heartbeat_at": jsonable(j.heartbeat_at),
+                }
+                for j in run_jobs
+                if j.state == "running"
+            ],
+            "deferred": [
+                {"job": j.id, "step": j.step, "task": j.task, "stage": j.stage, "reason": j.wait_reason}
+                for j in run_jobs
+                if j.state == "deferred"
+            ],
+            # Jobs whose last attempt failed and that will run again: the retry queue is the database.
+            "retrying": [
+                {
+                    "job": j.id,
+                    "step": j.step,
+                    "task": j.task,
+                    "stage": j.stage,
+                    "state": j.state,
+                    "attempts": j.attempts,
+                    "max_attempts": max_attempts,
+                    "kind": j.error_kind,
+                    "error": j.error,
+                }
+                for j in run_jobs
+                if j.state in RETRYING_STATES and j.attempts > 0 and j.error is not None
+            ],
+            # Still being written, or incomplete until invalid_after_secs: newer ones are not held back.
+            "not_ready": [
+                {"checkpoint": c.name, "step": c.step, "reason": c.reason}
+                for c in run_checkpoints
+                if c.state == "discovered"
+            ],
+            "waiting": [_plan(p) for p in run_plans if p.plan == "waiting"],
+            "skipped": [_plan(p) for p in run_plans if p.plan == "skipped"],
+            "problems": [
+                {"checkpoint": c.name, "step": c.step, "state": c.state, "reason": c.reason}
+                for c in run_checkpoints
+                if c.state in ("invalid", "vanished")
+            ]
+            + [
+                {
+                    "checkpoint": j.checkpoint,
+                    "step": j.step,
+                    "task": j.task,
+                    "state": j.state,
+                    "reason": j.error,
+                    "job": j.id,
+                    "kind": j.error_kind,
+                    "attempts": j.attempts,
+                    "max_attempts": max_attempts,
+                }
+                for j in run_jobs
+                if j.state == "failed"
+            ],
+            "tp_disagreements": [
+                {"job": j.id, "step": j.step, "task": j.task, "batches": j.tp_disagreements}
+                for j in run_jobs
+                if j.tp_disagreements
+            ],
+            "left_out": [
+                {"job": j.id, "step": j.step, "task": j.task, "stage": j.stage, "inputs": j.problems}
+                for j in run_jobs
+                if j.problems
+            ],
+            "no_samples": [
+                {
+                    "step": r.step,
+                    "checkpoint": r.checkpoint,
+                    "task": r.task,
+                    "stage": r.stage,
+                    "metric": r.metric,
+                }
+                for r in latest
+                if r.run == run and r.no_samples
+            ],
+            "ignored": [{"folder": i.name, "reason": i.reason} for i in ignored if i.run == run],
+            "alternates": [
+                {"folder": a.name, "layout": a.layout, "of": a.of} for a in alternates if a.run == run
+            ],
+        }
+    return out
+
+
+#: States of a job that runs again after a failed attempt (its error stays until it succeeds).
+RETRYING_STATES = ("pending", "deferred", "running")
+
+
+def _jsonable_deep(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _jsonable_deep(v) for k, v in value.items()}
+    return jsonable(value)
+
+
+def _plan(row: PlanRow) -> dict[str, Any]:
+    return {"checkpoint": row.checkpoint, "step": row.step, "reason": row.reason}
+
+
+def _queue(jobs: Sequence[JobRow]) -> list[dict[str, Any]]:
+    """Jobs waiting to run, grouped by priority (highest, which runs first, first)."""
+    groups: dict[tuple[int, str], list[JobRow]] = {}
+    for job in jobs:
+        if job.state == "pending":
+            groups.setdefault((job.priority, job.stage), []).append(job)
+    return [
+        {
+            "priority": priority,
+            "stage": stage,
+            "jobs": len(group),
+            "steps": sorted({j.step for j in group if j.step is not None}, reverse=True),
+        }
+        for (priority, stage), group in sorted(groups.items(), key=lambda item: (-item[0][0], item[0][1]))
+    ]
+
+
+def _count(states: Iterable[str]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for state in states:
+        counts[state] = counts.get(state, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def resources(check: Check | None) -> dict[str, Any] | None:
+    if check is None:
+        return None
+    return {"met": check.met, "unmet": list(check.unmet), "not_applicable": list(check.not_applicable)}
+
+
+def with_scheduler(
+    runs: Mapping[str, Any], states: Mapping[int, tuple[str | None, str | None]]
+) -> dict[str, Any]:
+    """``status``'s summary with each running job's Slurm job id and scheduler state (``PENDING
+    (Resources)``) where it was handed to Slurm; ``states``: job id → (stored handle, state)."""
+    out: dict[str, Any] = {}
+    for run, info in runs.items():
+        running = []
+        for job in info.get("running", []):
+            handle, state = states.get(job["job"], (None, None))
+            slurm_id = None
+            if handle is not None:
+                try:
+                    slurm_id = json.loads(handle).get("external_id")
+                except (ValueError, AttributeError):
+                    slurm_id = None
+            running.append({**job, "slurm_job_id": slurm_id, "scheduler_state": state})
+        out[run] = {**info, "running": running}
+    return out

@@ -1,0 +1,80 @@
+"""``evald run``, ``evald serve`` and ``evald demo``: the commands that keep running."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+
+import structlog
+
+from daemon import log as logs
+from daemon.cli.base import load
+from daemon.cli.datasets import dataset_problems
+from daemon.config import Config, config_path, load_config
+from daemon.errors import ConfigError
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from daemon.service import Service, open_database
+
+    config = load(args)
+    problems = dataset_problems(config)
+    logs.configure(sys.stdout, fmt=config.daemon.log_format, level=config.daemon.log_level)
+    if problems:
+        # Not fatal: each job leaves these rows out and reports them.
+        structlog.get_logger("daemon.cli").warning(
+            "dataset.problems", count=len(problems), first=[f"{p.where}: {p.message}" for p in problems[:5]]
+        )
+    database = open_database(config)
+    path = config_path(args.config)
+
+    def reload_config() -> Config:
+        # The same checks as a start: the file, every field, and a dataset with no usable row. Each
+        # problem names the file: config.reload_refused has nothing else to say which one it read.
+        where = path.absolute()
+        try:
+            fresh = load_config(path)
+        except ConfigError as exc:
+            if not path.exists():
+                raise ConfigError(
+                    str(where),
+                    [f"{where}: file not found (the daemon started with it: put it back and reload)"],
+                ) from exc
+            raise ConfigError(str(where), [f"{where}: {problem}" for problem in exc.problems]) from exc
+        dataset_problems(fresh)
+        return fresh
+
+    service = Service(config, database, reload_config=reload_config)
+    signal.signal(signal.SIGTERM, service.request_stop)
+    signal.signal(signal.SIGINT, service.request_stop)
+    signal.signal(signal.SIGHUP, service.request_reload)
+    try:
+        service.run()
+    finally:
+        database.dispose()
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from daemon.web.exposure import open_problem
+    from daemon.web.server import serve
+
+    config = load(args)
+    host = args.host or config.web.host
+    exposed = open_problem(config.web, host)
+    if exposed is not None and not (args.insecure_no_token or config.web.allow_open):
+        raise ConfigError("web.host", [f"evald serve refused: {exposed}"])
+    logs.configure(sys.stdout, fmt=config.daemon.log_format, level=config.daemon.log_level)
+    if exposed is not None:
+        structlog.get_logger("daemon.web").warning("web.open_without_token", host=host)
+    serve(config, host=host, port=args.port or config.web.port)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from daemon.demo import run_demo
+
+    workdir = Path(args.workdir) if args.workdir else None
+    return run_demo(workdir, as_json=args.json, serve=args.serve, port=args.port)

@@ -1,0 +1,75 @@
+"""``evald status``: checkpoints and jobs by state per run, the resource thresholds now, and the Slurm
+queue where jobs run through Slurm."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from daemon.analysis import report
+from daemon.analysis.run_status import read_status
+from daemon.cli.base import load, open_current
+from daemon.config import Config
+from daemon.running import remote
+from daemon.running.executors.base import ExecutorError, ExecutorUnavailable
+from daemon.running.executors.slurm_output import SlurmError
+from daemon.service import resource_probe
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    config = load(args)
+    database = open_current(config)
+    try:
+        runs = read_status(database, config)
+    finally:
+        database.dispose()
+    cluster = slurm_queue(config)
+    # The thresholds as they stand now, read the way the daemon reads them before starting a job.
+    probe = resource_probe(config)
+    check = probe.check() if probe is not None else None
+    if args.format == "json":
+        shown: dict[str, Any] = {"runs": runs, "resources": report.resources(check)}
+        if cluster is not None:
+            shown["slurm"] = cluster
+        print(json.dumps(shown, indent=1))
+    else:
+        print(report.status_text(runs))
+        print(report.resources_text(check))
+        if cluster is not None:
+            print(report.cluster_text(cluster))
+    return 0
+
+
+def slurm_queue(config: Config) -> dict[str, Any] | None:
+    """evald's jobs in the Slurm queue now (``[executor] kind = "slurm"``; None otherwise): id, evald job
+    and attempt, run, state, reason, nodes; or the error that kept squeue from answering."""
+    try:
+        executor = remote.make_executor(config)
+    except ExecutorError as exc:
+        return {"partition": config.executor.partition, "prefix": "", "error": str(exc), "jobs": []}
+    if executor is None:
+        return None
+    out: dict[str, Any] = {"partition": config.executor.partition, "prefix": config.executor.name_prefix}
+    try:
+        active = executor.active()
+    except (ExecutorUnavailable, SlurmError) as exc:
+        return {**out, "error": str(exc), "jobs": []}
+    try:
+        executor.check()
+    except (ExecutorError, ExecutorUnavailable, SlurmError) as exc:
+        # What keeps the daemon from submitting (no such partition): its jobs wait in evald's queue.
+        out["problem"] = str(exc)
+    out["jobs"] = [
+        {
+            "slurm_job_id": job.job_id,
+            "job": ref.job_id,
+            "attempt": ref.attempt,
+            "run": ref.run,
+            "state": job.state,
+            "reason": job.reason,
+            "nodes": job.nodes or None,
+        }
+        for ref, job in sorted(active, key=lambda pair: int(pair[1].job_id))
+    ]
+    return out

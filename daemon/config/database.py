@@ -1,0 +1,25 @@
+"""``[database]``: where results are kept (SQLite or PostgreSQL), and how long to wait for it."""
+
+from __future__ import annotations
+
+from pydantic import Field, ValidationInfo, field_validator
+
+from daemon.config.base import Section, base_dir
+
+
+class DatabaseConfig(Section):
+    url: str = Field(default="sqlite:///evald.db", validate_default=True)
+    #: How long the daemon keeps trying to reach the database at start before it exits non-zero (and
+    #: its supervisor starts it again). Once running, it waits out any outage, however long.
+    start_timeout_secs: float = Field(default=60.0, ge=0)
+    #: The longest wait between two tries while the database is away (the waits double up to it).
+    retry_max_secs: float = Field(default=5.0, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _relative_sqlite(cls, url: str, info: ValidationInfo) -> str:
+        # A relative SQLite path means "beside the config", not "wherever systemd's cwd is".
+        prefix = "sqlite:///"
+        if url.startswith(prefix) and not url.startswith(prefix + "/") and url != prefix + ":memory:":
+            return prefix + str((base_dir(info) / url[len(prefix) :]).resolve())
+        return url

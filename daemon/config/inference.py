@@ -1,0 +1,91 @@
+"""``[inference]``: how a worker evaluates (engine, device, tp × dp, hostfile) and what it may inherit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
+
+from daemon.config.base import Section, existing_file
+from daemon.config.worker_env import refused_extra
+from inference.spec import Engine, InferenceSpec
+
+
+def hostfile_slots(path: Path) -> int:
+    """The rank count of a DeepSpeed hostfile (``host slots=N`` per line, ``#`` comments)."""
+    total = 0
+    for number, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        if len(parts) != 2 or not parts[1].startswith("slots=") or not parts[1][6:].isdigit():
+            raise ValueError(f"{path}:{number}: expected 'HOST slots=N', got {raw.strip()!r}")
+        total += int(parts[1][6:])
+    return total
+
+
+def _worker_env_name(name: str) -> str:
+    why = refused_extra(name)
+    if why is not None:
+        raise ValueError(why)
+    return name
+
+
+class InferenceConfig(Section):
+    #: ``deepspeed`` (AutoTP, any tp) or ``hf`` (plain transformers, tp = 1).
+    engine: Engine = "deepspeed"
+    device: str = "cpu"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    threads: int | None = Field(default=None, ge=1)
+    #: Tensor-parallel ranks per replica and data-parallel replicas: each job runs tp × dp ranks.
+    tp: int = Field(default=1, ge=1)
+    dp: int = Field(default=1, ge=1)
+    #: DeepSpeed hostfile for a worker group across several nodes; unset, the group runs on this node.
+    hostfile: Path | None = None
+    #: Extra arguments for the launcher of a worker group (torchrun, or DeepSpeed's with a hostfile),
+    #: e.g. ``["--master_addr", "10.0.0.1"]``.
+    launcher_args: tuple[str, ...] = ()
+    #: Interpreter that runs workers; defaults to the daemon's own.
+    python: Path | None = None
+    #: Environment variables a worker inherits beyond those it needs (daemon/running/environment.py
+    #: lists them: PATH, HOME, CUDA_*, HF_*, ...), e.g. a reward function's settings.
+    worker_env: tuple[Annotated[str, AfterValidator(_worker_env_name)], ...] = ()
+    #: A worker still running after this long is killed and its job failed.
+    job_timeout_secs: float = Field(default=3600.0, gt=0)
+    #: A job whose worker crashes or times out is tried this many times in all before it stays failed.
+    max_attempts: int = Field(default=3, ge=1)
+    seed: int = 0
+    #: Per-sample outputs stored per job (the first ones); the rest are only aggregated.
+    max_samples: int = Field(default=1000, ge=0)
+    #: Longest prompt, response or answer text stored per sample; longer text is cut and marked.
+    max_text_chars: int = Field(default=2000, ge=16)
+
+    @field_validator("hostfile")
+    @classmethod
+    def _hostfile(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        return existing_file(value, info)
+
+    @model_validator(mode="after")
+    def _layout(self) -> InferenceConfig:
+        if self.engine == "hf" and self.tp > 1:
+            raise ValueError(f"engine 'hf' cannot shard a model (tp = {self.tp}): use engine = \"deepspeed\"")
+        if self.hostfile is not None and self.tp * self.dp > 1:
+            slots = hostfile_slots(self.hostfile)
+            if slots != self.tp * self.dp:
+                raise ValueError(
+                    f"hostfile {self.hostfile} has {slots} slots but tp × dp = {self.tp * self.dp}: "
+                    "DeepSpeed's launcher starts one rank per slot"
+                )
+        return self
+
+    def spec(self) -> InferenceSpec:
+        return InferenceSpec(
+            engine=self.engine,
+            device=self.device,
+            dtype=self.dtype,
+            threads=self.threads,
+            tp=self.tp,
+            dp=self.dp,
+        )

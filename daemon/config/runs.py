@@ -1,0 +1,135 @@
+"""``[[runs]]``: the training runs watched, where their checkpoints land and how often to evaluate them."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from daemon.config.base import Section, base_dir, resolve_path
+from inference import layouts
+
+Backlog = Literal["newest_first", "oldest_first", "newest_only"]
+
+
+class AdaptiveConfig(Section):
+    """Evaluate more often while ``metric`` of ``task`` moves by more than its noise, less on a plateau."""
+
+    task: str
+    metric: str = "accuracy"
+    min_every_steps: int = Field(ge=1)
+    max_every_steps: int = Field(ge=1)
+    #: A change counts as movement when it exceeds this many combined standard errors.
+    noise_sigmas: float = Field(default=2.0, gt=0)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AdaptiveConfig:
+        if self.min_every_steps > self.max_every_steps:
+            raise ValueError(
+                f"min_every_steps ({self.min_every_steps}) is larger than max_every_steps "
+                f"({self.max_every_steps})"
+            )
+        return self
+
+
+class RunConfig(Section):
+    name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    root: Path
+    #: "auto" detects each checkpoint's layout; or one of :data:`inference.layouts.REGISTRY`.
+    layout: str = "auto"
+    #: A file the trainer writes last; when set, a checkpoint is ready as soon as it exists.
+    marker: str | None = None
+    #: Folder with the HF config.json (and tokenizer) for checkpoints that hold only tensors
+    #: (DeepSpeed engine, DCP).
+    hf_config: Path | None = None
+    #: "inotify" adds filesystem events to the periodic rescan; "poll" relies on the rescan alone, for
+    #: filesystems whose writes by other hosts inotify does not see; "auto" polls on network filesystems
+    #: (NFS, Lustre, GPFS, ...) and uses inotify elsewhere.
+    watch_mode: Literal["auto", "inotify", "poll"] = "auto"
+    #: Task names to evaluate for this run; empty means every task.
+    tasks: tuple[str, ...] = ()
+    #: How often to evaluate; unset fields take ``[scheduling]``'s (see :class:`SchedulingConfig`).
+    freq_steps: int | None = Field(default=None, ge=1)
+    freq_epochs: int | None = Field(default=None, ge=1)
+    freq_secs: float | None = Field(default=None, gt=0)
+    backlog: Backlog | None = None
+    #: Turns steps into epochs for checkpoints whose folder names carry only a step.
+    steps_per_epoch: int | None = Field(default=None, ge=1)
+    #: Evaluate ``base_model`` as step 0 before the first checkpoint.
+    eval_before_train: bool = False
+    base_model: Path | None = None
+    #: The run's last step: the checkpoint that reaches it is final (two-stage: gets its full stage).
+    final_step: int | None = Field(default=None, ge=0)
+    adaptive: AdaptiveConfig | None = None
+    #: One step saved in several shapes is evaluated once, in the first of these shapes that is there:
+    #: "hf_export" (save_pretrained weights, what users deploy) before "resumable" (engine shards, DCP);
+    #: the others are recorded as its alternates.
+    prefer: tuple[layouts.Shape, ...] = Field(
+        default=(layouts.Shape.HF_EXPORT, layouts.Shape.RESUMABLE), min_length=1
+    )
+
+    @field_validator("root")
+    @classmethod
+    def _root(cls, value: Path, info: ValidationInfo) -> Path:
+        try:
+            root = resolve_path(value, info)
+        except RuntimeError:
+            # Path.resolve on 3.11 raises this on a symlink loop: kept unresolved for _root_readable to name.
+            root = base_dir(info) / value.expanduser()
+        if root.exists() and not root.is_dir():
+            raise ValueError(f"not a directory: {root}")
+        return root
+
+    @field_validator("layout")
+    @classmethod
+    def _layout(cls, value: str) -> str:
+        if value != "auto" and value not in layouts.REGISTRY:
+            raise ValueError(f"unknown layout {value!r} (known: auto, {', '.join(layouts.REGISTRY)})")
+        return value
+
+    @field_validator("hf_config")
+    @classmethod
+    def _hf_config(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if value is None:
+            return None
+        folder = resolve_path(value, info)
+        if not (folder / "config.json").is_file():
+            raise ValueError(f"no config.json in {folder}")
+        return folder
+
+    @field_validator("base_model")
+    @classmethod
+    def _base_model(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if value is None:
+            return None
+        folder = resolve_path(value, info)
+        if not folder.is_dir():
+            raise ValueError(f"not a directory: {folder}")
+        return folder
+
+    @model_validator(mode="after")
+    def _before_train(self) -> RunConfig:
+        if self.eval_before_train and self.base_model is None:
+            raise ValueError("eval_before_train needs base_model (the model the run starts from)")
+        return self
+
+    @model_validator(mode="after")
+    def _root_readable(self) -> RunConfig:
+        """A root that does not exist yet is fine (the trainer creates it); one that is a symlink loop or
+        cannot be looked at is not: ``exists()`` says False for both, and the run would watch nothing."""
+        try:
+            self.root.stat()
+        except OSError as exc:
+            if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+                what = "is a symlink loop" if exc.errno == errno.ELOOP else "cannot be read"
+                raise ValueError(
+                    f"run {self.name!r}: root {self.root} {what} ({exc.strerror}); fix the link or the path"
+                ) from None
+        return self
+
+    def layout_settings(self) -> layouts.LayoutSettings:
+        return layouts.LayoutSettings(
+            marker=self.marker, hf_config=self.hf_config, base_model=self.base_model
+        )

@@ -1,0 +1,1 @@
+"""The sinks, one file each: :mod:`.webhook`, :mod:`.mlflow`, :mod:`.wandb`, :mod:`.tensorboard`."""

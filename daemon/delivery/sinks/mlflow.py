@@ -1,0 +1,433 @@
+"""The MLflow sink: each evaluation's values logged at the checkpoint's training step.
+
+Keys ``eval/<task>/<metric>`` with ``/stderr`` and ``/n`` beside them, all of one evaluation in one
+``log_batch`` together with the tag ``evald.job.<job id>`` (its task, stage, step and checkpoint path);
+consecutive evaluations of one run share the call, up to 100 (MLflow's limit of 100 tags per batch).
+MLflow's ``log_metric`` with a step is not idempotent (the same value at a new timestamp is a second
+history entry), so delivery is made idempotent twice over: that tag is the record of what was delivered
+(a message whose tag is on the run is not logged again), and each value carries the evaluation's own
+finish time as its timestamp, so a batch sent again after the server took it (a crash before the
+outbox's mark, or a server that died between writing the batch's metrics and its tags, which MLflow's
+SQL store commits separately) repeats the same (key, step, timestamp, value), which the store keeps once.
+
+An alert event sets the tags ``evald.alert.<id>`` (the event as JSON), ``.state`` and ``.severity``.
+
+The run is the trainer's where it can be found (``run_ids`` in the tracker's config, else the newest run
+under ``<run root>/mlruns``), checked to exist; else one own run per evald run, found again by its
+``evald.run`` tag after a restart. ``mlflow`` is imported here only: it is an optional extra.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from daemon.config import TrackerConfig
+from daemon.delivery.base import Batch, Sink
+from daemon.delivery.errors import SinkError, SinkRefused, SinkRejected, SinkUnavailable
+from daemon.delivery.messages import AlertEvent, Message, ResultMessage
+
+log = structlog.get_logger("daemon.delivery.sinks.mlflow")
+
+#: The per-job delivery tag's prefix: its presence on the run means the job's values are there.
+JOB_TAG = "evald.job."
+RUN_TAG = "evald.run"
+#: An alert's tags: ``evald.alert.<id>`` (its latest event as JSON, with the event id), ``.state``,
+#: ``.severity`` beside it (so ``tags."evald.alert.7.state" = 'firing'`` finds the runs).
+ALERT_TAG = "evald.alert."
+#: MLflow's limit on a tag's value.
+TAG_CHARS = 5000
+#: MLflow's ``log_batch`` limits: 1,000 metrics, params and tags together, 100 tags.
+MAX_ENTITIES = 1000
+MAX_TAGS = 100
+#: What is read of an artifact upload's answer: enough for the server's error text, never a 1 GB body.
+MAX_ANSWER_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """One message's share of a ``log_batch``."""
+
+    message: Message
+    metrics: tuple[Any, ...]
+    tags: tuple[Any, ...]
+    #: Already on the run (its delivery tag there): nothing to send.
+    already: bool = False
+    #: The delivery tag and event id remembered once the batch is taken.
+    mark: tuple[str, str] | None = None
+
+    @property
+    def size(self) -> int:
+        return len(self.metrics) + len(self.tags)
+
+
+def trainer_run_on_disk(root: Path) -> str | None:
+    """The newest run id a trainer's local MLflow file store left under ``root/mlruns``."""
+    newest: tuple[float, str] | None = None
+    for meta in root.glob("mlruns/*/*/meta.yaml"):
+        try:
+            text = meta.read_text(encoding="utf-8")
+            mtime = meta.stat().st_mtime
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith("run_id:"):
+                run_id = line.split(":", 1)[1].strip().strip("'\"")
+                if run_id and (newest is None or mtime > newest[0]):
+                    newest = (mtime, run_id)
+    return None if newest is None else newest[1]
+
+
+def _classify(exc: Exception, doing: str) -> Exception:
+    """MLflow's error as the relay's: refused credentials pause, a bad message is given up, the rest
+    is tried again."""
+    from mlflow.exceptions import MlflowException
+
+    if isinstance(exc, MlflowException):
+        status = exc.get_http_status_code()  # type: ignore[no-untyped-call]
+        text = str(exc).splitlines()[0][:300]
+        if status in (401, 403):
+            return SinkRefused(f"{doing}: credentials refused (HTTP {status}): {text}")
+        if status == 400 and "INVALID_PARAMETER_VALUE" in exc.error_code and doing.startswith("log"):
+            return SinkRejected(f"{doing}: {text}")
+        return SinkUnavailable(f"{doing}: {text}")
+    return SinkUnavailable(f"{doing}: {type(exc).__name__}: {str(exc)[:300]}")
+
+
+class MlflowSink(Sink[Message]):
+    def __init__(self, config: TrackerConfig, environ: Mapping[str, str]) -> None:
+        # No retries inside MLflow's client (its default backs off for minutes): the relay retries, with
+        # the outbox keeping the message, and one call must end within the tracker's timeout.
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+        # MLflow reads both from the environment at each request: process-wide, so the newest sink's
+        # timeout holds for all (one MLflow tracker per daemon is the usual case).
+        os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(max(1, int(config.timeout_secs)))
+        self.name = config.name
+        self._config = config
+        self._uri = config.tracking_uri or ""
+        token = environ.get(config.token_env, "") if config.token_env else ""
+        user = environ.get(config.user_env, "") if config.user_env else ""
+        for named, value in ((config.token_env, token), (config.user_env, user)):
+            if named is not None and not value:
+                # Refused, not down: the sink pauses with this line instead of retrying every second.
+                raise SinkRefused(f"environment variable {named} is not set or empty")
+        #: The sink's own credentials (never in the environment), for the artifact uploads too.
+        self._token, self._user = token or None, user or None
+        self._artifact_roots: dict[str, str] = {}
+        self._store = self._make_store(self._token, self._user)
+        #: evald run -> MLflow run id, and each MLflow run's delivery tags (``_delivered_tags``).
+        self._runs: dict[str, str] = {}
+        self._delivered: dict[str, dict[str, str]] = {}
+        self._experiment_id: str | None = None
+
+    def _make_store(self, token: str | None, user: str | None) -> Any:
+        if self._uri.startswith(("http://", "https://")):
+            from mlflow.store.tracking.rest_store import RestStore
+            from mlflow.utils.rest_utils import MlflowHostCreds
+
+            # The token goes in this store's credentials only: not into the environment, where MLflow
+            # would look for it, and from where nothing may pass it on.
+            creds = (
+                MlflowHostCreds(self._uri, username=user, password=token)  # type: ignore[no-untyped-call]
+                if user is not None
+                else MlflowHostCreds(self._uri, token=token)  # type: ignore[no-untyped-call]
+            )
+            return RestStore(lambda: creds)  # type: ignore[no-untyped-call]
+        from mlflow.tracking._tracking_service.utils import _get_store
+
+        return _get_store(self._uri)  # type: ignore[no-untyped-call]
+
+    def where(self, run: str) -> str:
+        run_id = self._runs.get(run)
+        base = self._uri.rstrip("/")
+        if run_id is None or self._experiment_id is None:
+            return f"MLflow {base} (experiment {self._config.experiment})"
+        return f"MLflow {base}/#/experiments/{self._experiment_id}/runs/{run_id}"
+
+    def close(self) -> None:
+        self._runs.clear()
+        self._delivered.clear()
+
+    def run_id(self, message: Message) -> str:
+        """The MLflow run ``message``'s evald run logs into (found or created once per sink)."""
+        known = self._runs.get(message.run)
+        if known is not None:
+            return known
+        run_id = None
+        if self._config.attach == "trainer":
+            run_id = self._trainer_run(message)
+        if run_id is None:
+            run_id = self._own_run(message)
+        # Read before the run is remembered: a read that fails (a timeout) is retried with the lookup,
+        # never left as a known run without its delivery tags.
+        delivered = self._delivered_tags(run_id)
+        self._runs[message.run] = run_id
+        self._delivered[run_id] = delivered
+        return run_id
+
+    def _trainer_run(self, message: Message) -> str | None:
+        from mlflow.exceptions import MlflowException
+
+        candidate = self._config.run_ids.get(message.run) or trainer_run_on_disk(Path(message.run_root))
+        if candidate is None:
+            return None
+        try:
+            run = self._store.get_run(candidate)
+        except MlflowException as exc:
+            if exc.get_http_status_code() == 404:  # type: ignore[no-untyped-call]
+                log.warning(
+                    "tracker.trainer_run_missing",
+                    tracker=self.name,
+                    run=message.run,
+                    trainer_run=candidate,
+                    detail="the trainer's MLflow run does not exist on this server: logging to an own run",
+                )
+                return None
+            raise _classify(exc, "get the trainer's run") from exc
+        except Exception as exc:
+            raise _classify(exc, "get the trainer's run") from exc
+        if run.info.lifecycle_stage == "deleted":
+            log.warning(
+                "tracker.trainer_run_missing",
+                tracker=self.name,
+                run=message.run,
+                trainer_run=candidate,
+                detail="the trainer's MLflow run is deleted: logging to an own run",
+            )
+            return None
+        self._experiment_id = run.info.experiment_id
+        log.info("tracker.attached", tracker=self.name, run=message.run, trainer_run=candidate)
+        return str(candidate)
+
+    def _experiment(self) -> str:
+        if self._experiment_id is not None:
+            return self._experiment_id
+        try:
+            found = self._store.get_experiment_by_name(self._config.experiment)
+            if found is not None and found.lifecycle_stage != "deleted":
+                self._experiment_id = str(found.experiment_id)
+            else:
+                self._experiment_id = str(self._store.create_experiment(self._config.experiment))
+        except Exception as exc:
+            raise _classify(exc, f"get experiment {self._config.experiment!r}") from exc
+        return self._experiment_id
+
+    def _own_run(self, message: Message) -> str:
+        from mlflow.entities import RunTag, ViewType
+
+        experiment = self._experiment()
+        try:
+            # Found again after a restart by its tag: one own run per evald run, never a second.
+            found = self._store.search_runs(
+                experiment_ids=[experiment],
+                filter_string=f"tags.`{RUN_TAG}` = '{message.run}'",
+                run_view_type=ViewType.ACTIVE_ONLY,
+                max_results=1,
+            )
+            if found:
+                return str(found[0].info.run_id)
+            run = self._store.create_run(
+                experiment_id=experiment,
+                user_id="evald",
+                start_time=int(time.time() * 1000),
+                tags=[
+                    RunTag(RUN_TAG, message.run),
+                    RunTag("evald.root", message.run_root[:TAG_CHARS]),
+                    RunTag("mlflow.source.name", "evald"),
+                ],
+                run_name=f"evald-{message.run}",
+            )
+        except Exception as exc:
+            raise _classify(exc, f"find or create the run of {message.run!r}") from exc
+        log.info("tracker.own_run", tracker=self.name, run=message.run, mlflow_run=run.info.run_id)
+        return str(run.info.run_id)
+
+    def _delivered_tags(self, run_id: str) -> dict[str, str]:
+        """The run's delivery tags: each evaluation's (its value unused), each alert's latest event id."""
+        try:
+            run = self._store.get_run(run_id)
+        except Exception as exc:
+            raise _classify(exc, f"read run {run_id}") from exc
+        found: dict[str, str] = {}
+        for key, value in run.data.tags.items():
+            if key.startswith(JOB_TAG):
+                found[key] = ""
+            elif key.startswith(ALERT_TAG) and key.count(".") == 2:
+                try:
+                    found[key] = str(json.loads(value).get("event_id", ""))
+                except (ValueError, AttributeError):
+                    continue
+        return found
+
+    def deliver_many(self, items: Sequence[tuple[str, Message]]) -> Batch:
+        """Consecutive messages of one MLflow run go in one ``log_batch`` while it stays within MLflow's
+        limits (1,000 entities, 100 tags: one tag per evaluation); an evaluation of more values than one
+        call takes goes alone, in several (``_flush``)."""
+        fresh: list[bool] = []
+        chunk: list[_Entry] = []
+        chunk_run: str | None = None
+        try:
+            for event_id, message in items:
+                run_id = self.run_id(message)
+                entry = self._entry(run_id, event_id, message)
+                fits = (
+                    sum(len(e.tags) for e in chunk) + len(entry.tags) <= MAX_TAGS
+                    and sum(e.size for e in chunk) + entry.size <= MAX_ENTITIES
+                )
+                if chunk and (run_id != chunk_run or not fits):
+                    fresh += self._flush(chunk_run or run_id, chunk)
+                    chunk = []
+                chunk_run = run_id
+                chunk.append(entry)
+            if chunk:
+                fresh += self._flush(chunk_run or "", chunk)
+        except SinkError as exc:
+            return Batch(tuple(fresh), exc)
+        return Batch(tuple(fresh))
+
+    def _entry(self, run_id: str, event_id: str, message: Message) -> _Entry:
+        from mlflow.entities import Metric, RunTag
+
+        delivered = self._delivered[run_id]
+        if isinstance(message, AlertEvent):
+            key = f"{ALERT_TAG}{message.alert_id}"
+            if delivered.get(key) == event_id:
+                return _Entry(message, (), (), already=True)
+            event = json.dumps(message.facts(event_id), allow_nan=False, default=str)[:TAG_CHARS]
+            tags = (
+                RunTag(key, event),
+                RunTag(f"{key}.state", message.state),
+                RunTag(f"{key}.severity", message.severity),
+            )
+            return _Entry(message, (), tags, mark=(key, event_id))
+        tag = f"{JOB_TAG}{message.job_id}"
+        if tag in delivered:
+            return _Entry(message, (), (), already=True)
+        # The evaluation's own time, not the sending time: a value sent again has the same key, value,
+        # step and timestamp, which MLflow's store keeps once.
+        stamp = message.finished_ms if message.finished_ms is not None else int(time.time() * 1000)
+        metrics = tuple(
+            Metric(key=key, value=value, timestamp=stamp, step=message.step)
+            for key, value in message.scalars()
+        )
+        facts = {
+            "event_id": event_id,
+            "task": message.task,
+            "stage": message.stage,
+            "step": message.step,
+            "checkpoint": message.checkpoint_path,
+        }
+        return _Entry(message, metrics, (RunTag(tag, json.dumps(facts)[:TAG_CHARS]),), mark=(tag, event_id))
+
+    def _flush(self, run_id: str, chunk: list[_Entry]) -> list[bool]:
+        """One ``log_batch`` for ``chunk`` (the sample tables first, one artifact each)."""
+        metrics = [m for e in chunk for m in e.metrics]
+        tags = [t for e in chunk for t in e.tags]
+        try:
+            for entry in chunk:
+                if isinstance(entry.message, ResultMessage) and entry.message.samples and not entry.already:
+                    self._log_samples(run_id, entry.message)
+            # One call, unless one evaluation alone has more values than MLflow takes in a call: then its
+            # values in several, the delivery tags in the last (a crash between them sends the values
+            # again, which their timestamps make the same rows).
+            parts = [metrics[i : i + MAX_ENTITIES] for i in range(0, len(metrics), MAX_ENTITIES)] or [[]]
+            if len(parts[-1]) + len(tags) > MAX_ENTITIES:
+                parts.append([])
+            for i, part in enumerate(parts):
+                last = i == len(parts) - 1
+                if part or (last and tags):
+                    self._store.log_batch(run_id, metrics=part, params=[], tags=tags if last else [])
+        except SinkError as exc:
+            self._forget_runs(chunk, exc)
+            raise
+        except Exception as exc:
+            error = _classify(exc, "log_batch")
+            self._forget_runs(chunk, error)
+            raise error from exc
+        for entry in chunk:
+            if entry.mark is not None:
+                self._delivered[run_id][entry.mark[0]] = entry.mark[1]
+        return [not e.already for e in chunk]
+
+    def _log_samples(self, run_id: str, message: ResultMessage) -> None:
+        """The sample table as a JSON artifact (overwritten, not doubled, when sent again)."""
+        from mlflow.tracking import MlflowClient
+
+        rows = [
+            {
+                "prompt": s.prompt,
+                "response": s.response,
+                "reference": s.reference,
+                "grade": None if s.correct is None else ("correct" if s.correct else "wrong"),
+            }
+            for s in message.samples
+        ]
+        stage = "" if message.stage == "full" else f"_{message.stage}"
+        path = f"evald/samples/{message.task}{stage}/step_{message.step:09d}.json"
+        body = {"step": message.step, "rows": rows}
+        root = self._artifact_root(run_id)
+        if root is None:
+            # Artifacts not proxied by the tracking server (a local store, or s3:// and the like): the
+            # client's own repository, with that store's credentials from its usual places.
+            MlflowClient(tracking_uri=self._uri).log_dict(run_id, body, path)
+            return
+        self._put_artifact(root, path, json.dumps(body).encode())
+
+    def _forget_runs(self, chunk: list[_Entry], error: Exception) -> None:
+        if isinstance(error, SinkUnavailable):
+            # The run may have gone (deleted while we were away): found or made again next time.
+            for entry in chunk:
+                self._runs.pop(entry.message.run, None)
+
+    def _artifact_root(self, run_id: str) -> str | None:
+        """The HTTP URL of the run's artifacts where the tracking server proxies them
+        (``mlflow-artifacts:/...``, ``mlflow server``'s default), else None."""
+        if not self._uri.startswith(("http://", "https://")):
+            return None
+        if run_id not in self._artifact_roots:
+            from mlflow.store.artifact.mlflow_artifacts_repo import MlflowArtifactsRepository
+
+            uri = str(self._store.get_run(run_id).info.artifact_uri)
+            self._artifact_roots[run_id] = (
+                MlflowArtifactsRepository.resolve_uri(uri, self._uri)  # type: ignore[no-untyped-call]
+                if uri.startswith("mlflow-artifacts:")
+                else ""
+            )
+        return self._artifact_roots[run_id] or None
+
+    def _put_artifact(self, root: str, path: str, data: bytes) -> None:
+        """One file PUT to the server's artifact proxy with the sink's own credentials (MLflow's client
+        would look for them in the environment, where the sink never puts them)."""
+        from mlflow.utils.rest_utils import MlflowHostCreds, http_request
+
+        creds = (
+            MlflowHostCreds(root, username=self._user, password=self._token)  # type: ignore[no-untyped-call]
+            if self._user is not None
+            else MlflowHostCreds(root, token=self._token)  # type: ignore[no-untyped-call]
+        )
+        # Streamed, so that only the start of the answer is read (requests reads a plain one whole).
+        answer = http_request(  # type: ignore[no-untyped-call]
+            creds,
+            f"/{path}",
+            "PUT",
+            data=data,
+            extra_headers={"Content-Type": "application/json", "Accept-Encoding": "identity"},
+            stream=True,
+        )
+        try:
+            status = int(answer.status_code)
+            said = answer.raw.read(MAX_ANSWER_BYTES, decode_content=False) if status >= 400 else b""
+        finally:
+            answer.close()
+        if status in (401, 403):
+            raise SinkRefused(f"artifact upload: credentials refused (HTTP {status})")
+        if status >= 400:
+            text = said.decode("utf-8", errors="replace")[:200]
+            raise SinkUnavailable(f"artifact upload {path}: HTTP {status} {text}")

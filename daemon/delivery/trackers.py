@@ -1,0 +1,155 @@
+"""A ``[[trackers]]`` table's route: its outbox rows, batches and pause, its sink (MLflow, W&B, TensorBoard,
+made in its lane's thread, where the library loads), and the ``tracker.*`` log lines."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+import structlog
+
+from daemon.config import TrackerConfig
+from daemon.delivery.base import Route, Sink, Voice
+from daemon.delivery.errors import SinkError, SinkRejected
+from daemon.delivery.messages import AlertEvent, Message, parse
+
+if TYPE_CHECKING:
+    from daemon.outage import Outage
+    from storage.outbox import Due
+
+log = structlog.get_logger("daemon.delivery.trackers")
+
+#: A claimed message is another relay's to send again this long after its calls' own timeouts.
+CLAIM_MARGIN_SECS = 5.0
+#: Messages one tracker call carries at most (MLflow's ``log_batch``: 100 tags, one per evaluation): the
+#: claim's lease allows a timeout for each such call.
+CALL_MESSAGES = 100
+
+
+def make_sink(config: TrackerConfig, environ: Mapping[str, str]) -> Sink[Message]:
+    """The sink of ``config.kind``; its library is imported here, not before."""
+    if config.kind == "mlflow":
+        from daemon.delivery.sinks.mlflow import MlflowSink
+
+        return MlflowSink(config, environ)
+    if config.kind == "wandb":
+        from daemon.delivery.sinks.wandb import WandbSink
+
+        return WandbSink(config, environ)
+    from daemon.delivery.sinks.tensorboard import TensorBoardSink
+
+    return TensorBoardSink(config)
+
+
+class TrackerVoice(Voice[Message]):
+    def unreadable(self, route: Route[Message], due: Due, error: Exception, why: str) -> None:
+        log.error("tracker.unreadable", tracker=route.name, event_id=due.event_id, error=why)
+
+    def resumed(self, route: Route[Message]) -> None:
+        log.info("tracker.resumed", tracker=route.name)
+
+    def delivered(
+        self,
+        route: Route[Message],
+        done: Sequence[tuple[Due, Message]],
+        *,
+        fresh: int,
+        attempts: int,
+        seconds: float,
+    ) -> None:
+        steps = [m.step for _, m in done if m.step is not None]
+        log.info(
+            "tracker.delivered",
+            tracker=route.name,
+            messages=len(done),
+            runs=sorted({m.run for _, m in done}),
+            steps=f"{min(steps)}..{max(steps)}" if steps else None,
+            alerts=sum(isinstance(m, AlertEvent) for _, m in done),
+            already_there=len(done) - fresh,
+            seconds=round(seconds, 3),
+        )
+
+    def retry(
+        self, route: Route[Message], left: Sequence[Due], error: SinkError, *, attempts: int, delay: float
+    ) -> None:
+        log.warning(
+            "tracker.retry",
+            tracker=route.name,
+            messages=len(left),
+            first_event_id=left[0].event_id,
+            attempts=attempts,
+            error=str(error),
+            retry_in_s=round(delay, 3),
+        )
+
+    def gave_up(self, route: Route[Message], due: Due, error: SinkRejected, *, attempts: int) -> None:
+        log.error("tracker.rejected", tracker=route.name, event_id=due.event_id, error=str(error))
+
+    def paused(self, route: Route[Message], error: SinkError, *, delay: float, waiting: int) -> None:
+        # One line per pause, not per try: the operator fixes the credential and reloads.
+        log.error(
+            "tracker.paused",
+            tracker=route.name,
+            endpoint=route.endpoint,
+            error=str(error),
+            retry_in_s=delay,
+            waiting=waiting,
+            detail="credentials refused: results wait in the outbox, evaluation goes on",
+        )
+
+    def db_unavailable(self, route: Route[Message], error: Exception, outage: Outage | None) -> None:
+        log.warning("tracker.db_unavailable", tracker=route.name, error=str(error))
+
+    def failed(self, route: Route[Message], error: Exception) -> None:
+        log.exception("tracker.relay_failed", tracker=route.name, error=repr(error))
+
+    def close_failed(self, route: Route[Message], error: Exception) -> None:
+        log.warning("tracker.close_failed", tracker=route.name, error=repr(error))
+
+
+VOICE = TrackerVoice()
+
+
+class TrackerRoute(Route[Message]):
+    """The route of one ``[[trackers]]`` table: up to ``batch`` messages a claim, each run's together."""
+
+    def __init__(
+        self,
+        config: TrackerConfig,
+        environ: Mapping[str, str],
+        *,
+        sink_factory: Callable[[TrackerConfig, Mapping[str, str]], Sink[Message]] = make_sink,
+    ) -> None:
+        super().__init__(
+            name=config.name,
+            endpoint=config.endpoint,
+            voice=VOICE,
+            max_backoff_secs=config.max_backoff_secs,
+            batch=config.batch,
+            pause_secs=config.pause_secs,
+        )
+        self.config = config
+        self._environ = environ
+        self._factory = sink_factory
+
+    @property
+    def lease(self) -> timedelta:
+        calls = math.ceil(self.config.batch / CALL_MESSAGES)
+        return timedelta(seconds=self.config.timeout_secs * (2 + calls) + CLAIM_MARGIN_SECS)
+
+    def read(self, event_id: str, body: str) -> Message:
+        return parse(body)
+
+    def arrange(self, items: list[tuple[Due, Message]]) -> list[tuple[Due, Message]]:
+        # Each run's messages together (a stable sort: in the order queued within a run), so a backlog
+        # of runs evaluated side by side still goes in a few calls per run, not one per message.
+        return sorted(items, key=lambda item: item[1].run)
+
+    def open(self) -> Sink[Message]:
+        return self._factory(self.config, self._environ)
+
+
+def tracker_routes(trackers: Sequence[TrackerConfig], environ: Mapping[str, str]) -> list[TrackerRoute]:
+    return [TrackerRoute(tracker, environ) for tracker in trackers]

@@ -1,0 +1,195 @@
+"""What a Slurm job of evald is: its name and comment, how its ranks sit on nodes, its batch script,
+and the environment ``sbatch`` passes on; pure functions of the config and the job's spec.
+
+The job folder holds ``spec.json`` in; ``result.json``, ``result.rank<N>.json``, ``rank-<N>.log`` out;
+plus ``job.sbatch`` (the script as submitted), ``worker.log`` (its output), ``slurm_job_id`` (written by
+the daemon after ``sbatch`` and by the script when it starts) and ``exit.json`` (the worker's exit status,
+written by the script as it ends).
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote, unquote
+
+from daemon.config import ExecutorConfig
+from daemon.running.executors.base import ExecutorError, JobRef
+from inference.spec import PARENT_PID_ENV, JobSpec
+
+SCRIPT_NAME = "job.sbatch"
+LOG_NAME = "worker.log"
+EXIT_NAME = "exit.json"
+ID_NAME = "slurm_job_id"
+
+#: Variables of the daemon's own that a batch job must not inherit: the daemon's lifeline (a worker on
+#: another node would wait for a pid that is not there) and an allocation the daemon itself may run in.
+_NOT_INHERITED = (PARENT_PID_ENV, "EVALD_DAEMON_PID")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a job's ``tp × dp`` ranks sit on Slurm's nodes."""
+
+    nodes: int
+    tasks_per_node: int
+    cpus_per_task: int
+    #: GPUs per node (one a rank) for a CUDA job, else 0.
+    gpus_per_node: int
+
+    @property
+    def ranks(self) -> int:
+        return self.nodes * self.tasks_per_node
+
+
+def job_name(prefix: str, job: JobRef) -> str:
+    return f"{prefix}-{job.job_id}-{job.attempt}"
+
+
+def comment(prefix: str, job: JobRef) -> str:
+    # No spaces: scontrol -o prints the comment unquoted among KEY=VALUE pairs.
+    return f"{prefix}:job={job.job_id}:attempt={job.attempt}:run={quote(job.run, safe='')}"
+
+
+def parse_comment(prefix: str, text: str) -> JobRef | None:
+    """The evald job a comment of :func:`comment`'s names; None for anyone else's job."""
+    head, _, rest = text.partition(":")
+    if head != prefix:
+        return None
+    fields = dict(part.split("=", 1) for part in rest.split(":") if "=" in part)
+    try:
+        return JobRef(
+            job_id=int(fields["job"]), attempt=int(fields["attempt"]), run=unquote(fields.get("run", ""))
+        )
+    except (KeyError, ValueError):
+        return None
+
+
+def probe_script(config: ExecutorConfig, folder: Path) -> str:
+    """The job folder probe's script: it copies ``folder/token`` (with its node's name) to ``folder/seen``."""
+    quoted = shlex.quote(str(folder))
+    options = [
+        f"--job-name={config.name_prefix}-probe",
+        f"--partition={config.partition}",
+        "--time=1",
+        "--ntasks=1",
+        # Not in the folder: where the node does not see it, the job must still run and say so.
+        "--output=/dev/null",
+        "--chdir=/tmp",
+        "--no-requeue",
+        *([f"--account={config.account}"] if config.account else []),
+        *([f"--qos={config.qos}"] if config.qos else []),
+        *config.extra_sbatch,
+    ]
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            *(f"#SBATCH {option}" for option in options),
+            f'{{ cat {quoted}/token && echo " $(hostname)"; }} > {quoted}/seen.tmp || exit 1',
+            f"mv -f {quoted}/seen.tmp {quoted}/seen",
+            "",
+        ]
+    )
+
+
+def layout(config: ExecutorConfig, spec: JobSpec) -> Layout:
+    """How ``spec``'s ranks sit on ``config.nodes`` nodes; :class:`ExecutorError` when they cannot."""
+    ranks = spec.inference.world_size
+    nodes = min(config.nodes, ranks)
+    if ranks % nodes:
+        raise ExecutorError(
+            f"tp × dp = {ranks} ranks cannot be split evenly over executor.nodes = {config.nodes}"
+        )
+    per_node = ranks // nodes
+    cpus = config.cpus_per_task or spec.inference.threads or 1
+    gpus = per_node if spec.inference.device.startswith("cuda") else 0
+    return Layout(nodes=nodes, tasks_per_node=per_node, cpus_per_task=cpus, gpus_per_node=gpus)
+
+
+def batch_script(
+    config: ExecutorConfig, spec: JobSpec, spec_path: Path, job: JobRef, *, python: str, time: str
+) -> str:
+    """The script submitted for ``job``: options as ``#SBATCH`` lines (readable, and resubmittable by
+    hand with ``sbatch job.sbatch``), then the worker."""
+    folder = spec_path.parent
+    ranks_at = layout(config, spec)
+    options = [
+        f"--job-name={job_name(config.name_prefix, job)}",
+        f"--comment={comment(config.name_prefix, job)}",
+        f"--partition={config.partition}",
+        f"--time={time}",
+        f"--nodes={ranks_at.nodes}",
+        f"--ntasks={ranks_at.ranks}",
+        f"--ntasks-per-node={ranks_at.tasks_per_node}",
+        f"--cpus-per-task={ranks_at.cpus_per_task}",
+        f"--output={folder / LOG_NAME}",
+        "--open-mode=append",
+        f"--chdir={folder}",
+        "--export=ALL",
+        "--requeue" if config.requeue else "--no-requeue",
+    ]
+    if config.account:
+        options.append(f"--account={config.account}")
+    if config.qos:
+        options.append(f"--qos={config.qos}")
+    if config.mem:
+        options.append(f"--mem={config.mem}")
+    if ranks_at.gpus_per_node:
+        options.append(
+            f"--gres=gpu:{ranks_at.gpus_per_node}"
+            if config.gpu_request == "gres"
+            else f"--gpus-per-node={ranks_at.gpus_per_node}"
+        )
+    options.extend(config.extra_sbatch)
+    python, spec_arg = shlex.quote(python), shlex.quote(str(spec_path))
+    lines = ["#!/bin/bash", *(f"#SBATCH {option}" for option in options), ""]
+    lines += [
+        f"# evald job {job.job_id}, attempt {job.attempt}, run {job.run!r}, task {job.task!r}.",
+        # No `set -u`: a site's setup script (module init, conda activate) reads unset variables.
+        f"cd {shlex.quote(str(folder))} || exit 1",
+        f'echo "$SLURM_JOB_ID" > {ID_NAME}',
+        'echo "evald: slurm job $SLURM_JOB_ID on $SLURM_JOB_NODELIST" >&2',
+    ]
+    if config.setup_script is not None:
+        lines.append(f"source {shlex.quote(str(config.setup_script))} || exit 1")
+    if ranks_at.ranks == 1:
+        lines.append(f"{python} -m inference.worker {spec_arg}")
+    else:
+        lines += [
+            # Rank 0 runs on the first node of the allocation: the rendezvous is there, on a port
+            # free on it now (two evald jobs may share a node).
+            'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
+            f"MASTER_PORT=\"$({python} -c 'import socket; s = socket.socket(); "
+            's.bind(("", 0)); print(s.getsockname()[1])\')"',
+            "export MASTER_ADDR MASTER_PORT",
+            # One task a rank; a rank that fails ends the others (--kill-on-bad-exit).
+            f"srun --ntasks={ranks_at.ranks} --ntasks-per-node={ranks_at.tasks_per_node} "
+            f"--cpus-per-task={ranks_at.cpus_per_task} --kill-on-bad-exit=1 "
+            'bash -c \'export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" '
+            f'WORLD_SIZE="$SLURM_NTASKS" LOCAL_WORLD_SIZE={ranks_at.tasks_per_node}; '
+            f'exec "$0" -m inference.worker "$1"\' {python} {spec_arg}',
+        ]
+    lines += [
+        "code=$?",
+        # Written once the worker is done, so that its end is known after Slurm forgets the job.
+        f'printf \'{{"exit_code": %d, "slurm_job_id": "%s"}}\\n\' "$code" "$SLURM_JOB_ID" '
+        f"> {EXIT_NAME}.tmp && mv -f {EXIT_NAME}.tmp {EXIT_NAME}",
+        'exit "$code"',
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def submission_environment(env: Mapping[str, str], config: ExecutorConfig) -> dict[str, str]:
+    """The environment ``sbatch`` (and so the job, ``--export=ALL``) gets: the worker environment less
+    the daemon's lifeline and any allocation of the daemon's own (``SLURM_*``; ``SLURM_CONF`` stays)."""
+    out = {
+        k: v
+        for k, v in env.items()
+        if k not in _NOT_INHERITED and not (k.startswith("SLURM_") and k != "SLURM_CONF")
+    }
+    if config.slurm_conf is not None:
+        out["SLURM_CONF"] = str(config.slurm_conf)
+    return out

@@ -1,1 +1,0 @@
-"""Trackers: results delivered to MLflow, W&B and TensorBoard through the outbox (see config.py)."""

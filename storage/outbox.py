@@ -1,0 +1,302 @@
+"""Outbox queries: messages queued for delivery, claimed under a lease, their attempts' history, and
+endpoints disabled for good.
+
+A message is queued in the transaction that stores what it tells of (an alert's change, a result), so
+nothing is stored without being queued, nor queued without being stored; a relay (``daemon.delivery``)
+claims and sends them afterwards, as many times as it takes, and records each attempt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import and_, func, select, update
+from sqlalchemy.orm import Session, aliased
+
+from storage.models import Alert, Delivery, OutboxMessage, OutboxState, WebhookEndpoint, utcnow
+
+
+def enqueue(
+    session: Session, *, alert: Alert, endpoints: Sequence[str], event_ids: Sequence[str], body: str
+) -> None:
+    """One outbox row per endpoint for this event of ``alert``."""
+    now = utcnow()
+    session.add_all(
+        OutboxMessage(
+            alert_id=alert.id,
+            run_id=alert.run_id,
+            endpoint=endpoint,
+            event_id=event_id,
+            body=body,
+            next_attempt_at=now,
+            created_at=now,
+        )
+        for endpoint, event_id in zip(endpoints, event_ids, strict=True)
+    )
+    session.flush()
+
+
+def enqueue_message(session: Session, *, run_id: int, endpoint: str, event_id: str, body: str) -> bool:
+    """A message that belongs to no alert (a tracker's: endpoint ``tracker:<name>``), keyed by a stable
+    ``event_id``: one already queued (a backfill of what was sent live) is not queued twice. Returns
+    whether it was queued."""
+    if session.scalar(select(OutboxMessage.id).where(OutboxMessage.event_id == event_id)) is not None:
+        return False
+    now = utcnow()
+    session.add(
+        OutboxMessage(
+            alert_id=None,
+            run_id=run_id,
+            endpoint=endpoint,
+            event_id=event_id,
+            body=body,
+            next_attempt_at=now,
+            created_at=now,
+        )
+    )
+    session.flush()
+    return True
+
+
+@dataclass(frozen=True)
+class Due:
+    id: int
+    endpoint: str
+    event_id: str
+    body: str
+    attempts: int
+
+
+def due(
+    session: Session,
+    *,
+    endpoint: str,
+    now: datetime,
+    lease: timedelta = timedelta(seconds=60),
+    limit: int = 20,
+) -> list[Due]:
+    """Claim the pending messages for ``endpoint`` that may be sent now, in order per run: a run's message
+    waits while an older one of the same run is still pending (its receiver sees a run's alerts in order).
+
+    Claimed means moved ``lease`` into the future, under a row lock another daemon's relay skips: daemons
+    sharing a PostgreSQL outbox do not both send a message. Commit before sending."""
+    reason = disabled(session, endpoint)
+    if reason is not None:
+        # Rows a result's transaction queued while the endpoint was being disabled: never sent either.
+        session.execute(
+            update(OutboxMessage)
+            .where(OutboxMessage.endpoint == endpoint, OutboxMessage.state == OutboxState.PENDING)
+            .values(state=OutboxState.DISABLED, last_error=reason)
+        )
+        return []
+    oldest = _heads(endpoint)
+    rows = session.scalars(
+        select(OutboxMessage)
+        .join(oldest, and_(OutboxMessage.id == oldest.c.first))
+        .where(OutboxMessage.next_attempt_at <= now)
+        .order_by(OutboxMessage.id)
+        .limit(limit)
+        .with_for_update(skip_locked=True, of=OutboxMessage)
+    ).all()
+    for row in rows:
+        row.next_attempt_at = now + lease
+    return [Due(r.id, endpoint, r.event_id, r.body, r.attempts) for r in rows]
+
+
+def due_many(
+    session: Session,
+    *,
+    endpoint: str,
+    now: datetime,
+    lease: timedelta,
+    limit: int,
+) -> list[Due]:
+    """Claim up to ``limit`` pending messages for ``endpoint`` in one transaction, several of a run at once
+    (a tracker's batch), each run's in the order queued: a run takes part only while its oldest pending
+    message is due, so one claimed by another relay, or backing off, holds back the run's later ones.
+
+    Claimed as ``due`` claims (moved ``lease`` into the future, rows locked, others skip them). The
+    webhooks' relay keeps to ``due``: one message per run in flight."""
+    if disabled(session, endpoint) is not None:
+        return due(session, endpoint=endpoint, now=now, lease=lease, limit=limit)
+    heads = _heads(endpoint)
+    head = aliased(OutboxMessage)
+    rows = session.scalars(
+        select(OutboxMessage)
+        .join(heads, OutboxMessage.run_id == heads.c.run_id)
+        .join(head, head.id == heads.c.first)
+        .where(
+            OutboxMessage.endpoint == endpoint,
+            OutboxMessage.state == OutboxState.PENDING,
+            OutboxMessage.next_attempt_at <= now,
+            head.next_attempt_at <= now,
+        )
+        .order_by(OutboxMessage.id)
+        .limit(limit)
+        .with_for_update(skip_locked=True, of=OutboxMessage)
+    ).all()
+    ids = [r.id for r in rows]
+    if ids:
+        session.execute(
+            update(OutboxMessage).where(OutboxMessage.id.in_(ids)).values(next_attempt_at=now + lease)
+        )
+    return [Due(r.id, endpoint, r.event_id, r.body, r.attempts) for r in rows]
+
+
+def _heads(endpoint: str) -> Any:
+    """Each run's oldest pending message for ``endpoint``: the only one of the run that may be sent."""
+    return (
+        select(OutboxMessage.run_id, func.min(OutboxMessage.id).label("first"))
+        .where(OutboxMessage.endpoint == endpoint, OutboxMessage.state == OutboxState.PENDING)
+        .group_by(OutboxMessage.run_id)
+        .subquery()
+    )
+
+
+def next_due_at(session: Session, *, endpoint: str) -> datetime | None:
+    """When the next message ``due`` would hand out becomes due (None: nothing to send)."""
+    if disabled(session, endpoint) is not None:
+        return None
+    heads = _heads(endpoint)
+    return session.scalar(
+        select(func.min(OutboxMessage.next_attempt_at)).join(heads, OutboxMessage.id == heads.c.first)
+    )
+
+
+@dataclass(frozen=True)
+class Attempt:
+    started_at: datetime
+    duration_s: float
+    status_code: int | None
+    error: str | None
+    retry_after_s: float | None = None
+
+
+def record_attempt(session: Session, message_id: int, attempt: Attempt) -> int:
+    """Keep the attempt in the history; returns its number."""
+    message = session.get(OutboxMessage, message_id, with_for_update=True)
+    assert message is not None
+    message.attempts += 1
+    session.add(
+        Delivery(
+            outbox_id=message_id,
+            attempt=message.attempts,
+            started_at=attempt.started_at,
+            duration_s=attempt.duration_s,
+            status_code=attempt.status_code,
+            error=attempt.error,
+            retry_after_s=attempt.retry_after_s,
+        )
+    )
+    return message.attempts
+
+
+def record_attempts(session: Session, message_ids: Sequence[int], attempt: Attempt) -> int:
+    """``record_attempt`` for several messages that went in one call (one history row each); returns the
+    highest attempt number among them."""
+    if not message_ids:
+        return 0
+    counts = dict(
+        session.execute(
+            select(OutboxMessage.id, OutboxMessage.attempts)
+            .where(OutboxMessage.id.in_(message_ids))
+            .with_for_update()
+        ).all()
+    )
+    session.execute(
+        update(OutboxMessage)
+        .where(OutboxMessage.id.in_(message_ids))
+        .values(attempts=OutboxMessage.attempts + 1)
+    )
+    session.add_all(
+        Delivery(
+            outbox_id=message_id,
+            attempt=counts[message_id] + 1,
+            started_at=attempt.started_at,
+            duration_s=attempt.duration_s,
+            status_code=attempt.status_code,
+            error=attempt.error,
+            retry_after_s=attempt.retry_after_s,
+        )
+        for message_id in message_ids
+    )
+    return max(counts.values()) + 1
+
+
+def delivered_many(session: Session, message_ids: Sequence[int]) -> None:
+    """Several messages delivered, marked in the caller's one transaction."""
+    if message_ids:
+        session.execute(
+            update(OutboxMessage)
+            .where(OutboxMessage.id.in_(message_ids))
+            .values(state=OutboxState.DELIVERED, delivered_at=utcnow(), last_error=None)
+        )
+
+
+def retry_many_at(session: Session, message_ids: Sequence[int], when: datetime, error: str) -> None:
+    if message_ids:
+        session.execute(
+            update(OutboxMessage)
+            .where(OutboxMessage.id.in_(message_ids))
+            .values(next_attempt_at=when, last_error=error)
+        )
+
+
+def delivered(session: Session, message_id: int) -> None:
+    session.execute(
+        update(OutboxMessage)
+        .where(OutboxMessage.id == message_id)
+        .values(state=OutboxState.DELIVERED, delivered_at=utcnow(), last_error=None)
+    )
+
+
+def give_up(session: Session, message_id: int, error: str) -> None:
+    """The endpoint refuses this message for good (or it cannot be rendered): it stops blocking its run."""
+    session.execute(
+        update(OutboxMessage)
+        .where(OutboxMessage.id == message_id)
+        .values(state=OutboxState.FAILED, last_error=error)
+    )
+
+
+def retry_at(session: Session, message_id: int, when: datetime, error: str) -> None:
+    session.execute(
+        update(OutboxMessage)
+        .where(OutboxMessage.id == message_id)
+        .values(next_attempt_at=when, last_error=error)
+    )
+
+
+def disable_endpoint(session: Session, endpoint: str, reason: str) -> int:
+    """Stop sending to ``endpoint``: its pending messages become ``disabled``; returns how many."""
+    standing = session.get(WebhookEndpoint, endpoint, with_for_update=True)
+    if standing is None:
+        standing = WebhookEndpoint(name=endpoint)
+        session.add(standing)
+    standing.disabled_at = utcnow()
+    standing.disabled_reason = reason
+    result = session.execute(
+        update(OutboxMessage)
+        .where(OutboxMessage.endpoint == endpoint, OutboxMessage.state == OutboxState.PENDING)
+        .values(state=OutboxState.DISABLED, last_error=reason)
+    )
+    return int(getattr(result, "rowcount", 0))
+
+
+def disabled(session: Session, endpoint: str) -> str | None:
+    """Why ``endpoint`` is disabled, or None."""
+    standing = session.get(WebhookEndpoint, endpoint)
+    if standing is None or standing.disabled_at is None:
+        return None
+    return standing.disabled_reason or "disabled"
+
+
+def enable_endpoint(session: Session, endpoint: str) -> None:
+    """A changed endpoint config is a new chance (the operator fixed the URL)."""
+    standing = session.get(WebhookEndpoint, endpoint)
+    if standing is not None:
+        standing.disabled_at = None
+        standing.disabled_reason = None
