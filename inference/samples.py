@@ -12,7 +12,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from inference.code.grading import SampleResult
 from inference.dataset import Item
 from inference.errors import TaskInvalid
 from inference.excerpt import cut_text
@@ -60,9 +62,11 @@ def grade_samples(
     generations: Sequence[Generation],
     limits: SampleLimits,
     scorer: Scorer | None,
+    executed: Sequence[SampleResult] | None = None,
 ) -> Graded:
     """Grade ``generations`` (``limits.n_samples`` per item, prompt-major); ``prompts`` are what the model
-    was given, one per item."""
+    was given, one per item. A code task's samples come ``executed`` (one result per generation): they
+    are graded by their tests, not by math-verify."""
     started = time.perf_counter()
     records: list[SampleRecord] = []
     outputs: list[SampleOutput] = []
@@ -71,7 +75,8 @@ def grade_samples(
     for index, generation in enumerate(generations):
         group = index // limits.n_samples
         item = items[group]
-        graded = grade(generation.text, item.reference)
+        result = None if executed is None else executed[index]
+        graded = grade(generation.text, item.reference) if result is None else _code_grade(result)
         reward: float | None = None
         error: str | None = None
         if scorer is not None:
@@ -92,6 +97,9 @@ def grade_samples(
                     reward=reward,
                     entropy_sum=generation.entropy_sum,
                     entropy_tokens=generation.entropy_tokens,
+                    tests_passed=0 if result is None else result.tests_passed,
+                    tests_total=0 if result is None else len(result.tests),
+                    verdict=None if result is None else result.verdict,
                 )
             )
         else:
@@ -121,11 +129,33 @@ def grade_samples(
                         else None
                     ),
                     error=error,
+                    **({} if result is None else _code_fields(result, cut)),
                 )
             )
     if generations and not records:
         raise _broken(task_name, len(generations), problems[0], "(every one)")
     return Graded(tuple(records), tuple(outputs), tuple(problems), time.perf_counter() - started)
+
+
+def _code_grade(result: SampleResult) -> Grade:
+    return Grade(extracted=result.code, correct=result.passed)
+
+
+def _code_fields(result: SampleResult, cut: int) -> dict[str, Any]:
+    """A code sample's verdict, its tests by verdict, and its first failing test with the output."""
+    failure = result.first_failure
+    failed_test = None
+    if failure is not None:
+        expected = "" if failure.expected is None else f"\nexpected:\n{failure.expected}"
+        failed_test = cut_text(failure.name + expected, cut)
+    return {
+        "verdict": result.verdict,
+        "tests_passed": result.tests_passed,
+        "tests_total": len(result.tests),
+        "verdicts": result.counts,
+        "failed_test": failed_test,
+        "failed_output": None if failure is None else cut_text(failure.output, cut),
+    }
 
 
 def _broken(task_name: str, failed: int, first: Problem, how: str) -> TaskInvalid:

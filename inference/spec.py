@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 #: Exit status of a worker that rejected its input (bad checkpoint, bad dataset): the result file holds
 #: the error. Any other non-zero status is a crash, and the daemon keeps the stderr tail.
@@ -51,9 +51,9 @@ class SubsetSpec(_Plain):
     stratify_field: str | None = None
 
 
-#: What a task does: generate answers to prompts (graded against references), score held-out text, or
-#: run an lm-evaluation-harness task.
-TaskKind = Literal["generate", "likelihood", "lm_eval"]
+#: What a task does: generate answers to prompts (graded against references), generate code (run against
+#: the problem's tests in a sandbox), score held-out text, or run an lm-evaluation-harness task.
+TaskKind = Literal["generate", "code", "likelihood", "lm_eval"]
 
 #: The rule-based math reward built in: 1.0 for an answer math-verify grades correct, else 0.0.
 BUILTIN_REWARD = "inference.rewards:math_reward"
@@ -73,6 +73,58 @@ class HarnessSpec(_Plain):
     add_bos_token: bool | None = None
 
 
+class CodeLimits(_Plain):
+    """What one execution in the sandbox may use (rlimits, the tmp size and a wall clock)."""
+
+    #: CPU seconds (RLIMIT_CPU); past it the program is killed and the test is a timeout.
+    cpu_s: float = Field(default=5.0, gt=0)
+    #: Seconds of wall clock, after which the whole process tree is killed (a program that sleeps).
+    wall_s: float = Field(default=10.0, gt=0)
+    #: Address space in MiB (RLIMIT_AS): an allocation past it fails (the ``memory`` verdict).
+    memory_mb: int = Field(default=1024, ge=16)
+    #: Processes and threads of the sandbox (RLIMIT_NPROC, counted within its own user namespace).
+    processes: int = Field(default=64, ge=1)
+    #: Largest file it may write, stdout and stderr included, in MiB (RLIMIT_FSIZE).
+    file_mb: int = Field(default=16, ge=1)
+    #: Open file descriptors (RLIMIT_NOFILE).
+    open_files: int = Field(default=64, ge=8)
+    #: Size of its private writable ``/tmp`` (a tmpfs), in MiB.
+    tmp_mb: int = Field(default=64, ge=1)
+
+
+class CodeSpec(_Plain):
+    """``kind = "code"``: how the generated code is taken from a response, run and tested."""
+
+    #: A runner of :mod:`inference.code.runners`: ``python`` or ``cpp``.
+    language: str = "python"
+    #: The interpreter or compiler; ``None`` takes the runner's (``python3``, ``g++``) from the system
+    #: ``PATH`` (``/usr/local/bin:/usr/bin:/bin``), not the worker's virtual environment.
+    executable: str | None = None
+    #: ``bwrap`` runs every execution in a bubblewrap sandbox, and the task fails if it cannot start one;
+    #: ``none`` runs the model's code as a plain subprocess with rlimits only: no isolation at all.
+    sandbox: Literal["bwrap", "none"] = "bwrap"
+    #: Executions run at once (threads waiting on sandboxed processes, after generation).
+    parallel: int = Field(default=4, ge=1)
+    limits: CodeLimits = CodeLimits()
+    #: Compiled languages: seconds (CPU and wall) and MiB of address space the compiler may use.
+    compile_s: float = Field(default=30.0, gt=0)
+    compile_memory_mb: int = Field(default=2048, ge=64)
+    #: ``assert``: test code run after the solution (HumanEval ``test`` + ``entry_point``, MBPP
+    #: ``test_list``); ``stdio``: inputs and expected outputs; ``auto``: whichever a row has.
+    test_format: Literal["auto", "assert", "stdio"] = "auto"
+    #: Field holding the tests; ``None`` looks for ``test``, ``test_list``, then ``tests``,
+    #: ``input_output``, ``public_tests``, ``public_test_cases``.
+    tests_field: str | None = None
+    #: Assert tests: the field naming the function the test's ``check`` is called with.
+    entry_point_field: str = "entry_point"
+    #: Field of code the response continues (``append``), HumanEval's ``prompt``; ``None``: the prompt
+    #: field when the row has an entry point, else nothing.
+    prefix_field: str | None = None
+    #: ``fenced``: the last fenced code block of the response; ``append``: the prefix and the response
+    #: (a base model completing a function); ``auto``: a fenced block if there is one, else ``append``.
+    extract: Literal["auto", "fenced", "append"] = "auto"
+
+
 class TaskSpec(_Plain):
     """One evaluation task, as the worker needs it."""
 
@@ -82,6 +134,8 @@ class TaskSpec(_Plain):
     dataset: Path | None = None
     #: ``kind = "lm_eval"``: the lm-eval task to run (``batch_size`` and ``limit`` apply to it too).
     lm_eval: HarnessSpec | None = None
+    #: ``kind = "code"``: the language, sandbox, limits and test format.
+    code: CodeSpec | None = None
     #: Field holding the prompt; ``None`` takes the first of ``prompt``, ``question``, ``problem``.
     prompt_field: str | None = None
     answer_field: str = "answer"
@@ -185,6 +239,30 @@ class SampleOutput(_Plain):
     entropy: float | None = None
     #: Why this sample is left out of every metric (its reward raised, hung or was not a number).
     error: str | None = None
+    #: ``kind = "code"``: ``passed``, or the verdict of the first test that failed (``wrong_answer``,
+    #: ``runtime_error``, ``compile_error``, ``timeout``, ``memory``).
+    verdict: str | None = None
+    tests_passed: int | None = None
+    tests_total: int | None = None
+    #: Tests by verdict, e.g. ``{"passed": 7, "timeout": 1}``.
+    verdicts: dict[str, int] | None = None
+    #: The first failing test (its code, or its input and expected output) and what the program wrote.
+    failed_test: str | None = None
+    failed_output: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _code_fields_when_set(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # A sample of any other kind of task serialises exactly as before these fields existed, so that
+        # readers mapping each field to a column (the daemon's sample rows) see no new key.
+        data: dict[str, Any] = handler(self)
+        for name in CODE_SAMPLE_FIELDS:
+            if data.get(name) is None:
+                data.pop(name, None)
+        return data
+
+
+#: The fields of :class:`SampleOutput` only a code task fills (left out of its dump when unset).
+CODE_SAMPLE_FIELDS = ("verdict", "tests_passed", "tests_total", "verdicts", "failed_test", "failed_output")
 
 
 class Problem(_Plain):

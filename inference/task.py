@@ -11,13 +11,16 @@ import dataclasses
 import string
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import structlog
 
+from inference.code.judge import Judge
+from inference.code.problems import CodeDataset, CodeProblem, read_problems
 from inference.consistency import token_digest
 from inference.dataset import Item, read_dataset
 from inference.errors import TaskInvalid
@@ -54,6 +57,7 @@ from inference.samples import (
 from inference.sampling import stratified_subset
 from inference.spec import (
     BUILTIN_REWARD,
+    CodeSpec,
     Consistency,
     Disagreement,
     JobResult,
@@ -166,25 +170,67 @@ def run_task(spec: JobSpec, group: WorkerGroup, faults: Faults | None = None) ->
     likelihood = task.kind == "likelihood"
     if task.dataset is None:
         raise TaskInvalid(f"task {task.name!r}: a {task.kind} task needs a dataset")
+    items, bad_rows, code = _read_items(task, task.dataset, rank=topology.rank)
+    prompts = [item.prompt for item in items] if likelihood else render_prompts(task, items)
+    if task.n_samples > 1 and task.temperature == 0:
+        raise TaskInvalid(f"task {task.name!r}: n_samples = {task.n_samples} needs temperature > 0")
+    warming = warm_up() if topology.rank == 0 and task.kind == "generate" else None
+    # Built (and its module imported) now: a bad reward fails the job before the weights are loaded.
+    with ExitStack() as cleanup:
+        scorer = _scorer(task, cleanup) if topology.rank == 0 and not likelihood else None
+        return _evaluate(
+            spec, group, faults, metrics, items, prompts, bad_rows, scorer, warming, started, code
+        )
+
+
+@dataclass(frozen=True)
+class CodeJob:
+    """A code task's judge and the problems of its items, by prompt id (rank 0 only)."""
+
+    judge: Judge
+    problems: Mapping[str, CodeProblem]
+
+
+def read_rows(task: TaskSpec, path: Path) -> tuple[tuple[Item, ...], tuple[Problem, ...], CodeDataset | None]:
+    """Every usable row of ``task``'s dataset as an item, the rows left out, and for a code task the
+    problems with their tests: read the same way by the worker and by ``evald config check`` and
+    ``evald run`` at start (a dataset with no usable row is :class:`DatasetInvalid`)."""
+    if task.kind == "code":
+        read = read_problems(
+            path,
+            task.code or CodeSpec(),
+            prompt_field=task.prompt_field,
+            id_field=task.id_field,
+            limit=task.limit,
+            stratify_fields=stratify_fields(task),
+        )
+        return read.items, read.bad_rows, read
+    likelihood = task.kind == "likelihood"
     dataset = read_dataset(
-        task.dataset,
+        path,
         prompt_field=task.text_field if likelihood else task.prompt_field,
         answer_field=None if likelihood else task.answer_field,
         id_field=task.id_field,
         limit=task.limit,
         stratify_fields=stratify_fields(task),
     )
-    items = select_items(task, dataset.items)
-    prompts = [item.prompt for item in items] if likelihood else render_prompts(task, items)
-    if task.n_samples > 1 and task.temperature == 0:
-        raise TaskInvalid(f"task {task.name!r}: n_samples = {task.n_samples} needs temperature > 0")
-    warming = warm_up() if topology.rank == 0 and not likelihood else None
-    # Built (and its module imported) now: a bad reward fails the job before the weights are loaded.
-    with ExitStack() as cleanup:
-        scorer = _scorer(task, cleanup) if topology.rank == 0 and not likelihood else None
-        return _evaluate(
-            spec, group, faults, metrics, items, prompts, dataset.problems, scorer, warming, started
-        )
+    return dataset.items, dataset.problems, None
+
+
+def _read_items(
+    task: TaskSpec, path: Path, *, rank: int
+) -> tuple[tuple[Item, ...], tuple[Problem, ...], CodeJob | None]:
+    """The items ``task`` evaluates, the dataset rows left out and, for a code task on rank 0, its judge:
+    the sandbox is started here, so a host without one fails the job before the weights load."""
+    rows, bad_rows, code = read_rows(task, path)
+    items = select_items(task, rows)
+    if code is None or rank != 0:
+        return items, bad_rows, None
+    by_id = {problem.prompt_id: problem for problem in code.problems}
+    chosen = {item.prompt_id: by_id[item.prompt_id] for item in items}
+    judge = Judge(task.name, task.code or CodeSpec())
+    judge.check(list(chosen.values()))
+    return items, bad_rows, CodeJob(judge, chosen)
 
 
 def _scorer(task: TaskSpec, cleanup: ExitStack) -> Scorer | None:
@@ -207,6 +253,7 @@ def _evaluate(
     scorer: Scorer | None,
     warming: threading.Thread | None,
     started: float,
+    code: CodeJob | None = None,
 ) -> JobResult | None:
     task = spec.task
     topology = group.topology
@@ -303,7 +350,18 @@ def _evaluate(
             # Grading in two threads at once would only contend for the interpreter.
             warming.join(timeout=60)
         limits = SampleLimits(task.n_samples, spec.max_samples, spec.max_text_chars)
-        graded = grade_samples(task.name, items, prompts, generations, limits, scorer)
+        executed = None
+        judging_s = 0.0
+        if code is not None:
+            judging = time.perf_counter()
+            owners = [items[index // task.n_samples] for index in range(len(generations))]
+            submissions = [
+                (code.problems[o.prompt_id], g.text) for o, g in zip(owners, generations, strict=True)
+            ]
+            executed = code.judge.judge(submissions)
+            judging_s = time.perf_counter() - judging
+        graded = grade_samples(task.name, items, prompts, generations, limits, scorer, executed)
+        graded = dataclasses.replace(graded, seconds=graded.seconds + judging_s)
     finished = time.perf_counter()
     record = EvalRecord(
         samples=() if graded is None else graded.records,
@@ -408,4 +466,4 @@ class TpVote:
         return self._group.agree_tp(token_digest(rows), rows, batch=number, disagreements=self.disagreements)
 
 
-__all__ = ["render_prompts", "run_task", "select_items"]
+__all__ = ["read_rows", "render_prompts", "run_task", "select_items"]

@@ -11,6 +11,7 @@ import math
 from datetime import UTC, datetime
 
 from sqlalchemy import (
+    JSON,
     Boolean,
     DateTime,
     Dialect,
@@ -337,6 +338,14 @@ class Sample(Base):
     entropy: Mapped[float | None] = mapped_column(Float)
     #: Why the sample is left out of every metric; NULL for a sample that counts.
     error: Mapped[str | None] = mapped_column(Text)
+    #: A code task's sample: ``passed`` or the first failing test's verdict; tests passed of the total;
+    #: tests by verdict; the first failing test and what the program wrote. NULL for other kinds.
+    verdict: Mapped[str | None] = mapped_column(String(32))
+    tests_passed: Mapped[int | None] = mapped_column(Integer)
+    tests_total: Mapped[int | None] = mapped_column(Integer)
+    verdicts: Mapped[dict[str, int] | None] = mapped_column(JSON)
+    failed_test: Mapped[str | None] = mapped_column(Text)
+    failed_output: Mapped[str | None] = mapped_column(Text)
 
 
 class SampleProblem(Base):

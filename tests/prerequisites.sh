@@ -5,7 +5,9 @@
 #   installed from Debian's packages when it is missing and this runs as root with apt-get;
 # - a PostgreSQL server for the PostgreSQL tests ($EVALD_TEST_POSTGRES_URL, default the local one on
 #   127.0.0.1:5432), and the server binaries (initdb, pg_ctl) for the outage tests' private clusters:
-#   a local cluster that is installed but stopped is started (as root).
+#   a local cluster that is installed but stopped is started (as root);
+# - bubblewrap (bwrap), the sandbox code tasks run the model's programs in: installed from Debian's
+#   packages when it is missing and this runs as root with apt-get.
 #
 # Anything it cannot provide stops `make test` here with the one command to run, before the suite starts:
 # the suite then runs with EVALD_REQUIRE_BROWSER=1 and EVALD_REQUIRE_POSTGRES=1 and fails instead of
@@ -47,6 +49,18 @@ if [ ! -x "$chromium" ]; then
     missing "no Chromium at $chromium (the dashboard's browser tests need one)" \
       "sudo apt-get update && sudo apt-get install -y chromium"
   fi
+fi
+
+# --- bubblewrap -----------------------------------------------------------------------------------------
+if ! command -v bwrap >/dev/null 2>&1; then
+  if can_install; then
+    echo "make test: no bwrap; installing Debian's bubblewrap for the code tasks' sandbox"
+    if ! { "$apt_get" update -qq && DEBIAN_FRONTEND=noninteractive "$apt_get" install -y -qq bubblewrap; }; then
+      echo "make test: installing bubblewrap failed (above)" >&2
+    fi
+  fi
+  command -v bwrap >/dev/null 2>&1 \
+    || missing "no bwrap (the code tasks' sandbox tests need bubblewrap)" "sudo apt-get install -y bubblewrap"
 fi
 
 # --- PostgreSQL -----------------------------------------------------------------------------------------

@@ -279,7 +279,7 @@ max_length = 512
             'kind = "likelihood"\nreward = "a:b"',
             'tasks[0]: reward: only for kind = "generate" tasks',
         ),
-        ('kind = "ranking"', "tasks[0].kind: Input should be 'generate', 'likelihood' or 'lm_eval'"),
+        ('kind = "ranking"', "tasks[0].kind: Input should be 'generate', 'code', 'likelihood' or 'lm_eval'"),
         ('system_prompt = "Be brief."', "tasks[0]: system_prompt: only used with chat_template = true"),
     ],
 )

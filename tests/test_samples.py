@@ -349,8 +349,9 @@ def test_upgrade_from_0003_keeps_samples_and_adds_the_details(database_url: str)
     migrations.upgrade(db, "0003")
     t0 = datetime(2026, 11, 1, tzinfo=UTC)
     old = Sample(0, "old", "1+1=", "2", "2", "2", True, 4, False)
-    # The columns samples has at 0003: no reward, entropy or error yet.
-    sample = {k: v for k, v in asdict(old).items() if k not in ("reward", "entropy", "error")}
+    # The columns samples has at 0003: no reward, entropy or error yet (nor 0012's code-task columns).
+    later = ("reward", "entropy", "error", "verdict", "tests_passed", "tests_total", "verdicts")
+    sample = {k: v for k, v in asdict(old).items() if k not in (*later, "failed_test", "failed_output")}
 
     def insert(s: Session, table: str, **values: object) -> int:
         # Columns as revision 0003 has them, whatever the models say now; ids from the database, so that

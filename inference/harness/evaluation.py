@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,12 +24,22 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from inference.code.harness import sandboxed_code_eval
 from inference.errors import DatasetInvalid, InferenceError, TaskInvalid
 from inference.group import head_results
 from inference.harness.catalog import task_manager
 from inference.harness.report import metric_values, sample_outputs
 from inference.layouts import LayoutSettings
-from inference.spec import Consistency, Disagreement, HarnessSpec, JobResult, JobSpec, TaskSpec, Timing
+from inference.spec import (
+    CodeSpec,
+    Consistency,
+    Disagreement,
+    HarnessSpec,
+    JobResult,
+    JobSpec,
+    TaskSpec,
+    Timing,
+)
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -39,6 +50,11 @@ if TYPE_CHECKING:
 log = structlog.get_logger("inference.harness")
 
 #: What to do about a dataset lm-eval could not fetch while offline (one line, in the job's error).
+#: lm-eval tasks marked unsafe whose unsafe part is the model's code judged by ``code_eval``, which runs in
+#: evald's sandbox here (:mod:`inference.code.harness`), so they may run. Other unsafe tasks (longproc's,
+#: cruxeval's) execute code their own way, outside the sandbox, and lm-eval keeps refusing them.
+SANDBOXED_CODE_TASKS = re.compile(r"(humaneval|mbpp)(_\w+)?")
+
 OFFLINE_HINT = (
     "the worker runs offline (HF_DATASETS_OFFLINE=1, HF_HUB_OFFLINE=1): download the dataset into the "
     "Hugging Face cache beforehand, or point the task's YAML at local files "
@@ -167,7 +183,12 @@ def run_harness(spec: JobSpec, group: WorkerGroup) -> JobResult | None:
     evaluation_started = time.perf_counter()
     # Collective (every rank creates every peer group): before anything that may fail on one rank only.
     peers = group.peer_group()
-    with _lm_eval_errors(task, harness), _working_directory(harness.include_path):
+    with (
+        _lm_eval_errors(task, harness),
+        _working_directory(harness.include_path),
+        # code_eval (humaneval, mbpp) runs the model's code in the sandbox, never by exec in this process.
+        sandboxed_code_eval(task.name, task.code or CodeSpec()),
+    ):
         model = _language_model(loaded, task, harness, group, peers)
         results: dict[str, Any] | None = simple_evaluate(
             model=model,
@@ -176,6 +197,7 @@ def run_harness(spec: JobSpec, group: WorkerGroup) -> JobResult | None:
             num_fewshot=harness.num_fewshot,
             limit=task.limit,
             log_samples=True,
+            confirm_run_unsafe_code=SANDBOXED_CODE_TASKS.fullmatch(harness.task) is not None,
         )
     log.info("harness.served", replica=topology.replica, requests=dict(model.served))
     consistency = _consistency(group, model) if topology.tp > 1 else None

@@ -17,6 +17,7 @@ from inference.harness.names import direction as harness_direction
 from inference.metrics.accuracy import Accuracy, ExactMatch
 from inference.metrics.base import DocumentRecord, EvalRecord, Metric, SampleRecord, present
 from inference.metrics.bleu import Bleu
+from inference.metrics.code import FAILURES, TestPassRate, VerdictRate
 from inference.metrics.entropy import Entropy
 from inference.metrics.length import (
     ResponseLength,
@@ -48,6 +49,8 @@ METRICS: Mapping[str, Metric] = {
         ResponseLengthIncorrect(),
         TruncationRate(),
         Bleu(),
+        TestPassRate(),
+        *(VerdictRate(verdict) for verdict in FAILURES),
         Perplexity(),
         Nll(),
         WordPerplexity(),
@@ -73,6 +76,15 @@ REWARD_METRICS = frozenset(
 
 DEFAULT_METRICS: Mapping[TaskKind, tuple[str, ...]] = {
     "generate": ("accuracy", "response_length", "truncation_rate", "tokens_per_s", "wall_s"),
+    "code": (
+        "pass@1",
+        "test_pass_rate",
+        *(f"{verdict}_rate" for verdict in FAILURES),
+        "response_length",
+        "truncation_rate",
+        "tokens_per_s",
+        "wall_s",
+    ),
     "likelihood": ("perplexity", "nll", "tokens_per_s", "wall_s"),
     # Every metric lm-eval reports is stored: nothing to choose.
     "lm_eval": (),

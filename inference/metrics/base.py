@@ -18,9 +18,12 @@ from typing import ClassVar
 
 from inference.spec import MetricValue, TaskKind
 
-GENERATE: frozenset[TaskKind] = frozenset({"generate"})
+# A code task generates too: every metric of generated responses applies to it (accuracy is then the share
+# of samples that pass all their tests).
+GENERATE: frozenset[TaskKind] = frozenset({"generate", "code"})
+CODE: frozenset[TaskKind] = frozenset({"code"})
 LIKELIHOOD: frozenset[TaskKind] = frozenset({"likelihood"})
-ANY_KIND: frozenset[TaskKind] = frozenset({"generate", "likelihood"})
+ANY_KIND: frozenset[TaskKind] = frozenset({"generate", "code", "likelihood"})
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,11 @@ class SampleRecord:
     #: Sum of the policy's per-token entropies (nats) over ``entropy_tokens`` decoding steps.
     entropy_sum: float = 0.0
     entropy_tokens: int = 0
+    #: Code tasks: the sample's tests that passed, the tests run, and its verdict (``passed``, or its
+    #: first failing test's, see :mod:`inference.code.grading`).
+    tests_passed: int = 0
+    tests_total: int = 0
+    verdict: str | None = None
 
 
 @dataclass(frozen=True)

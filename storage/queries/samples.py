@@ -29,6 +29,14 @@ class SampleRow:
     entropy: float | None = None
     #: Why the sample is left out of every metric; None for one that counts.
     error: str | None = None
+    #: A code task's sample: ``passed`` or the first failing test's verdict, tests passed of the total,
+    #: tests by verdict, and the first failing test with what the program wrote.
+    verdict: str | None = None
+    tests_passed: int | None = None
+    tests_total: int | None = None
+    verdicts: dict[str, int] | None = None
+    failed_test: str | None = None
+    failed_output: str | None = None
 
 
 @dataclass(frozen=True)
@@ -115,6 +123,12 @@ def _sample_row(s: Sample) -> SampleRow:
         reward=s.reward,
         entropy=s.entropy,
         error=s.error,
+        verdict=s.verdict,
+        tests_passed=s.tests_passed,
+        tests_total=s.tests_total,
+        verdicts=s.verdicts,
+        failed_test=s.failed_test,
+        failed_output=s.failed_output,
     )
 
 

@@ -1,0 +1,98 @@
+"""What a language runner is: code and a test in, the files and command the sandbox runs out.
+
+A runner prepares a sample's code once (a compiled language compiles it, in the sandbox, and a failed
+compilation is the sample's verdict for every test), then gives the program for each test. It reads an
+execution back as a verdict, since what a crash looks like depends on the language.
+"""
+
+from __future__ import annotations
+
+import shutil
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from inference.code.grading import TestResult, Verdict, limit_verdict, same_output
+from inference.code.problems import TestCase
+from inference.code.sandbox import SYSTEM_PATH, Execution, Limits, Sandbox, SandboxFile
+from inference.errors import TaskInvalid
+
+
+@dataclass(frozen=True)
+class Program:
+    """What the sandbox runs: files (under ``{files}``) and a command line."""
+
+    files: tuple[SandboxFile, ...]
+    argv: tuple[str, ...]
+    #: A line the program prints once its tests have all run: a program that exits with 0 before then
+    #: (``sys.exit(0)`` in the solution) has not passed them.
+    sentinel: str | None = None
+
+
+class Runner(ABC):
+    #: The ``language`` a task names.
+    name: ClassVar[str]
+    #: The interpreter or compiler looked up on the system ``PATH`` when the task names none.
+    default_executable: ClassVar[str]
+    #: Whether it runs assert tests (code appended to the solution) as well as stdin/stdout ones.
+    runs_asserts: ClassVar[bool] = False
+    #: Fenced-block tags that mark this language's code (an untagged block counts too).
+    tags: ClassVar[tuple[str, ...]]
+
+    def __init__(self, executable: str | None = None, *, compile_limits: Limits | None = None) -> None:
+        self.compile_limits = compile_limits
+        wanted = executable or self.default_executable
+        found = shutil.which(wanted, path=SYSTEM_PATH)
+        if found is None:
+            raise TaskInvalid(
+                f"language {self.name!r}: {wanted} is not installed (looked in {SYSTEM_PATH}); install "
+                f"it, or set executable to its path"
+            )
+        self.executable = Path(found).resolve()
+
+    @property
+    def readable(self) -> tuple[Path, ...]:
+        """Host folders the sandbox must show: the toolchain's prefix when it is not under /usr."""
+        if self.executable.is_relative_to("/usr"):
+            return ()
+        return (self.executable.parent.parent,)
+
+    @abstractmethod
+    def prepare(self, code: str, sandbox: Sandbox) -> Program | TestResult:
+        """The program the tests run, or the ``compile_error`` every test of the sample gets."""
+
+    @abstractmethod
+    def program(self, prepared: Program, test: TestCase, setup: str) -> Program:
+        """The program for one test (``setup``: code an assert test needs first)."""
+
+    @abstractmethod
+    def crash_verdict(self, execution: Execution, test: TestCase) -> Verdict:
+        """The verdict of a failed run (non-zero exit), limits aside."""
+
+    def verdict(self, execution: Execution, test: TestCase, program: Program) -> Verdict:
+        limit = limit_verdict(execution.returncode, execution.timed_out)
+        if limit is not None:
+            return limit
+        if execution.returncode != 0:
+            return self.crash_verdict(execution, test)
+        stdout = execution.stdout.decode("utf-8", "replace")
+        if program.sentinel is not None:
+            # Exited early, and successfully, before the tests: not a pass, and no answer was wrong.
+            return "passed" if program.sentinel in stdout.splitlines() else "runtime_error"
+        if test.expected is None:
+            return "passed"
+        return "passed" if same_output(stdout, test.expected) else "wrong_answer"
+
+
+def compile_limits(limits: Limits, seconds: float, memory_mb: int) -> Limits:
+    """A compiler's limits: its own time and memory, room for its temporary files and the binary."""
+    return Limits(
+        cpu_s=seconds,
+        wall_s=seconds * 2,
+        memory_mb=memory_mb,
+        processes=max(limits.processes, 16),
+        file_mb=max(limits.file_mb, 128),
+        open_files=max(limits.open_files, 256),
+        tmp_mb=max(limits.tmp_mb, 512),
+    )

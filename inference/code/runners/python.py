@@ -1,0 +1,48 @@
+"""Python: the solution and, for an assert test, the test code after it, run by ``python3 -I``."""
+
+from __future__ import annotations
+
+import secrets
+from typing import ClassVar
+
+from inference.code.grading import Verdict, last_exception
+from inference.code.problems import TestCase
+from inference.code.runners.base import Program, Runner
+from inference.code.sandbox import FILES, Execution, Sandbox, SandboxFile
+
+#: Exceptions raised before any line runs: the code does not compile.
+_SYNTAX = frozenset({"SyntaxError", "IndentationError", "TabError"})
+
+
+class PythonRunner(Runner):
+    name: ClassVar[str] = "python"
+    default_executable: ClassVar[str] = "python3"
+    runs_asserts: ClassVar[bool] = True
+    tags: ClassVar[tuple[str, ...]] = ("python", "py", "python3")
+
+    def prepare(self, code: str, sandbox: Sandbox) -> Program:
+        # Nothing to compile: a syntax error shows up as each test's run fails.
+        return Program((SandboxFile("main.py", code.encode()),), self._argv())
+
+    def program(self, prepared: Program, test: TestCase, setup: str) -> Program:
+        if test.code is None:
+            return prepared
+        sentinel = f"evald-tests-done-{secrets.token_hex(8)}"
+        source = prepared.files[0].data.decode()
+        # ``os.write``: the solution may have replaced sys.stdout; the line is only read once it has run.
+        text = f"{source}\n\n{setup}\n{test.code}\n\nimport os as _os\n_os.write(1, b'\\n{sentinel}\\n')\n"
+        return Program((SandboxFile("main.py", text.encode()),), self._argv(), sentinel)
+
+    def crash_verdict(self, execution: Execution, test: TestCase) -> Verdict:
+        raised = last_exception(execution.stderr.decode("utf-8", "replace"))
+        if raised in _SYNTAX:
+            return "compile_error"
+        if raised == "MemoryError":
+            return "memory"
+        if raised == "AssertionError" and test.code is not None:
+            return "wrong_answer"
+        return "runtime_error"
+
+    def _argv(self) -> tuple[str, ...]:
+        # -I: no user site, no PYTHON* variables, no script folder first on sys.path.
+        return (str(self.executable), "-I", f"{FILES}/main.py")
