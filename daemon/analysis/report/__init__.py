@@ -9,7 +9,7 @@ from daemon.analysis.report.cells import NO_SAMPLES, Format, cell, jsonable, one
 from daemon.analysis.report.comparison_rows import COMPARISON_FIELDS, comparison, comparison_rule
 from daemon.analysis.report.job_history import history
 from daemon.analysis.report.result_rows import RESULT_FIELDS, metrics_by_checkpoint, result_dicts, results
-from daemon.analysis.report.sample_rows import samples_json, samples_text
+from daemon.analysis.report.sample_rows import job_fields, sample_dict, samples_json, samples_text
 from daemon.analysis.report.status_lines import cluster_text, resources_text, status_text
 from daemon.analysis.report.status_summary import RETRYING_STATES, resources, status, with_scheduler
 
@@ -27,6 +27,7 @@ __all__ = [
     "comparison",
     "comparison_rule",
     "history",
+    "job_fields",
     "jsonable",
     "metrics_by_checkpoint",
     "one_line",
@@ -34,6 +35,7 @@ __all__ = [
     "resources_text",
     "result_dicts",
     "results",
+    "sample_dict",
     "samples_json",
     "samples_text",
     "status",

@@ -50,7 +50,8 @@ def _failed_line(sample: SampleRow) -> str:
     return f"sample {sample.index} failed {sample.verdict}: test: {test} | output: {output}"
 
 
-def _as_dict(sample: SampleRow) -> dict[str, object]:
+def sample_dict(sample: SampleRow) -> dict[str, object]:
+    """One sample as ``evald samples --format json`` and the API give it."""
     shown = asdict(sample)
     if sample.verdict is None:
         # Not a code sample: its JSON keeps the fields it always had.
@@ -103,18 +104,25 @@ def samples_text(found: JobSamples, *, width: int, wrong_only: bool = False) -> 
     return "\n".join(lines)
 
 
+def job_fields(found: JobSamples) -> dict[str, object]:
+    """Which job the samples are of, as the JSON of ``evald samples`` and the API head them."""
+    return {
+        "run": found.run,
+        "step": found.step,
+        "task": found.task,
+        "stage": found.stage,
+        "job_id": found.job_id,
+        "checkpoint": found.checkpoint,
+        "stored_samples": found.stored,
+    }
+
+
 def samples_json(found: JobSamples, *, wrong_only: bool = False) -> str:
     return json.dumps(
         {
-            "run": found.run,
-            "step": found.step,
-            "task": found.task,
-            "stage": found.stage,
-            "job_id": found.job_id,
-            "checkpoint": found.checkpoint,
-            "stored_samples": found.stored,
+            **job_fields(found),
             "wrong_only": wrong_only,
-            "samples": [_as_dict(s) for s in found.samples],
+            "samples": [sample_dict(s) for s in found.samples],
             "problems": [asdict(p) for p in found.problems],
         },
         indent=1,

@@ -174,15 +174,9 @@ def samples(request: Request) -> JSON:
             raise ApiError(404, str(exc)) from exc
     chosen = found.samples[window.offset : window.offset + window.limit]
     more = len(found.samples) > window.offset + window.limit
-    body = envelope(request, [asdict(s) for s in chosen], window, more=more)
+    body = envelope(request, [report.sample_dict(s) for s in chosen], window, more=more)
     extra = {
-        "run": found.run,
-        "step": found.step,
-        "task": found.task,
-        "stage": found.stage,
-        "job_id": found.job_id,
-        "checkpoint": found.checkpoint,
-        "stored_samples": found.stored,
+        **report.job_fields(found),
         "matching_samples": len(found.samples),
         "wrong_only": wrong_only,
         "problems": [asdict(p) for p in found.problems],
