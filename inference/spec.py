@@ -45,7 +45,9 @@ class _Plain(BaseModel):
 class SubsetSpec(_Plain):
     """A fixed, seeded, stratified subset of a task's rows: the same items at every checkpoint."""
 
+    #: Rows in the subset (all of them when the dataset has fewer).
     size: int = Field(ge=1)
+    #: The draw's seed: the same seed picks the same rows at every checkpoint and after a restart.
     seed: int = 0
     #: Field whose value (a string or a number) puts a row in its stratum; ``None`` samples plainly.
     stratify_field: str | None = None
@@ -106,8 +108,9 @@ class CodeSpec(_Plain):
     #: Executions run at once (threads waiting on sandboxed processes, after generation).
     parallel: int = Field(default=4, ge=1)
     limits: CodeLimits = CodeLimits()
-    #: Compiled languages: seconds (CPU and wall) and MiB of address space the compiler may use.
+    #: Compiled languages: seconds (CPU and wall) the compiler may take.
     compile_s: float = Field(default=30.0, gt=0)
+    #: Compiled languages: MiB of address space the compiler may use.
     compile_memory_mb: int = Field(default=2048, ge=64)
     #: ``assert``: test code run after the solution (HumanEval ``test`` + ``entry_point``, MBPP
     #: ``test_list``); ``stdio``: inputs and expected outputs; ``auto``: whichever a row has.

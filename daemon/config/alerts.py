@@ -20,11 +20,16 @@ Direction = Literal["higher", "lower", "none"]
 class ThresholdConfig(Section):
     """An absolute bound on a metric: crossing it is a critical alert whatever the series did before."""
 
+    #: A result below this fires the alert; unset: no lower bound.
     min: float | None = None
+    #: A result above this fires the alert; unset: no upper bound.
     max: float | None = None
 
 
 class AlertsConfig(Section):
+    """When a result is an alert: the anomaly detectors' settings, absolute thresholds, and the best
+    checkpoint."""
+
     #: A repeat of a firing alert within this long updates it without sending it again.
     cooldown_secs: float = Field(default=3600.0, ge=0)
     #: Where a status JSON per run is written (best checkpoint, firing alerts, where to roll back to).
@@ -33,6 +38,8 @@ class AlertsConfig(Section):
     best_metric: str = "accuracy"
     #: Which way is better, per metric, overriding the registry's (``none``: any jump counts).
     directions: dict[str, Direction] = Field(default_factory=dict)
+    #: Per metric name: an absolute bound whose crossing is a critical alert (see
+    #: ``[alerts.thresholds.NAME]``).
     thresholds: dict[str, ThresholdConfig] = Field(default_factory=dict)
     #: Detector settings (``daemon.anomaly.settings.Settings``): window, z_threshold, noise_sigmas, ...
     detectors: dict[str, float] = Field(default_factory=dict)
@@ -88,15 +95,26 @@ class AlertsConfig(Section):
 
 
 class WebhookConfig(Section):
+    """An HTTP endpoint every alert is POSTed to (firing and resolved), signed, retried until delivered."""
+
+    #: The endpoint's name in its delivery logs, its queue of messages and ``evald webhook test NAME``.
     name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    #: Where alerts are POSTed (http or https); never logged, as a Slack incoming-webhook URL is a secret.
     url: str = Field(pattern=r"^https?://\S+$")
+    #: The body: ``generic`` (evald's JSON), ``slack`` (an incoming-webhook message) or ``alertmanager``
+    #: (what Alertmanager's webhook sends, for receivers written for it).
     format: Literal["generic", "slack", "alertmanager"] = "generic"
-    #: The signing secret (Standard Webhooks, ``whsec_...``): from this environment variable or file.
+    #: The signing secret (Standard Webhooks, ``whsec_...``), read from this environment variable. Give
+    #: it or ``secret_file``, not both; neither: requests go unsigned.
     secret_env: str | None = None
+    #: Or a file holding the signing secret, readable by its owner only (one open to group or others is
+    #: refused).
     secret_file: Path | None = None
+    #: Seconds to connect to the receiver; past it the try fails and is retried later.
     connect_timeout_secs: float = Field(default=2.0, gt=0)
     #: The whole request, connect to last byte: a receiver that hangs is cut off here.
     timeout_secs: float = Field(default=5.0, gt=0)
+    #: Alerts below this severity are not sent to this endpoint (they are still stored and shown).
     min_severity: Literal["info", "warning", "critical"] = "warning"
     #: Retries back off exponentially (with jitter) up to this; a message is retried until delivered.
     max_backoff_secs: float = Field(default=300.0, gt=0)

@@ -8,6 +8,10 @@ from daemon.config.base import Section, base_dir
 
 
 class DatabaseConfig(Section):
+    """Where results, checkpoints and the job queue are kept, and how long to wait for the database."""
+
+    #: ``sqlite:///FILE`` (one daemon; a relative path is beside the config) or ``postgresql://...``
+    #: (several daemons share it); keep a password in ``EVALD_DATABASE_URL``, not in the file.
     url: str = Field(default="sqlite:///evald.db", validate_default=True)
     #: How long the daemon keeps trying to reach the database at start before it exits non-zero (and
     #: its supervisor starts it again). Once running, it waits out any outage, however long.

@@ -34,13 +34,22 @@ def _worker_env_name(name: str) -> str:
 
 
 class InferenceConfig(Section):
+    """How each evaluation job runs: its engine, device and dtype, its worker group, limits and retries."""
+
     #: ``deepspeed`` (AutoTP, any tp) or ``hf`` (plain transformers, tp = 1).
     engine: Engine = "deepspeed"
+    #: ``cpu`` or ``cuda``; on ``cuda`` rank r of a worker group takes the r-th visible GPU of its node
+    #: (``[scheduling.resources] gpus`` says which are visible).
     device: str = "cpu"
+    #: The dtype the weights are loaded and run in: ``bfloat16`` or ``float16`` take half the memory of
+    #: ``float32``.
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    #: torch intra-op threads per rank (worth setting when several ranks share a CPU node); unset:
+    #: torch's default.
     threads: int | None = Field(default=None, ge=1)
-    #: Tensor-parallel ranks per replica and data-parallel replicas: each job runs tp × dp ranks.
+    #: Tensor-parallel ranks per replica, one model sharded across them: each job runs tp × dp ranks.
     tp: int = Field(default=1, ge=1)
+    #: Data-parallel replicas, each evaluating a share of the items: each job runs tp × dp ranks.
     dp: int = Field(default=1, ge=1)
     #: DeepSpeed hostfile for a worker group across several nodes; unset, the group runs on this node.
     hostfile: Path | None = None
@@ -56,6 +65,8 @@ class InferenceConfig(Section):
     job_timeout_secs: float = Field(default=3600.0, gt=0)
     #: A job whose worker crashes or times out is tried this many times in all before it stays failed.
     max_attempts: int = Field(default=3, ge=1)
+    #: Seeds torch in every worker, and sampling (re-seeded per batch from it), so a sampled task draws
+    #: alike at every checkpoint and on every rank.
     seed: int = 0
     #: Per-sample outputs stored per job (the first ones); the rest are only aggregated.
     max_samples: int = Field(default=1000, ge=0)

@@ -23,6 +23,8 @@ ENV_SECTIONS = ("database", "inference", "scheduling", "daemon", "alerts", "web"
 
 
 class Config(Section):
+    """The whole config file: its sections, and the checks across them (names, tasks, secrets)."""
+
     database: DatabaseConfig = DatabaseConfig()
     runs: tuple[RunConfig, ...]
     tasks: tuple[TaskConfig, ...]
@@ -31,6 +33,7 @@ class Config(Section):
     daemon: DaemonConfig = DaemonConfig()
     alerts: AlertsConfig = AlertsConfig()
     webhooks: tuple[WebhookConfig, ...] = ()
+    #: Experiment trackers results are also logged to (MLflow, W&B, TensorBoard event files).
     trackers: tuple[TrackerConfig, ...] = ()
     web: WebConfig = WebConfig()
     #: Where evaluations run: on this node (``local``, the default) or through Slurm.

@@ -17,9 +17,14 @@ Backlog = Literal["newest_first", "oldest_first", "newest_only"]
 class AdaptiveConfig(Section):
     """Evaluate more often while ``metric`` of ``task`` moves by more than its noise, less on a plateau."""
 
+    #: The task whose results set the pace: one of this run's tasks.
     task: str
+    #: The metric of ``task`` watched (one the task computes).
     metric: str = "accuracy"
+    #: The shortest interval, in steps: moving results halve it down to this; the first interval when
+    #: ``freq_steps`` is unset.
     min_every_steps: int = Field(ge=1)
+    #: The longest interval, in steps: flat results double it up to this.
     max_every_steps: int = Field(ge=1)
     #: A change counts as movement when it exceeds this many combined standard errors.
     noise_sigmas: float = Field(default=2.0, gt=0)
@@ -35,7 +40,13 @@ class AdaptiveConfig(Section):
 
 
 class RunConfig(Section):
+    """One training run: the folder its checkpoints appear in, how to read them and which are evaluated."""
+
+    #: The run's name in the database, ``evald status``, alerts and ``/metrics``: its results are kept
+    #: under it, so a new name starts a new history.
     name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    #: The folder the trainer saves this run's checkpoints in (one folder per checkpoint below it); it need
+    #: not exist yet.
     root: Path
     #: "auto" detects each checkpoint's layout; or one of :data:`inference.layouts.REGISTRY`.
     layout: str = "auto"
@@ -50,15 +61,24 @@ class RunConfig(Section):
     watch_mode: Literal["auto", "inotify", "poll"] = "auto"
     #: Task names to evaluate for this run; empty means every task.
     tasks: tuple[str, ...] = ()
-    #: How often to evaluate; unset fields take ``[scheduling]``'s (see :class:`SchedulingConfig`).
+    #: How often to evaluate: a checkpoint is due once it is this many steps past the last one evaluated
+    #: (any set trigger makes it due). Each unset ``freq_*`` takes ``[scheduling]``'s.
     freq_steps: int | None = Field(default=None, ge=1)
+    #: Due once its epoch is this many past the last evaluated one's (the epoch comes from the folder name,
+    #: or from the step with ``steps_per_epoch``); unset: ``[scheduling]``'s.
     freq_epochs: int | None = Field(default=None, ge=1)
+    #: Due once this many seconds have passed since the last evaluation: the newest ready checkpoint is
+    #: taken, older waiting ones skipped; unset: ``[scheduling]``'s.
     freq_secs: float | None = Field(default=None, gt=0)
+    #: Which due checkpoint runs first when several wait (see ``[scheduling] backlog``); unset:
+    #: ``[scheduling]``'s.
     backlog: Backlog | None = None
     #: Turns steps into epochs for checkpoints whose folder names carry only a step.
     steps_per_epoch: int | None = Field(default=None, ge=1)
     #: Evaluate ``base_model`` as step 0 before the first checkpoint.
     eval_before_train: bool = False
+    #: Local folder of the model the run starts from: evaluated as step 0 with ``eval_before_train``, and
+    #: the model LoRA adapter checkpoints are merged into (unset: the adapter's ``base_model_name_or_path``).
     base_model: Path | None = None
     #: The run's last step: the checkpoint that reaches it is final (two-stage: gets its full stage).
     final_step: int | None = Field(default=None, ge=0)

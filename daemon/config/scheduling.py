@@ -59,9 +59,11 @@ class Thresholds:
 class TwoStageConfig(Section):
     """A quick stage on a fixed subset at every due checkpoint, the full set only now and then."""
 
+    #: Items in the quick stage's subset, taken from the task's rows (after ``limit`` and ``subset``).
     quick_size: int = Field(ge=1)
     #: Dataset field to stratify the quick subset by (difficulty level, subject, ...).
     stratify_field: str | None = None
+    #: Seed of the quick subset's draw: the same seed takes the same items at every checkpoint.
     seed: int = 0
     #: The full stage runs on the 1st, (n+1)th, (2n+1)th ... evaluated checkpoint.
     full_every: int = Field(default=5, ge=1)
@@ -117,6 +119,8 @@ class ResourcesConfig(Section):
 
 
 class SchedulingConfig(Section):
+    """When checkpoints are read and evaluated, how many jobs run at once, and the daemon's timers."""
+
     #: A checkpoint must stay unchanged this long before it is read (ignored when a marker is set).
     quiet_secs: float = Field(default=5.0, ge=0)
     #: A checkpoint still incomplete after this long unchanged is marked invalid.
@@ -125,9 +129,12 @@ class SchedulingConfig(Section):
     rescan_secs: float = Field(default=30.0, gt=0)
     #: How often the main loop wakes when nothing happens.
     tick_secs: float = Field(default=0.2, gt=0, le=10)
+    #: Jobs this daemon runs at once on its node, each a worker group of tp × dp ranks (with Slurm,
+    #: ``[executor] max_queued`` bounds the jobs submitted instead).
     max_concurrent: int = Field(default=1, ge=1)
     #: A running job whose heartbeat is older than this is taken to be orphaned (PostgreSQL).
     lease_secs: float = Field(default=120.0, gt=0)
+    #: How often a running job's heartbeat (its lease) is renewed; at most half of ``lease_secs``.
     heartbeat_secs: float = Field(default=10.0, gt=0)
     #: How often a daemon on PostgreSQL looks for orphaned jobs: another daemon's job is taken over at
     #: most this long after its lease ran out.
@@ -135,9 +142,14 @@ class SchedulingConfig(Section):
     #: On SIGTERM, how long a running job may finish before it is requeued.
     shutdown_grace_secs: float = Field(default=20.0, ge=0)
     #: Default frequency for every run (a run's own fields win). A checkpoint is due when ANY set trigger
-    #: fires; with none set, every checkpoint is due.
+    #: fires; with none set, every checkpoint is due. ``freq_steps``: due this many steps after the last
+    #: one evaluated.
     freq_steps: int | None = Field(default=None, ge=1)
+    #: Due this many epochs after the last one evaluated (needs epochs in the checkpoint names, or a run's
+    #: ``steps_per_epoch``).
     freq_epochs: int | None = Field(default=None, ge=1)
+    #: Due this many seconds after the last evaluation: the newest ready checkpoint is taken, older
+    #: waiting ones skipped.
     freq_secs: float | None = Field(default=None, gt=0)
     #: Which due checkpoint runs first when several wait: the newest then backfill, the oldest, or only
     #: the newest (older due ones are skipped).

@@ -39,6 +39,10 @@ _NOT_HARNESS_FIELDS = frozenset(
 
 
 class TaskConfig(Section):
+    """One evaluation: its data, how prompts are built and decoded, and the metrics computed."""
+
+    #: The task's name in the database, reports and alerts; ``runs[].tasks``, ``[runs.adaptive] task``
+    #: and ``[scheduling.two_stage.NAME]`` refer to it.
     name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]*$")
     #: ``generate``: answers to prompts, graded against references; ``code``: programs generated for
     #: problems with tests, run in a sandbox; ``likelihood``: perplexity of texts; ``lm_eval``: an
@@ -46,25 +50,42 @@ class TaskConfig(Section):
     kind: TaskKind = "generate"
     #: The JSONL file (generate and likelihood tasks; an lm_eval task's YAML names its own data).
     dataset: Path | None = None
+    #: The row field holding the prompt; unset: the first of ``prompt``, ``question``, ``problem`` a row has
+    #: (code tasks look at a few more).
     prompt_field: str | None = None
+    #: The row field holding the reference answer responses are graded against.
     answer_field: str = "answer"
+    #: The row field holding a unique id, stored with each sample to pair an item across checkpoints;
+    #: unset: the row's line number (so editing the file renumbers them).
     id_field: str | None = None
-    #: Likelihood tasks: the field holding the text, and the tokens kept of a longer one.
+    #: Likelihood tasks: the row field holding the text to score.
     text_field: str = "text"
+    #: Likelihood tasks: the tokens of a text scored; a longer text is cut to its first ``max_length``.
     max_length: int = Field(default=2048, ge=2)
+    #: A Python format string with one ``{prompt}`` placeholder, applied to every prompt (a literal brace
+    #: is written twice).
     prompt_template: str = "{prompt}"
     #: Wrap each prompt in the tokenizer's chat template, after ``system_prompt`` if set.
     chat_template: bool = False
+    #: The system message put before each prompt in the chat template (needs ``chat_template = true``).
     system_prompt: str | None = None
+    #: The most tokens generated per response: one that reaches it unfinished is cut there and counts as
+    #: truncated (``truncation_rate``).
     max_new_tokens: int = Field(default=32, ge=1, le=65536)
+    #: Prompts (or texts) run through the model together on each replica; larger is faster until the
+    #: device runs out of memory. lm_eval tasks pass it to lm-eval.
     batch_size: int = Field(default=16, ge=1)
     #: Completions per prompt; more than one needs temperature > 0.
     n_samples: int = Field(default=1, ge=1)
     #: 0 decodes greedily.
     temperature: float = Field(default=0.0, ge=0)
+    #: Nucleus sampling when ``temperature`` > 0: draw only from the most likely tokens whose
+    #: probabilities add up to this; 1 keeps them all.
     top_p: float = Field(default=1.0, gt=0, le=1)
     #: A response ends at the first of these strings.
     stop: tuple[str, ...] = ()
+    #: Evaluate only this many rows, the first ones (before ``subset``); lm_eval tasks: the first
+    #: documents of each task. Unset: all of them.
     limit: int | None = Field(default=None, ge=1)
     #: Evaluate a fixed, seeded, stratified subset of the rows: the same items at every checkpoint.
     subset: SubsetSpec | None = None
@@ -75,12 +96,16 @@ class TaskConfig(Section):
     reward_timeout_s: float = Field(default=10.0, gt=0)
     #: Defaults by kind: see ``inference.metrics.DEFAULT_METRICS``.
     metrics: tuple[str, ...] = ()
-    #: ``kind = "lm_eval"``: the task, group or tag name lm-eval knows; a folder of the user's task YAMLs
-    #: (relative data_files resolve against it); few-shot examples (unset: the task's own); HFLM's
-    #: add_bos_token (unset: lm-eval's default). ``batch_size`` and ``limit`` apply too.
+    #: ``kind = "lm_eval"``: the task, group or tag name lm-eval knows (its own, or one of
+    #: ``lm_eval_include_path``). ``batch_size`` and ``limit`` apply too.
     lm_eval_task: str | None = Field(default=None, min_length=1)
+    #: lm_eval tasks: a folder of the user's own task YAMLs, searched besides lm-eval's (relative
+    #: ``data_files`` resolve against it).
     lm_eval_include_path: Path | None = None
+    #: lm_eval tasks: few-shot examples put before each question; unset: the task's own number.
     num_fewshot: int | None = Field(default=None, ge=0)
+    #: lm_eval tasks: whether the tokenizer's BOS token starts each input (HFLM's ``add_bos_token``);
+    #: unset: lm-eval's default.
     add_bos_token: bool | None = None
     #: ``[tasks.code]``: how a ``kind = "code"`` task's programs are taken from the responses, run and
     #: tested (language, sandbox, limits, test format); an lm_eval code task (humaneval, mbpp) takes its

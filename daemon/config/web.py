@@ -15,6 +15,7 @@ class WebConfig(Section):
 
     #: Loopback by default: put a reverse proxy (TLS) in front to reach it from elsewhere.
     host: str = Field(default="127.0.0.1", min_length=1)
+    #: The TCP port ``evald serve`` listens on (``evald serve --port`` overrides it).
     port: int = Field(default=8321, ge=1, le=65535)
     #: When set, every request must carry ``Authorization: Bearer <token>``, the token read from this
     #: environment variable at start (never from the file, never logged).
