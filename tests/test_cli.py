@@ -186,7 +186,7 @@ def test_history_lists_every_worker_run_of_a_job(
     assert table[0].split()[:3] == ["attempt", "outcome", "engine"]
     assert "rank 1: out of memory at batch size 8: CUDA" in table[2]  # one line per attempt
     assert main(["--config", path, "history", "999"]) == 1
-    assert _errors(capsys) == ["evald: error: job 999: no worker has run it (see `evald status` for job ids)"]
+    assert _errors(capsys) == ["evald: error: no job 999 (see `evald status` for job ids)"]
 
 
 def test_eval_command_and_a_bad_dataset_line(

@@ -145,9 +145,7 @@ def test_values_at_the_edge_reach_the_database_and_answer_plainly(
     assert main(["--config", config, "results", "--run", "ünïcode-ŕun"]) == 1
     assert capsys.readouterr().err.strip() == "evald: error: no run 'ünïcode-ŕun' (runs: toy)"
     assert main(["--config", config, "history", top]) == 1
-    assert capsys.readouterr().err.strip() == (
-        f"evald: error: job {top}: no worker has run it (see `evald status` for job ids)"
-    )
+    assert capsys.readouterr().err.strip() == f"evald: error: no job {top} (see `evald status` for job ids)"
 
 
 def test_the_real_byte_in_argv_is_refused(config: str) -> None:

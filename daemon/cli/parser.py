@@ -6,6 +6,7 @@ import argparse
 
 from daemon import filter_values
 from daemon.analysis import curves
+from daemon.cli import retry
 from daemon.cli.config_check import cmd_config_check
 from daemon.cli.db import cmd_db_upgrade
 from daemon.cli.evaluate import cmd_eval
@@ -175,6 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     history.add_argument("job", type=_job_id, help="job id (as `evald status` shows it)")
     history.add_argument("--format", choices=("table", "json"), default="table")
     history.set_defaults(func=cmd_history)
+    retry.add_parser(commands, job_id=_job_id, name=_name, step=_step)
 
     samples = commands.add_parser(
         "samples", help="one job's per-sample outputs, and the inputs it left out of its metrics"

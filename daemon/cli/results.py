@@ -82,16 +82,20 @@ def cmd_results(args: argparse.Namespace) -> int:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
+    from daemon.analysis.report.job_history import history
+    from storage.queries.retry import job_submission
+
     config = load(args)
     database = open_current(config)
     try:
         with database.session() as session:
             attempts = queries.job_history(session, args.job)
+            current = job_submission(session, args.job)
     finally:
         database.dispose()
-    if not attempts:
-        raise EvaldError(f"job {args.job}: no worker has run it (see `evald status` for job ids)")
-    print(report.history(attempts, args.format))
+    if current is None:
+        raise EvaldError(f"no job {args.job} (see `evald status` for job ids)")
+    print(history(attempts, args.format, current))
     return 0
 
 

@@ -23,14 +23,14 @@ from daemon.web.auth import BearerAuth
 from daemon.web.context import WebContext
 from daemon.web.params import ApiError
 from daemon.web.responses import JSON, error
-from daemon.web.routes import alerts, dashboard, metrics, results, runs, status
+from daemon.web.routes import alerts, dashboard, jobs, metrics, results, runs, status
 from storage.database import Database
 from storage.errors import DatabaseUnreachable
 
 log = structlog.get_logger("daemon.web")
 
 #: One module per resource; each has ``routes() -> list[BaseRoute]``.
-ROUTE_MODULES: tuple[ModuleType, ...] = (runs, results, alerts, status, dashboard, metrics)
+ROUTE_MODULES: tuple[ModuleType, ...] = (runs, results, alerts, status, jobs, dashboard, metrics)
 
 API_INDEX = {
     "runs": "/api/v1/runs",
@@ -44,6 +44,7 @@ API_INDEX = {
     "alerts": "/api/v1/alerts?run=&state=firing|resolved",
     "status": "/api/v1/status?run=",
     "jobs": "/api/v1/jobs?run=&state=",
+    "job": "/api/v1/jobs/{job}",
     "changes": "/api/v1/changes",
 }
 

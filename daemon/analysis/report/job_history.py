@@ -1,4 +1,5 @@
-"""``evald history``: every worker run of one job as a table or JSON."""
+"""``evald history``: every worker run of one job as a table or JSON, and where its current claim stands
+(a submission still queued in Slurm has run nowhere yet, but has a Slurm job id and a wait)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,48 @@ from typing import Any
 
 from daemon.analysis.report.cells import one_line, table
 from storage.queries import AttemptRow
+from storage.queries.retry import Submission
 
 
-def history(attempts: Sequence[AttemptRow], output: str) -> str:
-    """Every worker run of one job, oldest first."""
-    rows: list[dict[str, Any]] = [
+def history_rows(attempts: Sequence[AttemptRow], current: Submission | None = None) -> list[dict[str, Any]]:
+    """``evald history --format json`` (and the API's ``/api/v1/jobs/{job}``): every worker run, oldest
+    first, then the current claim or queueing where no row tells it yet (:func:`_current`)."""
+    rows = _rows(attempts)
+    now = None if current is None else _current(current, attempts)
+    return rows if now is None else [*rows, now]
+
+
+def history(attempts: Sequence[AttemptRow], output: str, current: Submission | None = None) -> str:
+    """Every worker run of one job, oldest first; then, with ``current``, the claim that has no row yet
+    (running, or queued in a scheduler) or the job queued again with no run of it begun."""
+    if output == "json":
+        return json.dumps(history_rows(attempts, current), indent=1)
+    rows = _rows(attempts)
+    now = None if current is None else _current(current, attempts)
+    columns: tuple[str, ...] = (
+        "attempt",
+        "outcome",
+        "engine",
+        "tp",
+        "dp",
+        "batch_size",
+        "duration_s",
+        "error_kind",
+        "error",
+    )
+    if any(a.slurm_job_id is not None for a in attempts):
+        columns = (*columns[:7], *SLURM_HISTORY_COLUMNS, *columns[7:])
+    cut = [
+        {**r, "error": None if r["error"] is None else one_line(r["error"], HISTORY_ERROR_CHARS)}
+        for r in rows
+    ]
+    shown = table(columns, [tuple(r[c] for c in columns) for r in cut]) if rows else ""
+    line = None if now is None else _current_line(now)
+    return "\n".join(part for part in (shown, line) if part)
+
+
+def _rows(attempts: Sequence[AttemptRow]) -> list[dict[str, Any]]:
+    return [
         {
             "attempt": a.attempt,
             "outcome": a.outcome,
@@ -33,26 +71,59 @@ def history(attempts: Sequence[AttemptRow], output: str) -> str:
         }
         for a in attempts
     ]
-    if output == "json":
-        return json.dumps(rows, indent=1)
-    columns: tuple[str, ...] = (
-        "attempt",
-        "outcome",
-        "engine",
-        "tp",
-        "dp",
-        "batch_size",
-        "duration_s",
-        "error_kind",
-        "error",
-    )
-    if any(a.slurm_job_id is not None for a in attempts):
-        columns = (*columns[:7], *SLURM_HISTORY_COLUMNS, *columns[7:])
-    cut = [
-        {**r, "error": None if r["error"] is None else one_line(r["error"], HISTORY_ERROR_CHARS)}
-        for r in rows
-    ]
-    return table(columns, [tuple(r[c] for c in columns) for r in cut])
+
+
+def _current(job: Submission, attempts: Sequence[AttemptRow]) -> dict[str, Any] | None:
+    """The job's claim that has no history row yet (running, or still queued in a scheduler), or the job
+    queued again after its last row; None when the last row already tells where it stands. Its keys are
+    a history row's, ``outcome`` being the job's state, plus ``claimed_by``, the scheduler's
+    ``executor_state`` and ``since_claim_s``."""
+    if job.state == "running":
+        if attempts and attempts[-1].attempt == job.attempts and attempts[-1].outcome != "out_of_memory":
+            return None
+        attempt = job.attempts
+    elif job.state in ("pending", "deferred") and (not attempts or attempts[-1].outcome in ENDED_OUTCOMES):
+        attempt = job.attempts + 1
+    else:
+        return None
+    running = job.state == "running"
+    return {
+        "attempt": attempt,
+        "outcome": job.state,
+        "engine": None,
+        "tp": None,
+        "dp": None,
+        "batch_size": None,
+        "started_at": job.started_at.isoformat() if running and job.started_at is not None else None,
+        "duration_s": None,
+        "error_kind": None,
+        "error": None,
+        "slurm_job_id": job.slurm_job_id if job.executor == "slurm" else None,
+        "nodes": None,
+        "queue_wait_s": None,
+        "run_s": None,
+        "exit_state": None,
+        "claimed_by": job.claimed_by,
+        "executor_state": job.executor_state,
+        # In a scheduler's queue this is the wait so far; once on a node, the wait and the run together.
+        "since_claim_s": None if job.waiting_s is None else round(job.waiting_s, 1),
+    }
+
+
+def _current_line(now: dict[str, Any]) -> str:
+    attempt = now["attempt"]
+    if now["outcome"] != "running":
+        return f"attempt {attempt}: {now['outcome']}: queued, no daemon has claimed it yet"
+    where = f"running under {now['claimed_by']}"
+    if now["slurm_job_id"] is not None:
+        where = f"submitted to Slurm as job {now['slurm_job_id']} by {now['claimed_by']}"
+    said = f", {now['executor_state']}" if now["executor_state"] else ""
+    waited = "" if now["since_claim_s"] is None else f", {now['since_claim_s']}s since its claim"
+    return f"attempt {attempt}: {where}{said}{waited}, no end recorded yet"
+
+
+#: A history row's outcomes after which the job waits for a new claim (automatic retries included).
+ENDED_OUTCOMES = ("failed", "retried", "requeued", "cancelled", "lost")
 
 
 #: The columns a job's history table gains when one of its attempts ran through Slurm.

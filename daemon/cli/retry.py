@@ -1,0 +1,121 @@
+"""``evald retry``: put a failed or cancelled job back in the queue, by id or a run's at once.
+
+The job is the same row made ``pending`` (:mod:`storage.queries.retry`): a running daemon claims it like
+any queued job, its earlier attempts stay in ``evald history``, and retrying it again before it runs
+queues nothing more.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from typing import Any
+
+import structlog
+
+from daemon.analysis.report.cells import table
+from daemon.cli.base import load, open_current
+from daemon.errors import ConfigError, EvaldError
+from storage import queries
+from storage.queries.retry import RetryTarget, retry_job_rows
+
+log = structlog.get_logger("daemon.cli.retry")
+
+
+def add_parser(
+    commands: Any, *, job_id: Callable[[str], int], name: Callable[[str], str], step: Callable[[str], int]
+) -> None:
+    """``evald retry``'s arguments, with the parser's checked types for a job id, a name and a step."""
+    retry = commands.add_parser(
+        "retry", help="queue a failed or cancelled job again (by id, or a run's with --failed/--cancelled)"
+    )
+    retry.add_argument("job", nargs="?", type=job_id, help="the job's id (as `evald status` shows it)")
+    retry.add_argument("--run", type=name, help="retry this run's jobs: with --failed and/or --cancelled")
+    retry.add_argument("--failed", action="store_true", help="the run's failed jobs (cancelled ones too)")
+    retry.add_argument(
+        "--cancelled", action="store_true", help="the run's jobs cancelled (scancel, checkpoint deleted)"
+    )
+    retry.add_argument("--step", type=step, help="only the jobs of the checkpoint at this step")
+    retry.add_argument("--task", type=name, help="only this task's jobs")
+    retry.add_argument("--format", choices=("table", "json"), default="table")
+    retry.set_defaults(func=cmd_retry)
+
+
+def _selection(args: argparse.Namespace) -> None:
+    """One job by id, or a run and what of it: anything else is refused before the database is opened."""
+    if args.job is not None:
+        extra = [
+            option
+            for option, given in (
+                ("--run", args.run is not None),
+                ("--failed", args.failed),
+                ("--cancelled", args.cancelled),
+                ("--step", args.step is not None),
+                ("--task", args.task is not None),
+            )
+            if given
+        ]
+        if extra:
+            raise ConfigError(extra[0], [f"give a job id or --run R with its filters, not both ({args.job})"])
+    elif args.run is None:
+        raise ConfigError("retry", ["give a job id (evald retry 42) or a run (evald retry --run R --failed)"])
+    elif not (args.failed or args.cancelled):
+        raise ConfigError("--run", ["say which of the run's jobs: --failed, --cancelled or both"])
+
+
+def cmd_retry(args: argparse.Namespace) -> int:
+    _selection(args)
+    config = load(args)
+    database = open_current(config)
+    try:
+        with database.session() as session:
+            if args.run is not None and not queries.run_exists(session, args.run):
+                known = ", ".join(r.name for r in queries.run_rows(session)) or "none"
+                raise EvaldError(f"no run {args.run!r} (runs: {known})")
+            targets = retry_job_rows(
+                session,
+                job_id=args.job,
+                run=args.run,
+                failed=args.failed,
+                cancelled=args.cancelled,
+                step=args.step,
+                task=args.task,
+            )
+    finally:
+        database.dispose()
+    if args.job is not None and not targets:
+        raise EvaldError(f"no job {args.job} (see `evald status` for job ids)")
+    for target in targets:
+        if target.outcome == "queued":
+            log.info(
+                "job.retry_queued", job_id=target.job_id, run=target.run, step=target.step, task=target.task
+            )
+    refused = [t for t in targets if t.outcome == "refused"]
+    if args.job is not None and refused:
+        raise EvaldError(f"cannot retry: {refused[0].reason}")
+    # A run's jobs whose checkpoint is gone are listed as refused beside those queued, not an error.
+    print(_render(targets, args))
+    return 0
+
+
+def _render(targets: Sequence[RetryTarget], args: argparse.Namespace) -> str:
+    if args.format == "json":
+        return json.dumps([asdict(t) for t in targets], indent=1)
+    queued = sum(t.outcome == "queued" for t in targets)
+    if not targets:
+        what = " or ".join(k for k, on in (("failed", args.failed), ("cancelled", args.cancelled)) if on)
+        return f"run {args.run}: no {what} job to retry"
+    lines = [f"{queued} job(s) queued again; the daemon runs them as it runs any queued job"]
+    rows = [(t.job_id, t.run, t.step, t.task, t.stage, t.state, t.error_kind, _said(t)) for t in targets]
+    lines.append(table(("job", "run", "step", "task", "stage", "was", "error_kind", "now"), rows))
+    return "\n".join(lines)
+
+
+def _said(target: RetryTarget) -> str:
+    if target.outcome == "queued":
+        return "queued"
+    if target.outcome == "already_queued":
+        return "already queued"
+    return f"refused: {target.reason}"
