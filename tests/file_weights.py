@@ -18,6 +18,7 @@ SECONDS: dict[str, int] = {
     "test_delivery_sinks.py": 60,
     "test_executor_contract.py": 45,
     "test_code_agreement.py": 33,
+    "test_mlflow_attach.py": 25,
     "test_code_sandbox.py": 14,
     "test_code_worker.py": 14,
     "test_code_cpp.py": 13,

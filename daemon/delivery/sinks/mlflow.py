@@ -12,19 +12,24 @@ SQL store commits separately) repeats the same (key, step, timestamp, value), wh
 
 An alert event sets the tags ``evald.alert.<id>`` (the event as JSON), ``.state`` and ``.severity``.
 
-The run is the trainer's where it can be found (``run_ids`` in the tracker's config, else the newest run
-under ``<run root>/mlruns``), checked to exist; else one own run per evald run, found again by its
-``evald.run`` tag after a restart. ``mlflow`` is imported here only: it is an optional extra.
+The samples go as one table per evaluation (``sample_path``, MLflow's table format, the checkpoint in each
+row), every call with the sink's own credentials.
+
+The run is the trainer's where it can be found (``mlflow_attach``: ``run_ids``, the files and local stores
+a trainer leaves under the run root, the server's search), checked to exist; else one own run per evald
+run, found again by its ``evald.run`` tag after a restart. ``mlflow`` is imported here only: it is an
+optional extra.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import structlog
@@ -33,6 +38,14 @@ from daemon.config import TrackerConfig
 from daemon.delivery.base import Batch, Sink
 from daemon.delivery.errors import SinkError, SinkRefused, SinkRejected, SinkUnavailable
 from daemon.delivery.messages import AlertEvent, Message, ResultMessage
+from daemon.delivery.sinks.mlflow_attach import on_disk, search_filter
+from daemon.delivery.sinks.mlflow_tables import (
+    LOGGED_ARTIFACTS,
+    listed_tables,
+    put_artifact,
+    sample_path,
+    sample_table,
+)
 
 log = structlog.get_logger("daemon.delivery.sinks.mlflow")
 
@@ -47,8 +60,6 @@ TAG_CHARS = 5000
 #: MLflow's ``log_batch`` limits: 1,000 metrics, params and tags together, 100 tags.
 MAX_ENTITIES = 1000
 MAX_TAGS = 100
-#: What is read of an artifact upload's answer: enough for the server's error text, never a 1 GB body.
-MAX_ANSWER_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -66,23 +77,6 @@ class _Entry:
     @property
     def size(self) -> int:
         return len(self.metrics) + len(self.tags)
-
-
-def trainer_run_on_disk(root: Path) -> str | None:
-    """The newest run id a trainer's local MLflow file store left under ``root/mlruns``."""
-    newest: tuple[float, str] | None = None
-    for meta in root.glob("mlruns/*/*/meta.yaml"):
-        try:
-            text = meta.read_text(encoding="utf-8")
-            mtime = meta.stat().st_mtime
-        except OSError:
-            continue
-        for line in text.splitlines():
-            if line.startswith("run_id:"):
-                run_id = line.split(":", 1)[1].strip().strip("'\"")
-                if run_id and (newest is None or mtime > newest[0]):
-                    newest = (mtime, run_id)
-    return None if newest is None else newest[1]
 
 
 def _classify(exc: Exception, doing: str) -> Exception:
@@ -120,7 +114,8 @@ class MlflowSink(Sink[Message]):
                 raise SinkRefused(f"environment variable {named} is not set or empty")
         #: The sink's own credentials (never in the environment), for the artifact uploads too.
         self._token, self._user = token or None, user or None
-        self._artifact_roots: dict[str, str] = {}
+        #: Each run's artifact location (``_artifact_location``).
+        self._artifact_roots: dict[str, tuple[bool, str]] = {}
         self._store = self._make_store(self._token, self._user)
         #: evald run -> MLflow run id, and each MLflow run's delivery tags (``_delivered_tags``).
         self._runs: dict[str, str] = {}
@@ -173,38 +168,85 @@ class MlflowSink(Sink[Message]):
         return run_id
 
     def _trainer_run(self, message: Message) -> str | None:
+        """The first candidate (``mlflow_attach``'s order) that exists on the server and is not deleted."""
+        candidates: list[tuple[str, str]] = []
+        configured = self._config.run_ids.get(message.run)
+        if configured:
+            candidates.append(("run_ids", configured))
+        found, problems = on_disk(Path(message.run_root))
+        for problem in problems:
+            log.warning("tracker.trainer_run_unreadable", tracker=self.name, run=message.run, error=problem)
+        candidates += found
+        for where, candidate in candidates:
+            if self._usable(message, candidate, where):
+                return self._attached(message, candidate, where)
+        searched = self._search_trainer_run(message)
+        if searched is not None:
+            return self._attached(message, *searched)
+        return None
+
+    def _attached(self, message: Message, run_id: str, where: str) -> str:
+        log.info("tracker.attached", tracker=self.name, run=message.run, trainer_run=run_id, found_in=where)
+        return run_id
+
+    def _usable(self, message: Message, candidate: str, where: str) -> bool:
+        """Whether ``candidate`` is a live run on the server (else one ``trainer_run_missing`` line)."""
         from mlflow.exceptions import MlflowException
 
-        candidate = self._config.run_ids.get(message.run) or trainer_run_on_disk(Path(message.run_root))
-        if candidate is None:
-            return None
         try:
             run = self._store.get_run(candidate)
         except MlflowException as exc:
-            if exc.get_http_status_code() == 404:  # type: ignore[no-untyped-call]
-                log.warning(
-                    "tracker.trainer_run_missing",
-                    tracker=self.name,
-                    run=message.run,
-                    trainer_run=candidate,
-                    detail="the trainer's MLflow run does not exist on this server: logging to an own run",
-                )
-                return None
+            status = exc.get_http_status_code()  # type: ignore[no-untyped-call]
+            # 404 from a server; a local store says RESOURCE_DOES_NOT_EXIST (also 404) or, for an id it
+            # cannot even parse, INVALID_PARAMETER_VALUE.
+            if status == 404 or (status == 400 and exc.error_code == "INVALID_PARAMETER_VALUE"):
+                self._missing(message, candidate, where, "does not exist on this server")
+                return False
             raise _classify(exc, "get the trainer's run") from exc
         except Exception as exc:
             raise _classify(exc, "get the trainer's run") from exc
         if run.info.lifecycle_stage == "deleted":
-            log.warning(
-                "tracker.trainer_run_missing",
-                tracker=self.name,
-                run=message.run,
-                trainer_run=candidate,
-                detail="the trainer's MLflow run is deleted: logging to an own run",
-            )
-            return None
+            self._missing(message, candidate, where, "is deleted")
+            return False
         self._experiment_id = run.info.experiment_id
-        log.info("tracker.attached", tracker=self.name, run=message.run, trainer_run=candidate)
-        return str(candidate)
+        return True
+
+    def _missing(self, message: Message, candidate: str, where: str, why: str) -> None:
+        log.warning(
+            "tracker.trainer_run_missing",
+            tracker=self.name,
+            run=message.run,
+            trainer_run=candidate,
+            found_in=where,
+            detail=f"the trainer's MLflow run {why}: logging to an own run",
+        )
+
+    def _search_trainer_run(self, message: Message) -> tuple[str, str] | None:
+        """The newest active run in ``experiment`` that the trainer's name and tags (or, without them, HF
+        Trainer's ``output_dir`` parameter) pick out, with what was searched for."""
+        from mlflow.entities import ViewType
+
+        config = self._config
+        query, what = search_filter(
+            run=message.run, root=message.run_root, run_name=config.trainer_run_name, tags=config.trainer_tags
+        )
+        try:
+            experiment = self._store.get_experiment_by_name(config.experiment)
+            if experiment is None or experiment.lifecycle_stage == "deleted":
+                return None
+            found = self._store.search_runs(
+                experiment_ids=[experiment.experiment_id],
+                filter_string=query,
+                run_view_type=ViewType.ACTIVE_ONLY,
+                max_results=1,
+                order_by=["attributes.start_time DESC"],
+            )
+        except Exception as exc:
+            raise _classify(exc, f"search experiment {config.experiment!r} for the trainer's run") from exc
+        if not found:
+            return None
+        self._experiment_id = str(experiment.experiment_id)
+        return str(found[0].info.run_id), f"search in experiment {config.experiment!r}: {what}"
 
     def _experiment(self) -> str:
         if self._experiment_id is not None:
@@ -331,9 +373,14 @@ class MlflowSink(Sink[Message]):
         metrics = [m for e in chunk for m in e.metrics]
         tags = [t for e in chunk for t in e.tags]
         try:
-            for entry in chunk:
-                if isinstance(entry.message, ResultMessage) and entry.message.samples and not entry.already:
-                    self._log_samples(run_id, entry.message)
+            self._log_samples(
+                run_id,
+                [
+                    e.message
+                    for e in chunk
+                    if isinstance(e.message, ResultMessage) and e.message.samples and not e.already
+                ],
+            )
             # One call, unless one evaluation alone has more values than MLflow takes in a call: then its
             # values in several, the delivery tags in the last (a crash between them sends the values
             # again, which their timestamps make the same rows).
@@ -356,29 +403,58 @@ class MlflowSink(Sink[Message]):
                 self._delivered[run_id][entry.mark[0]] = entry.mark[1]
         return [not e.already for e in chunk]
 
-    def _log_samples(self, run_id: str, message: ResultMessage) -> None:
-        """The sample table as a JSON artifact (overwritten, not doubled, when sent again)."""
-        from mlflow.tracking import MlflowClient
+    def _log_samples(self, run_id: str, messages: list[ResultMessage]) -> None:
+        """Each message's sample table as an artifact in MLflow's table format (overwritten, not doubled,
+        when sent again), then listed in the run's ``mlflow.loggedArtifacts`` tag, MLflow's table view."""
+        try:
+            paths = []
+            for message in messages:
+                path = sample_path(message)
+                self._upload(run_id, path, json.dumps(sample_table(message)).encode())
+                paths.append(path)
+            if paths:
+                self._list_tables(run_id, paths)
+        except SinkError:
+            raise
+        except Exception as exc:
+            # Never "rejected": a table MLflow refuses is retried, not a reason to give the values up.
+            raise _classify(exc, "upload the sample tables") from exc
 
-        rows = [
-            {
-                "prompt": s.prompt,
-                "response": s.response,
-                "reference": s.reference,
-                "grade": None if s.correct is None else ("correct" if s.correct else "wrong"),
-            }
-            for s in message.samples
-        ]
-        stage = "" if message.stage == "full" else f"_{message.stage}"
-        path = f"evald/samples/{message.task}{stage}/step_{message.step:09d}.json"
-        body = {"step": message.step, "rows": rows}
-        root = self._artifact_root(run_id)
-        if root is None:
-            # Artifacts not proxied by the tracking server (a local store, or s3:// and the like): the
-            # client's own repository, with that store's credentials from its usual places.
-            MlflowClient(tracking_uri=self._uri).log_dict(run_id, body, path)
+    def _upload(self, run_id: str, path: str, data: bytes) -> None:
+        """One artifact, with the sink's credentials where the server proxies artifacts; else written to
+        the run's artifact store itself (a folder, ``s3://``…) with that store's own credentials: never
+        through a client that asks the tracking server without the sink's credentials."""
+        proxied, uri = self._artifact_location(run_id)
+        if proxied:
+            put_artifact(uri, path, data, user=self._user, token=self._token)
             return
-        self._put_artifact(root, path, json.dumps(body).encode())
+        from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+        where = PurePosixPath(path)
+        with tempfile.TemporaryDirectory(prefix="evald-mlflow-") as folder:
+            local = Path(folder) / where.name
+            local.write_bytes(data)
+            get_artifact_repository(uri).log_artifact(str(local), str(where.parent))  # type: ignore[no-untyped-call]
+
+    def _list_tables(self, run_id: str, paths: list[str]) -> None:
+        """``paths`` added to the run's ``mlflow.loggedArtifacts``, read just before (the trainer may list
+        its own tables there)."""
+        from mlflow.entities import RunTag
+
+        current = self._store.get_run(run_id).data.tags.get(LOGGED_ARTIFACTS)
+        try:
+            value = listed_tables(current, paths, TAG_CHARS)
+        except ValueError:
+            log.warning(
+                "tracker.tables_unlisted",
+                tracker=self.name,
+                mlflow_run=run_id,
+                detail=f"the run's {LOGGED_ARTIFACTS} tag is not a JSON list: left as it is, so MLflow "
+                "shows the sample tables as JSON files",
+            )
+            return
+        if value is not None:
+            self._store.set_tag(run_id, RunTag(LOGGED_ARTIFACTS, value))
 
     def _forget_runs(self, chunk: list[_Entry], error: Exception) -> None:
         if isinstance(error, SinkUnavailable):
@@ -386,48 +462,17 @@ class MlflowSink(Sink[Message]):
             for entry in chunk:
                 self._runs.pop(entry.message.run, None)
 
-    def _artifact_root(self, run_id: str) -> str | None:
-        """The HTTP URL of the run's artifacts where the tracking server proxies them
-        (``mlflow-artifacts:/...``, ``mlflow server``'s default), else None."""
-        if not self._uri.startswith(("http://", "https://")):
-            return None
+    def _artifact_location(self, run_id: str) -> tuple[bool, str]:
+        """(proxied, where): the HTTP URL of the run's artifacts where the tracking server proxies them
+        (``mlflow-artifacts:/...``, ``mlflow server``'s default), else the run's artifact URI."""
         if run_id not in self._artifact_roots:
-            from mlflow.store.artifact.mlflow_artifacts_repo import MlflowArtifactsRepository
-
             uri = str(self._store.get_run(run_id).info.artifact_uri)
-            self._artifact_roots[run_id] = (
-                MlflowArtifactsRepository.resolve_uri(uri, self._uri)  # type: ignore[no-untyped-call]
-                if uri.startswith("mlflow-artifacts:")
-                else ""
-            )
-        return self._artifact_roots[run_id] or None
+            if uri.startswith("mlflow-artifacts:") and self._uri.startswith(("http://", "https://")):
+                from mlflow.store.artifact.mlflow_artifacts_repo import MlflowArtifactsRepository
 
-    def _put_artifact(self, root: str, path: str, data: bytes) -> None:
-        """One file PUT to the server's artifact proxy with the sink's own credentials (MLflow's client
-        would look for them in the environment, where the sink never puts them)."""
-        from mlflow.utils.rest_utils import MlflowHostCreds, http_request
-
-        creds = (
-            MlflowHostCreds(root, username=self._user, password=self._token)  # type: ignore[no-untyped-call]
-            if self._user is not None
-            else MlflowHostCreds(root, token=self._token)  # type: ignore[no-untyped-call]
-        )
-        # Streamed, so that only the start of the answer is read (requests reads a plain one whole).
-        answer = http_request(  # type: ignore[no-untyped-call]
-            creds,
-            f"/{path}",
-            "PUT",
-            data=data,
-            extra_headers={"Content-Type": "application/json", "Accept-Encoding": "identity"},
-            stream=True,
-        )
-        try:
-            status = int(answer.status_code)
-            said = answer.raw.read(MAX_ANSWER_BYTES, decode_content=False) if status >= 400 else b""
-        finally:
-            answer.close()
-        if status in (401, 403):
-            raise SinkRefused(f"artifact upload: credentials refused (HTTP {status})")
-        if status >= 400:
-            text = said.decode("utf-8", errors="replace")[:200]
-            raise SinkUnavailable(f"artifact upload {path}: HTTP {status} {text}")
+                location = (True, str(MlflowArtifactsRepository.resolve_uri(uri, self._uri)))  # type: ignore[no-untyped-call]
+            else:
+                # An http(s) artifact store is put to like the proxy: with the sink's credentials.
+                location = (uri.startswith(("http://", "https://")), uri)
+            self._artifact_roots[run_id] = location
+        return self._artifact_roots[run_id]
