@@ -1,5 +1,6 @@
 """The Slurm parsers over outputs a real Slurm 22.05 printed (tests/slurm/outputs), and [executor]'s
-validation. No cluster needed: the live tests are in test_slurm_executor.py.
+validation (``extra_sbatch`` may not override evald's own options, in any of their forms). No cluster
+needed: the live tests are in test_slurm_executor.py.
 
 The outputs were captured from the one-host test cluster (tests/slurmcluster.py) with jobs 1-7: 1, 2
 ``--wrap`` jobs that completed; 3 ``exit 3`` (comment ``evald job=5 attempt=2``); 4 scancelled while
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from daemon.config import ExecutorConfig, parse_executor
+from daemon.config.executor import slurm_seconds, slurm_time
 from daemon.errors import ConfigError
 from daemon.running.executors.slurm_output import (
     SlurmError,
@@ -132,7 +134,16 @@ def test_sbatch_parsable() -> None:
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("1:00", 60), ("00:01:00", 60), ("2-03:04:05", 183845), ("UNLIMITED", None), ("45", 45)],
+    [
+        ("1:00", 60),
+        ("00:01:00", 60),
+        ("2-03:04:05", 183845),
+        ("UNLIMITED", None),
+        ("45", 45),
+        # squeue printed INVALID for a held job's limit once: no limit, not a failed read of the queue.
+        ("INVALID", None),
+        ("NOT_SET", None),
+    ],
 )
 def test_durations(text: str, seconds: int | None) -> None:
     assert parse_duration(text) == seconds
@@ -225,3 +236,108 @@ def test_a_missing_job_dir(tmp_path: Path) -> None:
     assert caught.value.problems == [
         f"executor.job_dir: folder not found: {tmp_path / 'nope'} (create it on the shared filesystem)"
     ]
+
+
+#: evald's own sbatch options in every form sbatch reads (long, ``=`` or space, short, short with the
+#: value attached, an abbreviation), each with the setting the refusal names instead.
+OVERRIDES = [
+    ("--time=30", "--time", "executor.time_limit"),
+    ("--time 30", "--time", "executor.time_limit"),
+    ("-t 30", "-t", "executor.time_limit"),
+    ("-t30", "-t", "executor.time_limit"),
+    ("--tim=30", "--tim", "executor.time_limit"),
+    ("--partition=gpu2", "--partition", "executor.partition"),
+    ("-p gpu2", "-p", "executor.partition"),
+    ("--part=gpu2", "--part", "executor.partition"),
+    ("--nodes=2", "--nodes", "executor.nodes"),
+    ("-N2", "-N", "executor.nodes"),
+    ("--cpus-per-task=4", "--cpus-per-task", "executor.cpus_per_task"),
+    ("-c 4", "-c", "executor.cpus_per_task"),
+    ("--export=NONE", "--export", "[inference] worker_env"),
+    ("--requeue", "--requeue", "executor.requeue"),
+    ("--no-requeue", "--no-requeue", "executor.requeue"),
+    ("--account=other", "--account", "executor.account"),
+    ("-A other", "-A", "executor.account"),
+    ("--qos=high", "--qos", "executor.qos"),
+    ("-q high", "-q", "executor.qos"),
+    ("--mem=8G", "--mem", "executor.mem"),
+    ("--exclude=node3", "--exclude", "executor.exclude"),
+    ("-x node3", "-x", "executor.exclude"),
+    ("-J mine", "-J", "set by evald itself"),
+    ("--open-mode=truncate", "--open-mode", "set by evald itself"),
+]
+
+
+@pytest.mark.parametrize(("line", "option", "instead"), OVERRIDES)
+def test_extra_sbatch_cannot_override_evalds_own_options(
+    tmp_path: Path, line: str, option: str, instead: str
+) -> None:
+    (tmp_path / "jobs").mkdir(exist_ok=True)
+    data = {"executor": {"kind": "slurm", "partition": "gpu", "job_dir": "jobs", "extra_sbatch": [line]}}
+
+    with pytest.raises(ConfigError) as caught:
+        parse_executor(data, base_dir=tmp_path, source="evald.toml")
+
+    (problem,) = caught.value.problems
+    assert problem.startswith(f"executor.extra_sbatch: [0] {option} ") and instead in problem
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "--constraint=a100",
+        "-C a100",
+        "--exclusive",
+        "--gres=nvme:1",
+        "--mem-per-gpu=40G",
+        "--time-min=10",
+        "--nodelist=node1",
+        "-w node1",
+        "--hold",
+        "--export-file=/etc/env",
+        "--reservation=maint",
+    ],
+)
+def test_other_sbatch_options_are_taken(tmp_path: Path, line: str) -> None:
+    (tmp_path / "jobs").mkdir(exist_ok=True)
+    data = {"executor": {"kind": "slurm", "partition": "gpu", "job_dir": "jobs", "extra_sbatch": [line]}}
+    assert parse_executor(data, base_dir=tmp_path, source="evald.toml").extra_sbatch == (line,)
+
+
+def test_the_time_limits_in_seconds(tmp_path: Path) -> None:
+    (tmp_path / "jobs").mkdir()
+    base = {"kind": "slurm", "partition": "gpu", "job_dir": "jobs"}
+    config = parse_executor({"executor": base}, base_dir=tmp_path, source="evald.toml")
+    # Unset: job_timeout_secs rounded up to minutes, and 4 × that at most.
+    assert (config.time_limit_secs(3601), config.max_time_limit_secs(3601)) == (61 * 60, 4 * 61 * 60)
+    for text, seconds in [
+        ("90", 5400),
+        ("1:30", 90),
+        ("2:00:00", 7200),
+        ("1-12", 36 * 3600),
+        ("1-0:30", 24 * 3600 + 1800),
+        ("1-0:0:5", 86405),
+    ]:
+        limited = parse_executor(
+            {"executor": {**base, "time_limit": text}}, base_dir=tmp_path, source="evald.toml"
+        )
+        assert limited.time_limit_secs(60) == seconds, text
+    capped = parse_executor(
+        {"executor": {**base, "time_limit": "1:00:00", "max_time_limit": "3:00:00"}},
+        base_dir=tmp_path,
+        source="evald.toml",
+    )
+    assert (capped.time_limit_secs(60), capped.max_time_limit_secs(60)) == (3600, 3 * 3600)
+    with pytest.raises(ConfigError) as caught:
+        parse_executor(
+            {"executor": {**base, "time_limit": "2:00:00", "max_time_limit": "90"}},
+            base_dir=tmp_path,
+            source="evald.toml",
+        )
+    assert caught.value.problems == ["executor.max_time_limit: '90' is less than time_limit = '2:00:00'"]
+
+
+def test_slurm_time_writes_what_slurm_reads() -> None:
+    for seconds in (60, 7200, 5400, 90, 86405):
+        assert slurm_seconds(slurm_time(seconds)) == seconds
+    assert (slurm_time(7200), slurm_time(90)) == ("120", "0:01:30")

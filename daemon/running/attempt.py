@@ -23,6 +23,7 @@ from enum import StrEnum
 
 from daemon.config import Config
 from daemon.running.executors.base import Executor, Handle, Placement
+from daemon.running.retries import RetryPlan
 from inference.spec import JobSpec
 from storage.models import utcnow
 from storage.queries import ClaimedJob
@@ -97,6 +98,9 @@ class Attempt:
     placement: Placement = field(default_factory=Placement)
     #: The scheduler's state it ended in (``COMPLETED``, ``TIMEOUT``, ...), for its history row.
     exit_state: str | None = None
+    #: What the job's earlier attempts change for this one (time limit, nodes kept out, preemptions so
+    #: far): a job handed to a scheduler has one; a local worker None.
+    plan: RetryPlan | None = None
 
     @property
     def detached(self) -> bool:
@@ -133,15 +137,30 @@ class Verdict(StrEnum):
     REQUEUE = "requeue"
     #: Out of memory: run again at once with half the batch size.
     HALVE = "halve"
+    #: Preempted (within ``free_preemptions`` in a row): back to the queue without spending an attempt.
+    PREEMPTED = "preempted"
+    #: Timed out at the most time a job may have: failed (another try would end alike).
+    TIME_CAP = "time_cap"
     #: Back to the queue, the attempt spent.
     RETRY = "retry"
     FAIL = "fail"
 
 
 def verdict(
-    kind: str, *, batch_size: int, attempt: int, max_attempts: int, stopping: bool, detached: bool
+    kind: str,
+    *,
+    batch_size: int,
+    attempt: int,
+    max_attempts: int,
+    stopping: bool,
+    detached: bool,
+    preemptions: int = 0,
+    free_preemptions: int = 0,
+    at_time_cap: bool = False,
 ) -> Verdict:
-    """What an end of kind ``kind`` (an :class:`Outcome` error kind) becomes."""
+    """What an end of kind ``kind`` (an :class:`Outcome` error kind) becomes. For a job handed to a
+    scheduler: ``preemptions`` in a row before this end, of which ``free_preemptions`` spend no
+    attempt, and whether it ran with the most time a job may have (``at_time_cap``)."""
     if kind == "run_removed":
         return Verdict.CANCEL_REQUEUE
     if kind == "disk_full":
@@ -150,6 +169,10 @@ def verdict(
         return Verdict.CANCEL_FAIL
     if kind == "out_of_memory" and batch_size > 1:
         return Verdict.REQUEUE if stopping else Verdict.HALVE
+    if kind == "preempted" and detached and preemptions < free_preemptions:
+        return Verdict.PREEMPTED
+    if kind == "timeout" and detached and at_time_cap:
+        return Verdict.TIME_CAP
     if kind in RETRYABLE and attempt < max_attempts:
         return Verdict.RETRY
     return Verdict.FAIL

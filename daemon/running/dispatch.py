@@ -7,20 +7,27 @@ stored on the job (``executor_handle``) as soon as ``sbatch`` answers, and a dae
 over a dead daemon's claim re-attaches to the queued or running submission (:meth:`Dispatcher.reattach`),
 finding one whose id was never stored by its name and comment, so that nothing is submitted twice. An
 attempt's end goes to the runner's ``finished`` list; no database is touched while polling.
+
+A submission carries its job's :class:`~daemon.running.retries.RetryPlan`, made from the job's history
+as it is handed over: a longer time limit after a TIMEOUT, the nodes of a NODE_FAIL kept out, the
+preemptions so far. A refusal of ``sbatch`` for the config's sake (:class:`ExecutorMisconfigured`)
+fails no job: it goes back to the queue and claiming pauses until the config (or the cluster) is fixed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import structlog
 from sqlalchemy.orm import Session
 
 from daemon.config import Config
-from daemon.running import remote
+from daemon.running import remote, retries
 from daemon.running.attempt import Attempt, Stage
 from daemon.running.executor_watch import ExecutorWatch
 from daemon.running.executors.base import (
@@ -28,6 +35,7 @@ from daemon.running.executors.base import (
     Ended,
     Executor,
     ExecutorError,
+    ExecutorMisconfigured,
     ExecutorUnavailable,
     Handle,
     JobRef,
@@ -70,6 +78,20 @@ def write_folder(spec: JobSpec) -> Path:
 def ref(attempt: Attempt) -> JobRef:
     job = attempt.job
     return JobRef(job.id, job.attempts, job.run, job.task)
+
+
+def epoch(moment: datetime) -> float:
+    """Seconds since the epoch of a stored time (naive on SQLite: UTC)."""
+    return (moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)).timestamp()
+
+
+def retry_plan(session: Session, job_id: int, executor: Executor) -> retries.RetryPlan | None:
+    """The plan of the job's attempt from its history, for an executor with time limits of its own."""
+    limits = executor.time_limits()
+    if limits is None:
+        return None
+    history = queries.job_history(session, job_id)
+    return retries.plan(history, time_limit_s=limits[0], max_time_limit_s=limits[1])
 
 
 class Dispatcher:
@@ -149,7 +171,9 @@ class Dispatcher:
             job_dir = spec.result_path.parent
             self._recorder.fail(job, "setup", f"could not write the job folder {job_dir}: {exc}", None)
             return
-        attempt = Attempt(job, spec, config, executor, started=since or time.monotonic())
+        with self._db.session() as session:
+            plan = retry_plan(session, job.id, executor)
+        attempt = Attempt(job, spec, config, executor, started=since or time.monotonic(), plan=plan)
         self._running[job.id] = attempt
         self._hand_over(attempt)
         if attempt.handle is not None and job.id in self._running:
@@ -160,13 +184,15 @@ class Dispatcher:
         return self.config.executor.poll_secs
 
     def _hand_over(self, attempt: Attempt) -> None:
-        """``sbatch`` the job's folder. Refused: the job fails with sbatch's words, or, when the executor
-        itself is at fault (the partition is gone), goes back to the queue and claiming pauses.
-        Unanswered: the handle stays unknown and the next poll finds the submission or submits again."""
+        """``sbatch`` the job's folder, with its plan's adjustments. Refused: when the config is at fault
+        (a partition, feature, GRES, account or QoS Slurm does not have) the job goes back to the queue
+        and claiming pauses; otherwise the job fails with sbatch's words. Unanswered: the handle stays
+        unknown and the next poll finds the submission or submits again."""
         assert attempt.executor is not None
         job, spec = attempt.job, attempt.spec
+        adjust = attempt.plan.adjustments() if attempt.plan is not None else None
         try:
-            handle = attempt.executor.start(spec.result_path.parent / "spec.json", ref(attempt))
+            handle = attempt.executor.start(spec.result_path.parent / "spec.json", ref(attempt), adjust)
         except ExecutorUnavailable as exc:
             self._watch.away(str(exc))
             attempt.handle = None
@@ -176,7 +202,7 @@ class Dispatcher:
         except (ExecutorError, OSError) as exc:
             del self._running[job.id]
             attempt.finish()
-            self._rejected(attempt, str(exc))
+            self._rejected(attempt, exc)
             return
         self._watch.back()
         attempt.handle = handle
@@ -194,12 +220,16 @@ class Dispatcher:
             job_dir=str(handle.job_dir),
         )
 
-    def _rejected(self, attempt: Attempt, error: str) -> None:
-        """``sbatch`` refused the job. When the executor is at fault as configured (its check fails too)
-        the job goes back to the queue without spending an attempt and claiming pauses until it is fixed;
-        otherwise the job is to blame and fails with what Slurm said."""
-        job = attempt.job
-        if self._watch.detached and not self._watch.check():
+    def _rejected(self, attempt: Attempt, exc: Exception) -> None:
+        """``sbatch`` refused the job. When the config is at fault (the refusal names a setting, or the
+        executor's check fails too: the partition is gone) the job goes back to the queue without
+        spending an attempt and claiming pauses until it is fixed; otherwise the job is to blame and
+        fails with what Slurm said."""
+        job, error = attempt.job, str(exc)
+        misconfigured = isinstance(exc, ExecutorMisconfigured)
+        if misconfigured:
+            self._watch.refused(error)
+        if misconfigured or (self._watch.detached and not self._watch.check()):
             self._recorder.record(attempt, "requeued", Outcome(error_kind="executor_unusable", error=error))
             self._recorder.requeue(job)
             return
@@ -283,7 +313,10 @@ class Dispatcher:
         executor, job = attempt.executor, attempt.job
         assert executor is not None
         if attempt.handle is None:
-            found = executor.find(ref(attempt))
+            found = executor.find(ref(attempt), since=epoch(attempt.started_at))
+            if found is not None:
+                # Its folder is this attempt's (an out-of-memory rerun has one of its own).
+                found = dataclasses.replace(found, job_dir=attempt.spec.result_path.parent)
             if found is None:
                 log.info(
                     "job.resubmitting", job_id=job.id, attempt=job.attempts, reason="sbatch did not answer"
@@ -382,9 +415,10 @@ class Dispatcher:
         handle = stored_handle(orphan, executor.kind)
         recorded = handle is not None
         how = "recorded"
+        since = epoch(orphan.started_at) if orphan.started_at is not None else None
         if handle is None:
             try:
-                handle = executor.find(job_ref)
+                handle = executor.find(job_ref, since=since)
                 how = "found by name"
             except ExecutorUnavailable as exc:
                 self._watch.away(str(exc))
@@ -414,6 +448,7 @@ class Dispatcher:
             started_at=orphan.started_at or utcnow(),
             handle=handle,
             handle_recorded=handle is not None,
+            plan=retry_plan(session, job.id, executor),
         )
         self._running[job.id] = attempt
         log.info(

@@ -1,7 +1,9 @@
 """Whether the executor can take jobs: made from ``[executor]``, checked, and watched while it is away.
 
-An executor found unusable as configured (no such partition, a job folder not writable) is logged once
-with what is wrong (``executor.unusable``) and checked again every :data:`EXECUTOR_RECHECK_SECS`; one whose
+An executor found unusable as configured (no such partition, a job folder not writable, a job ``sbatch``
+refused for a setting: a feature, GRES, account or QoS the cluster does not have) is logged once with
+what is wrong (``executor.unusable``) and checked again every :data:`EXECUTOR_RECHECK_SECS` (a refused
+job by ``sbatch --test-only`` of its script) and at every reload; one whose
 controller does not answer pauses claiming with one ``executor.unreachable`` line (polling goes on) and
 ``executor.reachable`` says when it is back. With ``probe_job_dir`` a first job checks that the compute
 nodes see ``job_dir``. The local executor has nothing to watch.
@@ -17,7 +19,13 @@ import structlog
 
 from daemon.config import Config
 from daemon.running import remote
-from daemon.running.executors.base import Executor, ExecutorError, ExecutorUnavailable, Handle
+from daemon.running.executors.base import (
+    Executor,
+    ExecutorError,
+    ExecutorMisconfigured,
+    ExecutorUnavailable,
+    Handle,
+)
 from daemon.running.executors.local import LocalExecutor
 from daemon.running.executors.slurm import SlurmExecutor
 
@@ -56,17 +64,22 @@ class ExecutorWatch:
         return self.executor.detached
 
     def reconfigure(self, config: Config) -> None:
-        """Take a reloaded config: a new executor where ``[executor]`` changed (jobs already handed to the
-        old one stay with it); the local executor starts workers with the new settings."""
-        settings = self._config.executor
+        """Take a reloaded config: a new executor where ``[executor]`` or ``[inference]`` (what a batch
+        script is made of) changed, or while it is unusable (the fix may be the cluster's: it is checked
+        again); jobs already handed to the old one stay with it. The local executor starts workers with
+        the new settings."""
+        old = self._config
         self._config = config
-        if config.executor != settings:
+        if config.executor != old.executor or self._unusable is not None:
             self._set(config)
         elif isinstance(self.executor, LocalExecutor):
             self.executor = self._local(config)
+        elif config.inference != old.inference:
+            self._set(config, probe=False)
 
-    def _set(self, config: Config) -> None:
-        """Make the executor ``[executor]`` asks for and check it."""
+    def _set(self, config: Config, *, probe: bool = True) -> None:
+        """Make the executor ``[executor]`` asks for and check it; with ``probe``, and
+        ``probe_job_dir``, submit the job folder probe."""
         try:
             made: SlurmExecutor | None = remote.make_executor(config)
         except ExecutorError as exc:
@@ -75,13 +88,14 @@ class ExecutorWatch:
             self._unusable = str(exc)
             log.error("executor.unusable", error=self._unusable, action="no job is claimed until it is fixed")
             return
-        self._folder_probe = None
+        if probe:
+            self._folder_probe = None  # a new probe is submitted below (an earlier one's answer is moot)
         if made is None:
             self.executor = self._local(config)
             self._unusable = None
             return
         self.executor = made
-        if self.check() and config.executor.probe_job_dir:
+        if self.check() and probe and config.executor.probe_job_dir:
             self._probe_job_dir(made)
 
     @property
@@ -117,6 +131,19 @@ class ExecutorWatch:
             log.info("executor.usable", previously=self._unusable)
         self._unusable = None
         return True
+
+    def refused(self, error: str) -> None:
+        """The scheduler refused a job for the config's sake: claiming pauses, with one line, until a
+        check finds the refused job would be taken (every :data:`EXECUTOR_RECHECK_SECS`, and at a
+        reload)."""
+        self._recheck_at = time.monotonic() + EXECUTOR_RECHECK_SECS
+        if error != self._unusable:
+            log.error(
+                "executor.unusable",
+                error=error,
+                action="jobs stay queued until it is fixed (edit the config and reload)",
+            )
+        self._unusable = error
 
     def away(self, error: str) -> None:
         """The executor's controller did not answer: one line, claiming pauses, polling goes on."""
@@ -157,6 +184,9 @@ class ExecutorWatch:
     def _probe_job_dir(self, executor: SlurmExecutor) -> None:
         try:
             self._folder_probe = executor.probe_job_dir()
+        except ExecutorMisconfigured as exc:
+            # Refused as any job would be (its options are the config's): nothing is claimed for it.
+            self.refused(str(exc))
         except (ExecutorError, ExecutorUnavailable, OSError) as exc:
             # Not a verdict on the folder: the jobs themselves will tell.
             log.warning("executor.job_dir_unchecked", job_dir=str(executor.job_dir), error=str(exc))

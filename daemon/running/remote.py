@@ -10,9 +10,11 @@ Scheduler ends and the outcome kinds they become::
     SUCCEEDED      the worker's result (read like a local worker's)
     FAILED         the worker's own error kind (checkpoint_invalid, out_of_memory, ...), else crash with
                    the scheduler's line and the failed rank's log tail
-    TIMEOUT        timeout          (retried within max_attempts)
-    PREEMPTED      preempted        (retried)
-    NODE_FAIL      node_fail        (retried)
+    TIMEOUT        timeout          (retried within max_attempts with a longer time limit, up to
+                                     max_time_limit; at it the job fails)
+    PREEMPTED      preempted        (back to the queue without spending an attempt, free_preemptions
+                                     times in a row; past them retried like a failure)
+    NODE_FAIL      node_fail        (retried within max_attempts, its nodes excluded)
     OUT_OF_MEMORY  out_of_memory    (rerun at half the batch size, like a local one)
     LOST           lost             (retried: the scheduler forgot it and it left no exit status)
     CANCELLED      cancelled        (not retried: someone meant it)
@@ -59,6 +61,8 @@ def make_executor(config: Config, environ: Mapping[str, str] | None = None) -> S
         python=str(config.inference.python or sys.executable),
         env=env,
         default_time_limit_s=config.inference.job_timeout_secs,
+        # The script is made of [inference] too (tp × dp, device, threads): a refusal is this pair's.
+        setup_key=config.inference.model_dump_json(),
     )
 
 

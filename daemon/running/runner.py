@@ -11,7 +11,10 @@ transaction, so a job is either wholly stored or not at all (and then runs again
 
 A worker that runs out of memory is started again at once with half the batch size, down to 1; one that
 crashes (a rank dies) or times out gives its job back to the queue until ``max_attempts`` tries are
-spent; a rejected input fails the job at once. Every worker run is kept in the job's history.
+spent; a rejected input fails the job at once. Every worker run is kept in the job's history. Through a
+scheduler (:mod:`.retries`): a TIMEOUT's retry gets a longer time limit (at the most a job may have, the
+job fails), a NODE_FAIL's keeps its nodes out, and a preemption spends no attempt (``free_preemptions``
+in a row).
 
 An error of one job is that job's, never the runner's (:class:`.recording.Recorder`). Only the database
 being away holds a job in memory, to be stored when it answers. Each claim's attempt number is its
@@ -36,7 +39,7 @@ from sqlalchemy.orm import Session
 from daemon.alerts.lifecycle import Alerter
 from daemon.config import Config
 from daemon.errors import JobSetupError
-from daemon.running import lease
+from daemon.running import lease, retries
 from daemon.running.attempt import Attempt, Verdict, verdict
 from daemon.running.dispatch import Dispatcher
 from daemon.running.executor_watch import ExecutorWatch
@@ -255,6 +258,8 @@ class JobRunner:
             self._recorder.store(attempt, outcome, outcome.result, duration)
             return
         kind = outcome.error_kind or "crash"
+        plan = attempt.plan
+        free = attempt.config.executor.free_preemptions
         step = verdict(
             kind,
             batch_size=batch,
@@ -262,7 +267,25 @@ class JobRunner:
             max_attempts=attempt.config.inference.max_attempts,
             stopping=self._stopping,
             detached=attempt.detached,
+            preemptions=plan.preemptions if plan is not None else 0,
+            free_preemptions=free,
+            at_time_cap=plan is not None and plan.at_time_cap,
         )
+        if plan is not None and attempt.detached:
+            said = retries.note(
+                kind,
+                plan,
+                nodes=attempt.placement.nodes,
+                free_preemptions=free,
+                spent=step is not Verdict.PREEMPTED,
+                again=step in (Verdict.PREEMPTED, Verdict.RETRY),
+            )
+            if said:
+                # First where it is what `evald status` should show (its first line): how many
+                # preemptions, or that no more time is given; else after the scheduler's line.
+                first = kind == "preempted" or step is Verdict.TIME_CAP
+                error = f"{said}\n{outcome.error}" if first else f"{outcome.error}\n{said}"
+                outcome = Outcome(error_kind=outcome.error_kind, error=error)
         if step is Verdict.CANCEL_REQUEUE:
             record(attempt, "cancelled", outcome)
             self._recorder.requeue(job)
@@ -271,6 +294,22 @@ class JobRunner:
             self._disk_full(attempt, outcome)
         elif step is Verdict.CANCEL_FAIL:
             record(attempt, "cancelled", outcome)
+            self._recorder.fail(job, kind, outcome.error, duration)
+        elif step is Verdict.PREEMPTED:
+            record(attempt, "requeued", outcome)
+            self._recorder.requeue(job, error_kind=kind, error=outcome.error)
+            log.warning(
+                "job.preempted",
+                job_id=job.id,
+                run=job.run,
+                step=job.step,
+                task=job.task,
+                preemptions=(plan.preemptions if plan is not None else 0) + 1,
+                free_preemptions=free,
+                action="back in the queue without spending an attempt",
+            )
+        elif step is Verdict.TIME_CAP:
+            record(attempt, "failed", outcome)
             self._recorder.fail(job, kind, outcome.error, duration)
         elif step is Verdict.REQUEUE:
             # Shutting down: the rerun would only be killed; the next claim starts it again.

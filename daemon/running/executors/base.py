@@ -8,7 +8,8 @@ worker is still waiting or running, and how it saw it end (:class:`Ended`): read
 and deciding on a retry stay the runner's.
 
 The protocol is small: :meth:`Executor.job_folder` says where a job's files go; :meth:`Executor.start`
-returns a :class:`Handle`, which the runner records with the attempt before it moves on (where the job
+(with the :class:`Adjustments` a job's earlier attempts call for: a longer time limit, failed nodes kept
+out) returns a :class:`Handle`, which the runner records with the attempt before it moves on (where the job
 outlives the daemon, :attr:`Executor.detached`); :meth:`Executor.poll` says :class:`Active` or
 :class:`Ended`, for a handle of this executor or of an earlier daemon's (re-attaching after a restart);
 :meth:`Executor.cancel`; and :meth:`Executor.find` finds a submission whose handle was never recorded.
@@ -72,6 +73,20 @@ class JobRef:
     attempt: int
     run: str = ""
     task: str = ""
+
+
+@dataclass(frozen=True)
+class Adjustments:
+    """What a job's earlier attempts change for its next submission (:mod:`daemon.running.retries`); an
+    executor without a time limit or nodes to choose (the local one) has nothing to adjust."""
+
+    #: The time limit in seconds, raised after a TIMEOUT; None: the configured one.
+    time_limit_s: int | None = None
+    #: Nodes that failed under an earlier attempt (scheduler node lists, ``node[1-2]``), kept out.
+    exclude: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return self.time_limit_s is not None or bool(self.exclude)
 
 
 @dataclass(frozen=True)
@@ -161,6 +176,12 @@ class ExecutorError(RuntimeError):
     partition, a job folder outside the shared one). The message names what is wrong."""
 
 
+class ExecutorMisconfigured(ExecutorError):
+    """The scheduler refused a job for what the config asks of it (a feature, GRES, account or QoS the
+    cluster does not have): every job would be refused alike, so none is failed for it; jobs wait in
+    evald's queue until the config (or the cluster) is fixed. The message names the setting."""
+
+
 class ExecutorUnavailable(RuntimeError):
     """The executor cannot answer now (slurmctld restarting): nothing is known to have changed; ask
     again later."""
@@ -184,8 +205,15 @@ class Executor(Protocol):
         :class:`ExecutorUnavailable` says it cannot answer now."""
         ...
 
-    def start(self, spec_path: Path, job: JobRef) -> Handle:
-        """Hand the job whose ``spec.json`` is ``spec_path`` over; returns once it is queued or started."""
+    def time_limits(self) -> tuple[int, int] | None:
+        """(A job's first time limit, the most a TIMEOUT raises it to), in seconds, where the executor
+        kills jobs at a time limit of its own (a scheduler's); None where the runner's clock does."""
+        ...
+
+    def start(self, spec_path: Path, job: JobRef, adjust: Adjustments | None = None) -> Handle:
+        """Hand the job whose ``spec.json`` is ``spec_path`` over; returns once it is queued or started.
+        :class:`ExecutorMisconfigured`: refused for the config's sake; :class:`ExecutorError`: for the
+        job's."""
         ...
 
     def poll(self, handle: Handle) -> Status:
@@ -196,7 +224,9 @@ class Executor(Protocol):
         """Stop the job wherever it is (queued or running); a job already ended is left as it is."""
         ...
 
-    def find(self, job: JobRef) -> Handle | None:
+    def find(self, job: JobRef, since: float | None = None) -> Handle | None:
         """The handle of a submission for ``job`` that the executor still knows of, whose handle was
-        never recorded (the daemon died between submitting and recording); None if there is none."""
+        never recorded (the daemon died between submitting and recording); None if there is none.
+        ``since`` (seconds since the epoch): the claim's start; an ended submission older than that is
+        an earlier claim's under the same number (one given back without spending an attempt)."""
         ...

@@ -17,7 +17,7 @@ import psutil
 
 from daemon.config import Config
 from daemon.running.environment import worker_environment
-from daemon.running.executors.base import Active, Ended, EndKind, Handle, JobRef, Phase, Status
+from daemon.running.executors.base import Active, Adjustments, Ended, EndKind, Handle, JobRef, Phase, Status
 from daemon.running.workers import WorkerProcess, describe_exit
 from inference.launcher import worker_command
 from inference.spec import EXIT_OUT_OF_MEMORY, JobResult, JobSpec
@@ -49,8 +49,13 @@ class LocalExecutor:
     def check(self) -> None:
         """Nothing to check: the state folder's room shows when a job's files are written."""
 
-    def start(self, spec_path: Path, job: JobRef) -> Handle:
-        """Start the worker (group) of ``spec_path``; OSError when it cannot be (a full disk, say)."""
+    def time_limits(self) -> tuple[int, int] | None:
+        """None: the runner's clock times a worker out (``job_timeout_secs``)."""
+        return None
+
+    def start(self, spec_path: Path, job: JobRef, adjust: Adjustments | None = None) -> Handle:
+        """Start the worker (group) of ``spec_path``; OSError when it cannot be (a full disk, say). No
+        adjustment applies here (the timeout is the runner's clock; there are no nodes to choose)."""
         spec = JobSpec.model_validate_json(spec_path.read_bytes())
         folder = spec_path.parent
         command = worker_command(
@@ -88,7 +93,7 @@ class LocalExecutor:
             if _runs(process, handle):
                 process.kill()
 
-    def find(self, job: JobRef) -> Handle | None:
+    def find(self, job: JobRef, since: float | None = None) -> Handle | None:
         """The handle of a worker this executor started for ``job`` and still runs; None otherwise (a
         worker does not outlive the daemon that started it)."""
         folder = self.job_folder(job)

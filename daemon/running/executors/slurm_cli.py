@@ -29,6 +29,7 @@ from daemon.running.executors.slurm_output import (
     parse_sacct,
     parse_sbatch,
     parse_scontrol_job,
+    parse_sinfo_limits,
     parse_squeue_format,
     parse_squeue_json,
 )
@@ -100,6 +101,13 @@ class SlurmCli:
         except ValueError as exc:
             raise SlurmError(("sbatch", str(script)), str(exc), done.returncode) from exc
 
+    def test_submit(self, script: str) -> None:
+        """``sbatch --test-only`` of the script text ``script`` (on stdin): whether Slurm would take the
+        job, without queueing it; :class:`SubmitRejected` with its words when it would not."""
+        done = self.run("sbatch", "--test-only", stdin=script)
+        if done.returncode != 0:
+            raise SubmitRejected(("sbatch", "--test-only"), _said(done), done.returncode)
+
     def show(self, job_id: str) -> SlurmJob | None:
         """``scontrol show job -o ID``; None once the controller has forgotten the job (``MinJobAge``
         after it ended, or a controller that lost its state)."""
@@ -168,6 +176,35 @@ class SlurmCli:
             if name not in names:
                 names.append(name)
         return names
+
+    def partition_limits(self) -> dict[str, int | None]:
+        """Each partition's MaxTime in seconds (None: no limit), in ``sinfo``'s order."""
+        done = self.run("sinfo", "-h", "-o", "%R|%l")
+        if done.returncode != 0:
+            raise SlurmError(("sinfo",), _said(done), done.returncode)
+        return parse_sinfo_limits(done.stdout)
+
+    def partition_nodes(self, partition: str) -> list[str]:
+        """The nodes of ``partition``, one name each."""
+        done = self.run("sinfo", "-h", "-N", "-p", partition, "-o", "%N")
+        if done.returncode != 0:
+            raise SlurmError(("sinfo", "-N"), _said(done), done.returncode)
+        return list(dict.fromkeys(done.stdout.split()))
+
+    def partition_offers(self, partition: str) -> tuple[list[str], list[str]]:
+        """The features and the GRES the nodes of ``partition`` have (``sinfo %f``, ``%G``)."""
+        done = self.run("sinfo", "-h", "-p", partition, "-o", "%f|%G")
+        if done.returncode != 0:
+            raise SlurmError(("sinfo", "-p"), _said(done), done.returncode)
+        features: dict[str, None] = {}
+        gres: dict[str, None] = {}
+        for line in done.stdout.splitlines():
+            have, _, given = line.strip().partition("|")
+            for found, into in ((have, features), (given, gres)):
+                for item in found.split(","):
+                    if item.strip() and item.strip() != "(null)":
+                        into[item.strip()] = None
+        return list(features), list(gres)
 
     def hostnames(self, nodelist: str) -> list[str]:
         """``scontrol show hostnames``: ``node[1-2]`` as ``node1``, ``node2``."""

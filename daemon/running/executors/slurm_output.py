@@ -84,6 +84,77 @@ class SubmitRejected(SlurmError):
 
 
 @dataclass(frozen=True)
+class Refusal:
+    """What an ``sbatch`` refusal is about: the ``[executor]`` setting to look at and what to check."""
+
+    #: The config field path (``executor.qos``).
+    field: str
+    hint: str
+
+
+#: sbatch's refusals, by the words Slurm (22.05, slurm_errno.c and sbatch's option parser) prints, and
+#: the setting each points at; the first that matches wins. Every option of evald's batch script comes
+#: from the config, so each is a config's refusal: no other job would be accepted either.
+REFUSALS: tuple[tuple[str, Refusal], ...] = (
+    ("invalid partition", Refusal("executor.partition", "Slurm has no such partition")),
+    (
+        "invalid feature specification",
+        Refusal("executor.extra_sbatch", "a --constraint names a feature no node of the partition has"),
+    ),
+    (
+        "generic resource",
+        Refusal(
+            "executor.gpu_request",
+            'the job asks for GPUs ([inference] device = "cuda", --gpus-per-node or --gres) or a --gres '
+            "in executor.extra_sbatch that the partition's nodes do not have",
+        ),
+    ),
+    (
+        "invalid account",
+        Refusal("executor.account", "Slurm knows no such account, or it may not use the partition"),
+    ),
+    ("invalid qos", Refusal("executor.qos", "Slurm knows no such QoS, or the account may not use it")),
+    (
+        "accounting/qos policy",
+        Refusal("executor.qos", "a limit of the account or QoS (jobs, size or time) refuses the job"),
+    ),
+    ("time limit", Refusal("executor.time_limit", "more than the partition or QoS allows")),
+    ("memory specification", Refusal("executor.mem", "more memory than a node of the partition has")),
+    ("reservation", Refusal("executor.extra_sbatch", "a --reservation Slurm does not have (or not for you)")),
+    ("license", Refusal("executor.extra_sbatch", "a --licenses Slurm does not have")),
+    ("invalid node name", Refusal("executor.exclude", "a node name Slurm does not know")),
+    (
+        "node configuration is not available",
+        Refusal(
+            "executor.extra_sbatch",
+            "no node of the partition can hold the job as asked (executor.nodes, cpus_per_task, mem, "
+            "exclude, [inference] tp × dp, or an option in extra_sbatch)",
+        ),
+    ),
+    (
+        "not permitted to use this partition",
+        Refusal("executor.partition", "your group may not use the partition"),
+    ),
+    ("access/permission denied", Refusal("executor.account", "Slurm denies it to this user or account")),
+    ("unrecognized option", Refusal("executor.extra_sbatch", "sbatch has no such option")),
+    ("is ambiguous", Refusal("executor.extra_sbatch", "an abbreviated option sbatch cannot place")),
+    ("invalid --", Refusal("executor.extra_sbatch", "an option's value sbatch cannot read")),
+)
+
+#: Any other refusal: the section as a whole.
+OTHER_REFUSAL = Refusal("executor", "evald's jobs differ only in their names and folders")
+
+
+def refusal(said: str) -> Refusal:
+    """What sbatch's refusal ``said`` is about (see :data:`REFUSALS`)."""
+    lowered = said.lower()
+    for words, found in REFUSALS:
+        if words in lowered:
+            return found
+    return OTHER_REFUSAL
+
+
+@dataclass(frozen=True)
 class SlurmJob:
     """One job as the scheduler reports it. Times are seconds since the epoch; None where not yet set."""
 
@@ -252,6 +323,9 @@ def parse_duration(text: str) -> int | None:
     value = text.strip()
     if not value or value.upper() in {"UNLIMITED", "INFINITE", "NONE", "N/A", "PARTITION_LIMIT"}:
         return None
+    if not re.fullmatch(r"(\d+-)?\d+(:\d+){0,2}", value):
+        # INVALID, NOT_SET and whatever a later Slurm prints: no limit to read, not a failed queue read.
+        return None
     days = 0
     if "-" in value:
         head, value = value.split("-", 1)
@@ -363,6 +437,20 @@ def parse_sacct(text: str) -> list[SlurmJob]:
             )
         )
     return jobs
+
+
+def parse_sinfo_limits(text: str) -> dict[str, int | None]:
+    """``sinfo -h -o %R|%l``: each partition's MaxTime in seconds (None: no limit)."""
+    limits: dict[str, int | None] = {}
+    for line in text.splitlines():
+        name, _, limit = line.strip().partition("|")
+        if not name or name in limits:
+            continue
+        try:
+            limits[name] = parse_duration(limit)
+        except ValueError:
+            limits[name] = None
+    return limits
 
 
 def is_unreachable(message: str) -> bool:

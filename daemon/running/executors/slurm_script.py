@@ -10,7 +10,7 @@ written by the script as it ends).
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote, unquote
@@ -81,6 +81,7 @@ def probe_script(config: ExecutorConfig, folder: Path) -> str:
         "--no-requeue",
         *([f"--account={config.account}"] if config.account else []),
         *([f"--qos={config.qos}"] if config.qos else []),
+        *([f"--exclude={config.exclude}"] if config.exclude else []),
         *config.extra_sbatch,
     ]
     return "\n".join(
@@ -109,10 +110,18 @@ def layout(config: ExecutorConfig, spec: JobSpec) -> Layout:
 
 
 def batch_script(
-    config: ExecutorConfig, spec: JobSpec, spec_path: Path, job: JobRef, *, python: str, time: str
+    config: ExecutorConfig,
+    spec: JobSpec,
+    spec_path: Path,
+    job: JobRef,
+    *,
+    python: str,
+    time: str,
+    failed_nodes: Sequence[str] = (),
 ) -> str:
     """The script submitted for ``job``: options as ``#SBATCH`` lines (readable, and resubmittable by
-    hand with ``sbatch job.sbatch``), then the worker."""
+    hand with ``sbatch job.sbatch``), then the worker. ``time``: its ``--time``; ``failed_nodes``: nodes
+    that failed under the job, kept out beside ``executor.exclude``."""
     folder = spec_path.parent
     ranks_at = layout(config, spec)
     options = [
@@ -136,6 +145,9 @@ def batch_script(
         options.append(f"--qos={config.qos}")
     if config.mem:
         options.append(f"--mem={config.mem}")
+    exclude = ",".join([*([config.exclude] if config.exclude else []), *failed_nodes])
+    if exclude:
+        options.append(f"--exclude={exclude}")
     if ranks_at.gpus_per_node:
         options.append(
             f"--gres=gpu:{ranks_at.gpus_per_node}"
