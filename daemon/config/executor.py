@@ -13,6 +13,7 @@ A complete Slurm section::
     account = "rl-team"
     qos = "normal"
     time_limit = "2:00:00"              # Slurm's format; default: inference.job_timeout_secs
+    max_time_limit = "8:00:00"          # raised to after TIMEOUTs (doubled each); default 4 × time_limit
     nodes = 1                           # tp × dp ranks split evenly over these
     extra_sbatch = ["--constraint=a100", "--exclusive"]
     setup_script = "/shared/evald/env.sh"   # sourced before the worker starts (modules, venv)
@@ -38,27 +39,109 @@ _TIME_LIMIT = re.compile(
     r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+|\d+-\d+:\d{1,2}|\d+-\d+:\d{1,2}:\d{1,2})$"
 )
 
-#: Options evald sets itself in every batch script: an extra line must not change them.
-RESERVED_SBATCH = frozenset(
-    {
-        "--job-name",
-        "-J",
-        "--comment",
-        "--output",
-        "-o",
-        "--error",
-        "-e",
-        "--chdir",
-        "-D",
-        "--parsable",
-        "--ntasks",
-        "-n",
-        "--ntasks-per-node",
-        "--array",
-        "-a",
-        "--wrap",
-    }
-)
+#: Options evald sets itself in every batch script, long and short forms, with what to set instead: an
+#: ``extra_sbatch`` line comes last and would override them.
+_SET_BY_EVALD = "is set by evald itself for every job"
+RESERVED_SBATCH: dict[str, str] = {
+    "--job-name": _SET_BY_EVALD,
+    "-J": _SET_BY_EVALD,
+    "--comment": _SET_BY_EVALD,
+    "--output": _SET_BY_EVALD,
+    "-o": _SET_BY_EVALD,
+    "--error": _SET_BY_EVALD,
+    "-e": _SET_BY_EVALD,
+    "--open-mode": _SET_BY_EVALD,
+    "--chdir": _SET_BY_EVALD,
+    "-D": _SET_BY_EVALD,
+    "--parsable": _SET_BY_EVALD,
+    "--ntasks": "is set by evald from [inference] tp × dp (one task a rank)",
+    "-n": "is set by evald from [inference] tp × dp (one task a rank)",
+    "--ntasks-per-node": "is set by evald from [inference] tp × dp and executor.nodes",
+    "--array": "is not used: every job is its own sbatch",
+    "-a": "is not used: every job is its own sbatch",
+    "--wrap": _SET_BY_EVALD,
+    "--time": "is set by evald: set executor.time_limit (and executor.max_time_limit) instead",
+    "-t": "is set by evald: set executor.time_limit (and executor.max_time_limit) instead",
+    "--partition": "is set by evald: set executor.partition instead",
+    "-p": "is set by evald: set executor.partition instead",
+    "--nodes": "is set by evald: set executor.nodes instead",
+    "-N": "is set by evald: set executor.nodes instead",
+    "--cpus-per-task": "is set by evald: set executor.cpus_per_task instead",
+    "-c": "is set by evald: set executor.cpus_per_task instead",
+    "--export": (
+        "is set by evald (--export=ALL: the job gets the worker environment): "
+        "list variables in [inference] worker_env, or set them in executor.setup_script"
+    ),
+    "--requeue": "is set by evald: set executor.requeue instead",
+    "--no-requeue": "is set by evald: set executor.requeue instead",
+    "--account": "is set by evald: set executor.account instead",
+    "-A": "is set by evald: set executor.account instead",
+    "--qos": "is set by evald: set executor.qos instead",
+    "-q": "is set by evald: set executor.qos instead",
+    "--mem": "is set by evald: set executor.mem instead",
+    "--exclude": "is set by evald (it adds nodes that failed a job): set executor.exclude instead",
+    "-x": "is set by evald (it adds nodes that failed a job): set executor.exclude instead",
+}
+
+
+def sbatch_option(line: str) -> str:
+    """The option an ``extra_sbatch`` line gives: ``--time`` of ``--time=5`` or ``--time 5``, ``-t`` of
+    ``-t 5`` or ``-t5``."""
+    text = line.strip()
+    if text.startswith("--"):
+        return re.split(r"[=\s]", text, maxsplit=1)[0]
+    return text[:2]
+
+
+def reserved_sbatch(option: str) -> str | None:
+    """Why ``option`` may not be an ``extra_sbatch`` line (None: it may), abbreviations included:
+    sbatch takes ``--tim=5`` as ``--time`` when that is the only option it begins."""
+    if option in RESERVED_SBATCH:
+        return RESERVED_SBATCH[option]
+    # No sbatch option is a prefix of a reserved one but ``--ntasks`` (reserved too), so a prefix is an
+    # abbreviation sbatch would read as a reserved option (or refuse as ambiguous).
+    if option.startswith("--") and len(option) > 2:
+        for name, why in RESERVED_SBATCH.items():
+            if name.startswith(option):
+                return f"(an abbreviation of {name}) {why}"
+    return None
+
+
+def slurm_seconds(text: str) -> int:
+    """Seconds of a Slurm time limit (``90`` minutes, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``,
+    ``D-HH:MM:SS``); ValueError for anything else."""
+    value = text.strip()
+    if not _TIME_LIMIT.match(value):
+        raise ValueError(f"{text!r} is not a Slurm time limit")
+    days = 0
+    if "-" in value:
+        head, value = value.split("-", 1)
+        days = int(head)
+        parts = [int(p) for p in value.split(":")]
+        hours, minutes, seconds = [*parts, 0, 0][:3]
+    else:
+        parts = [int(p) for p in value.split(":")]
+        if len(parts) == 1:
+            hours, minutes, seconds = 0, parts[0], 0
+        elif len(parts) == 2:
+            hours, minutes, seconds = 0, parts[0], parts[1]
+        else:
+            hours, minutes, seconds = parts
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def slurm_time(seconds: int) -> str:
+    """``seconds`` as a Slurm time limit: whole minutes (``120``), else ``H:MM:SS``."""
+    if seconds % 60 == 0:
+        return str(seconds // 60)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+#: How much longer a job may run after each TIMEOUT, and the default most (``max_time_limit``) as a
+#: multiple of the time limit: two raises, one a retry within the default three attempts.
+TIME_LIMIT_GROWTH = 2
+DEFAULT_MAX_TIME_FACTOR = 4
+
 
 #: Settings only a Slurm executor reads; set under ``kind = "local"`` they are a mistake to report.
 _SLURM_ONLY = (
@@ -72,6 +155,8 @@ _SLURM_ONLY = (
     "extra_sbatch",
     "setup_script",
     "slurm_conf",
+    "max_time_limit",
+    "exclude",
 )
 
 
@@ -88,6 +173,9 @@ class ExecutorConfig(Section):
     #: Slurm's time limit per job (``90``, ``1:30:00``, ``1-00:00:00``); None: the inference section's
     #: ``job_timeout_secs``, rounded up to whole minutes.
     time_limit: str | None = None
+    #: The most a job's time limit is raised to: each TIMEOUT doubles it for the next attempt, up to this
+    #: (and within the partition's MaxTime); a job that times out at it fails. None: 4 × time_limit.
+    max_time_limit: str | None = None
     #: Nodes per job: the tp × dp ranks are split evenly over them.
     nodes: int = Field(default=1, ge=1)
     #: How GPUs are asked for: ``gpus-per-node`` (``--gpus-per-node=N``) or ``gres`` (``--gres=gpu:N``).
@@ -96,7 +184,12 @@ class ExecutorConfig(Section):
     cpus_per_task: int | None = Field(default=None, ge=1)
     #: Memory per node (``--mem``: ``64G``); None leaves the partition's default.
     mem: str | None = None
-    #: More ``#SBATCH`` lines, each one option (``--constraint=a100``).
+    #: Nodes no job may use (``--exclude``, Slurm's node list: ``node[3-4],node7``); evald adds the nodes
+    #: that failed under a job (NODE_FAIL) for that job's next attempts.
+    exclude: str | None = None
+    #: More ``#SBATCH`` lines, each one option (``--constraint=a100``); evald's own options
+    #: (``--time``, ``--partition``, ``--nodes``, ``--cpus-per-task``, ``--export``, ``--requeue``, ...)
+    #: are refused, with the setting to use instead.
     extra_sbatch: tuple[str, ...] = ()
     #: A shell script sourced in the batch script before the worker starts (modules, a virtualenv).
     setup_script: Path | None = None
@@ -104,8 +197,12 @@ class ExecutorConfig(Section):
     python: Path | None = None
     #: ``SLURM_CONF`` for the Slurm tools the daemon runs (None: their default, /etc/slurm/slurm.conf).
     slurm_conf: Path | None = None
-    #: Let Slurm requeue a preempted or failed job as the same attempt; off, each run is an attempt.
+    #: Let Slurm requeue a preempted or failed job as the same attempt; off, evald submits it again.
     requeue: bool = False
+    #: Preemptions in a row that spend no attempt: the job goes back to evald's queue as it was. Past
+    #: them each preemption spends an attempt like a failure, so a job preempted forever is retried
+    #: (``evald status``: retrying, kind ``preempted``) and fails after ``max_attempts`` more.
+    free_preemptions: int = Field(default=10, ge=0)
     #: The job name prefix (``evald-<job>-<attempt>``): two daemons on one cluster must differ.
     name_prefix: str = Field(default="evald", pattern=r"^[A-Za-z0-9_.]+$")
     #: evald jobs queued or running at once, in all and per run.
@@ -128,7 +225,7 @@ class ExecutorConfig(Section):
             raise ValueError('required when kind = "slurm"')
         return value
 
-    @field_validator("partition", "account", "qos", "mem")
+    @field_validator("partition", "account", "qos", "mem", "exclude")
     @classmethod
     def _one_word(cls, value: str | None) -> str | None:
         if value is not None and (not value.strip() or any(c.isspace() for c in value)):
@@ -159,7 +256,7 @@ class ExecutorConfig(Section):
         # Not checked for existence: the path is the compute nodes', which this node may not have.
         return None if value is None else resolve_path(value, info)
 
-    @field_validator("time_limit")
+    @field_validator("time_limit", "max_time_limit")
     @classmethod
     def _time_limit(cls, value: str | None) -> str | None:
         if value is not None and not _TIME_LIMIT.match(value.strip()):
@@ -173,14 +270,22 @@ class ExecutorConfig(Section):
     def _extra_sbatch(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         problems = []
         for i, line in enumerate(value):
-            option = line.strip().split("=", 1)[0].split(" ", 1)[0]
+            option = sbatch_option(line)
             if not line.strip().startswith("-") or "\n" in line:
                 problems.append(f'[{i}] {line!r} is not one sbatch option (like "--constraint=a100")')
-            elif option in RESERVED_SBATCH:
-                problems.append(f"[{i}] {option} is set by evald itself for every job")
+            elif (why := reserved_sbatch(option)) is not None:
+                problems.append(f"[{i}] {option} {why}")
         if problems:
             raise ValueError("; ".join(problems))
         return tuple(line.strip() for line in value)
+
+    @field_validator("max_time_limit")
+    @classmethod
+    def _max_time_limit(cls, value: str | None, info: ValidationInfo) -> str | None:
+        least = info.data.get("time_limit")
+        if value is not None and isinstance(least, str) and slurm_seconds(value) < slurm_seconds(least):
+            raise ValueError(f"{value!r} is less than time_limit = {least!r}")
+        return value
 
     @field_validator("max_queued_per_run")
     @classmethod
@@ -203,3 +308,14 @@ class ExecutorConfig(Section):
         if self.time_limit is not None:
             return self.time_limit
         return str(max(1, -(-int(default_secs) // 60)))
+
+    def time_limit_secs(self, default_secs: float) -> int:
+        """The time limit a job's first attempt gets, in seconds."""
+        return slurm_seconds(self.time_limit_minutes(default_secs))
+
+    def max_time_limit_secs(self, default_secs: float) -> int:
+        """The most a job's time limit is raised to after TIMEOUTs (never less than the limit itself)."""
+        least = self.time_limit_secs(default_secs)
+        if self.max_time_limit is None:
+            return least * DEFAULT_MAX_TIME_FACTOR
+        return max(least, slurm_seconds(self.max_time_limit))
