@@ -423,6 +423,47 @@ def test_a_bad_partition_is_one_clear_error_and_the_daemon_goes_on_once_it_is_fi
 
 
 @pytest.mark.long
+def test_gpus_refused_by_a_cpu_partition_keep_the_job_queued_until_the_config_is_fixed(
+    slurm_cluster: SlurmCluster, sqlite_url: str, dataset: Path, trained: Path, tmp_path: Path
+) -> None:
+    # device = "cuda" asks Slurm for a GPU per rank (--gpus-per-node=1): the test cluster has none, and
+    # sbatch refuses it as it would every job of this config. The folder probe asks for no GPU: it runs.
+    database = upgraded(sqlite_url)
+    daemon = slurm_config(
+        tmp_path, sqlite_url, slurm_cluster, dataset=dataset, inference_extra='device = "cuda"'
+    )
+    copy_checkpoint(trained, tmp_path / "run" / "step_10")
+    try:
+        with running_daemon(daemon.config, tmp_path / "daemon.log", daemon.env) as process:
+            wait_for(lambda: _log_events(process.log)["executor.unusable"] or None, 60, "executor.unusable")
+            time.sleep(2.0)
+            (job,) = jobs(database)
+            assert (job.state, job.attempts) == ("pending", 0) and process.process.poll() is None
+            line = next(
+                json.loads(x) for x in process.log.read_text().splitlines() if '"executor.unusable"' in x
+            )
+            assert line["error"].startswith("executor.gpu_request: ") and "GRES: none" in line["error"]
+            status = evald("--config", str(daemon.config), "status", env=daemon.env)
+            assert status.returncode == 0 and "not submitting: executor.gpu_request" in status.stdout
+            daemon.config.write_text(daemon.config.read_text().replace('device = "cuda"', 'device = "cpu"'))
+            process.process.send_signal(signal.SIGHUP)
+            rows = wait_for(lambda: all_jobs_done(database, 1), WAIT_S, "the job", process.process)
+            assert process.stop() == 0
+    finally:
+        daemon.cancel_all()
+    assert [(j.state, j.attempts) for j in rows] == [("succeeded", 1)]
+    events = _log_events(tmp_path / "daemon.log")
+    assert (events["executor.unusable"], events["executor.usable"], events["job.failed"]) == (1, 1, 0)
+    with database.session() as session:
+        history = queries.job_history(session, rows[0].id)
+    assert [(a.outcome, a.error_kind) for a in history] == [
+        ("requeued", "executor_unusable"),
+        ("succeeded", None),
+    ]
+    database.dispose()
+
+
+@pytest.mark.long
 def test_slurmctld_restarted_mid_job_the_daemon_lives_and_nothing_is_lost_or_doubled(
     slurm_cluster: SlurmCluster, sqlite_url: str, dataset: Path, trained: Path, tmp_path: Path
 ) -> None:
@@ -754,7 +795,7 @@ def test_a_run_removed_while_its_job_is_queued_is_cancelled_and_the_other_run_go
 
 
 @pytest.mark.long
-def test_a_job_past_its_time_limit_is_retried_within_max_attempts(
+def test_a_job_past_its_time_limit_is_retried_with_twice_the_time(
     slurm_cluster: SlurmCluster, sqlite_url: str, dataset: Path, trained: Path, tmp_path: Path
 ) -> None:
     setup = tmp_path / "setup.sh"
@@ -785,6 +826,9 @@ def test_a_job_past_its_time_limit_is_retried_within_max_attempts(
     finally:
         daemon.cancel_all()
     assert [(j.state, j.attempts) for j in rows] == [("succeeded", 2)] and daemon.sbatch_calls() == 2
+    # The retry ran with twice the time (the default most is 4 × the limit).
+    assert "#SBATCH --time=1\n" in (daemon.job_dir / f"{rows[0].id}-1" / "job.sbatch").read_text()
+    assert "#SBATCH --time=2\n" in (daemon.job_dir / f"{rows[0].id}-2" / "job.sbatch").read_text()
     with database.session() as session:
         history = queries.job_history(session, rows[0].id)
     assert [(a.outcome, a.error_kind, a.exit_state) for a in history] == [
@@ -794,4 +838,5 @@ def test_a_job_past_its_time_limit_is_retried_within_max_attempts(
     assert (
         history[0].error is not None and "TIMEOUT" in history[0].error and "limit 0:01:00" in history[0].error
     )
+    assert "the next attempt gets 0:02:00 (--time=2)" in history[0].error
     database.dispose()
