@@ -1,4 +1,5 @@
-"""The Slurm executor: each job one ``sbatch`` of a batch script that runs the worker in its job folder.
+"""The Slurm executor (one file because submit, refusal, find and poll share one cluster client and state;
+the mapping of squeue states to outcomes is the next piece to move out): each job one ``sbatch``.
 
 The job folder (under ``[executor] job_dir``, on a filesystem the compute nodes share) holds what the
 local executor's does — ``spec.json`` in; ``result.json``, ``result.rank<N>.json``, ``rank-<N>.log`` out —
