@@ -59,30 +59,8 @@ def complete_job(
         Result(job_id=job_id, metric=m.name, value=m.value, n=m.n, stderr=m.stderr, created_at=now)
         for m in metrics
     )
-    session.add_all(
-        Sample(
-            job_id=job_id,
-            index=s.index,
-            prompt_id=s.prompt_id,
-            prompt=s.prompt,
-            response=s.response,
-            extracted=s.extracted,
-            reference=s.reference,
-            correct=s.correct,
-            tokens=s.tokens,
-            truncated=s.truncated,
-            reward=s.reward,
-            entropy=s.entropy,
-            error=s.error,
-            verdict=s.verdict,
-            tests_passed=s.tests_passed,
-            tests_total=s.tests_total,
-            verdicts=s.verdicts,
-            failed_test=s.failed_test,
-            failed_output=s.failed_output,
-        )
-        for s in samples
-    )
+    # SampleRow's fields are the samples table's columns: one list of them, in SampleRow.
+    session.add_all(Sample(job_id=job_id, **asdict(s)) for s in samples)
     session.add_all(
         SampleProblem(job_id=job_id, where=p.where, message=p.message, prompt_id=p.prompt_id, index=p.index)
         for p in problems

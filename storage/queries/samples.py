@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from sqlalchemy import and_, func, select
 from sqlalchemy.orm import Session
@@ -110,26 +110,7 @@ def job_samples(
 
 
 def _sample_row(s: Sample) -> SampleRow:
-    return SampleRow(
-        index=s.index,
-        prompt_id=s.prompt_id,
-        prompt=s.prompt,
-        response=s.response,
-        extracted=s.extracted,
-        reference=s.reference,
-        correct=s.correct,
-        tokens=s.tokens,
-        truncated=s.truncated,
-        reward=s.reward,
-        entropy=s.entropy,
-        error=s.error,
-        verdict=s.verdict,
-        tests_passed=s.tests_passed,
-        tests_total=s.tests_total,
-        verdicts=s.verdicts,
-        failed_test=s.failed_test,
-        failed_output=s.failed_output,
-    )
+    return SampleRow(**{f.name: getattr(s, f.name) for f in fields(SampleRow)})
 
 
 def _listing(names: Sequence[str]) -> str:
