@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# The GPU check: one prepared run of evald's GPU paths on a machine with NVIDIA GPUs, for the figures in
+# BENCHMARKS.md ("GPU"). It runs on a node that has PyTorch with CUDA but not evald's other dependencies
+# and no network: they come as wheels in .devwheels/ (made on a networked machine with
+# `bench/gpu_wheels.sh`), installed into a venv that sees the node's own torch.
+#
+#   bench/gpu_check.sh            # figures and logs go to $OUT (default /tmp/evald-gpu-check)
+#   DEVICE=cpu SIZE=tiny bench/gpu_check.sh   # the same steps on the CPU, to try the script first
+#
+# What it runs, each step with its own time limit so that one slow step leaves the others' figures:
+#  1. NVML as the scheduler reads it (daemon.scheduling.resources.read_gpus: free memory, utilisation);
+#  2. bench.gpu_sweep on a 1.1 B-parameter bf16 Llama written on the spot, at every tp the node allows;
+#  3. `evald eval` of that checkpoint through the worker on cuda, engine deepspeed then hf;
+#  4. `evald run` (SQLite) on a run folder holding it, with a GPU free-memory threshold read through
+#     NVML, until its result is stored; then `evald results`.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-/tmp/evald-gpu-check}"
+mkdir -p "$OUT"
+WORK="$(mktemp -d /tmp/evald-gpu-XXXX)"
+# The CUDA image's PyTorch lives in its own venv; elsewhere the first python3 with torch.
+PY="${EVALD_GPU_PYTHON:-$( [ -x /opt/torch/.venv/bin/python3 ] && echo /opt/torch/.venv/bin/python3 || echo python3)}"
+DEVICE="${DEVICE:-cuda}"
+SIZE="${SIZE:-small}"
+if [ "$DEVICE" = cuda ]; then DTYPE=bfloat16; THRESHOLD='min_gpu_free_memory = "8GiB"'; else
+  DTYPE=float32; THRESHOLD=""; export DS_ACCELERATOR=cpu; fi
+
+step() { echo; echo "=== $1 ($(date -u +%T))"; }
+
+step "environment"
+deps=""
+if [ -d .devwheels ]; then
+  # Beside, not into, the image's packages: --target leaves its torch and transformers as they are.
+  "$PY" -m pip install -q --no-index --no-deps --target "$WORK/deps" .devwheels/*.whl || exit 1
+  deps=":$WORK/deps"
+fi
+export PYTHONPATH="$PWD$deps" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+nvidia-smi -L
+"$PY" -c 'import torch, deepspeed, transformers, sqlalchemy, pydantic
+print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())
+print("deepspeed", deepspeed.__version__, "transformers", transformers.__version__)'
+
+step "NVML through the scheduler's reader"
+"$PY" -c 'from daemon.scheduling.resources import read_gpus
+for g in read_gpus():
+    print(g)' 2>&1
+
+step "checkpoint: Llama of size $SIZE, $DTYPE"
+"$PY" -c "from pathlib import Path; from bench.gpu_sweep import write_checkpoint; write_checkpoint(Path('$WORK/run/checkpoint-100'), '$SIZE', '$DTYPE')"
+# Written last, as the HF Trainer does: the folder is a complete Trainer checkpoint from here on.
+echo '{"global_step": 100, "log_history": []}' >"$WORK/run/checkpoint-100/trainer_state.json"
+du -sh "$WORK/run/checkpoint-100"
+
+step "bench.gpu_sweep"
+timeout 300 "$PY" -m bench.gpu_sweep --device "$DEVICE" --checkpoint "$WORK/run/checkpoint-100" --json "$OUT/sweep.json" 2>&1 \
+  | grep -v -E "^\s*$|Warning|warn" | tail -20
+
+cat > "$WORK/evald.toml" <<EOF
+[database]
+url = "sqlite:///$WORK/evald.db"
+
+[[runs]]
+name = "gpu"
+root = "$WORK/run"
+layout = "auto"
+
+[[tasks]]
+name = "arith"
+dataset = "$PWD/inference/toy/data/arith500.jsonl"
+prompt_field = "problem"
+answer_field = "answer"
+id_field = "unique_id"
+prompt_template = "{prompt}="
+max_new_tokens = 64
+batch_size = 64
+metrics = ["accuracy", "response_length", "tokens_per_s", "peak_memory_mb", "load_s", "wall_s"]
+
+[tasks.subset]
+size = 500
+seed = 0
+
+[inference]
+engine = "deepspeed"
+device = "$DEVICE"
+dtype = "$DTYPE"
+
+[scheduling]
+quiet_secs = 1.0
+rescan_secs = 2.0
+tick_secs = 0.2
+
+[scheduling.resources]
+$THRESHOLD
+
+[daemon]
+state_dir = "$WORK/state"
+EOF
+
+for engine in deepspeed hf; do
+  step "evald eval on $DEVICE, engine $engine"
+  timeout 180 "$PY" -m daemon --config "$WORK/evald.toml" eval --engine "$engine" --format json \
+    "$WORK/run/checkpoint-100" >"$OUT/eval-$engine.json" 2>"$OUT/eval-$engine.log"
+  echo "exit $?"; cat "$OUT/eval-$engine.json"; tail -5 "$OUT/eval-$engine.log"
+done
+
+step "evald run on $DEVICE (on cuda with an NVML threshold)"
+"$PY" -m daemon --config "$WORK/evald.toml" db upgrade
+timeout 200 "$PY" -m daemon --config "$WORK/evald.toml" run >"$OUT/daemon.log" 2>&1 &
+daemon=$!
+for _ in $(seq 1 90); do
+  kill -0 "$daemon" 2>/dev/null || break
+  if "$PY" -m daemon --config "$WORK/evald.toml" results --format json 2>/dev/null | grep -q accuracy; then
+    break
+  fi
+  sleep 2
+done
+"$PY" -m daemon --config "$WORK/evald.toml" results 2>&1
+"$PY" -m daemon --config "$WORK/evald.toml" status 2>&1 | tail -15
+kill -TERM "$daemon" 2>/dev/null; wait "$daemon"
+grep -E "resources|gpu|job\.(succeeded|failed)" "$OUT/daemon.log" | cut -c1-300 | tail -15
+step "done"
