@@ -105,7 +105,7 @@ class CodeSpec(_Plain):
     #: ``bwrap`` runs every execution in a bubblewrap sandbox, and the task fails if it cannot start one;
     #: ``none`` runs the model's code as a plain subprocess with rlimits only: no isolation at all.
     sandbox: Literal["bwrap", "none"] = "bwrap"
-    #: Executions run at once (threads waiting on sandboxed processes, after generation).
+    #: Sandboxed executions at once (threads waiting on them, while the model generates the next batches).
     parallel: int = Field(default=4, ge=1)
     limits: CodeLimits = CodeLimits()
     #: Compiled languages: seconds (CPU and wall) the compiler may take.

@@ -11,7 +11,7 @@ import dataclasses
 import string
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 import structlog
 
 from inference.code.judge import Judge
-from inference.code.problems import CodeDataset, CodeProblem, read_problems
+from inference.code.problems import CodeDataset, read_problems
+from inference.code.stream import JudgingStream, generate_judging
 from inference.consistency import token_digest
 from inference.dataset import Item, read_dataset
 from inference.errors import TaskInvalid
@@ -178,17 +179,11 @@ def run_task(spec: JobSpec, group: WorkerGroup, faults: Faults | None = None) ->
     # Built (and its module imported) now: a bad reward fails the job before the weights are loaded.
     with ExitStack() as cleanup:
         scorer = _scorer(task, cleanup) if topology.rank == 0 and not likelihood else None
+        # Its threads judge samples while the model generates; an error stops what is queued.
+        code = None if code is None else cleanup.enter_context(code)
         return _evaluate(
             spec, group, faults, metrics, items, prompts, bad_rows, scorer, warming, started, code
         )
-
-
-@dataclass(frozen=True)
-class CodeJob:
-    """A code task's judge and the problems of its items, by prompt id (rank 0 only)."""
-
-    judge: Judge
-    problems: Mapping[str, CodeProblem]
 
 
 def read_rows(task: TaskSpec, path: Path) -> tuple[tuple[Item, ...], tuple[Problem, ...], CodeDataset | None]:
@@ -219,18 +214,18 @@ def read_rows(task: TaskSpec, path: Path) -> tuple[tuple[Item, ...], tuple[Probl
 
 def _read_items(
     task: TaskSpec, path: Path, *, rank: int
-) -> tuple[tuple[Item, ...], tuple[Problem, ...], CodeJob | None]:
-    """The items ``task`` evaluates, the dataset rows left out and, for a code task on rank 0, its judge:
-    the sandbox is started here, so a host without one fails the job before the weights load."""
+) -> tuple[tuple[Item, ...], tuple[Problem, ...], JudgingStream | None]:
+    """The items ``task`` evaluates, the dataset rows left out and, for a code task on rank 0, its
+    judging: the sandbox is started here, so a host without one fails the job before the weights load."""
     rows, bad_rows, code = read_rows(task, path)
     items = select_items(task, rows)
     if code is None or rank != 0:
         return items, bad_rows, None
     by_id = {problem.prompt_id: problem for problem in code.problems}
-    chosen = {item.prompt_id: by_id[item.prompt_id] for item in items}
+    chosen = [by_id[item.prompt_id] for item in items]
     judge = Judge(task.name, task.code or CodeSpec())
-    judge.check(list(chosen.values()))
-    return items, bad_rows, CodeJob(judge, chosen)
+    judge.check(chosen)
+    return items, bad_rows, JudgingStream(judge, chosen)
 
 
 def _scorer(task: TaskSpec, cleanup: ExitStack) -> Scorer | None:
@@ -253,7 +248,7 @@ def _evaluate(
     scorer: Scorer | None,
     warming: threading.Thread | None,
     started: float,
-    code: CodeJob | None = None,
+    code: JudgingStream | None = None,
 ) -> JobResult | None:
     task = spec.task
     topology = group.topology
@@ -306,15 +301,29 @@ def _evaluate(
             entropy=any(metric.name == "entropy" for metric in metrics),
             simulate_oom_above=faults.oom_above_batch,
         )
-        generated, latencies = run_batches(
-            loaded.model,
-            loaded.tokenizer,
-            share.batches,
-            decoding,
-            item_keys=share.items,
-            agree=vote if topology.tp > 1 else None,
-            agree_ends=vote.ends if topology.tp > 1 else None,
-        )
+        agree, agree_ends = (vote, vote.ends) if topology.tp > 1 else (None, None)
+        if code is None:
+            generated, latencies = run_batches(
+                loaded.model,
+                loaded.tokenizer,
+                share.batches,
+                decoding,
+                item_keys=share.items,
+                agree=agree,
+                agree_ends=agree_ends,
+            )
+        else:
+            # Rank 0's own batches are judged while it generates the next (inference.code.stream).
+            generated, latencies = generate_judging(
+                loaded.model,
+                loaded.tokenizer,
+                share.batches,
+                decoding,
+                code,
+                item_keys=share.items,
+                agree=agree,
+                agree_ends=agree_ends,
+            )
         mine = ReplicaOutput(
             generations=[(share.items[local], generations) for local, generations in generated.items()],
             latencies=tuple(latencies),
@@ -353,13 +362,9 @@ def _evaluate(
         executed = None
         judging_s = 0.0
         if code is not None:
-            judging = time.perf_counter()
-            owners = [items[index // task.n_samples] for index in range(len(generations))]
-            submissions = [
-                (code.problems[o.prompt_id], g.text) for o, g in zip(owners, generations, strict=True)
-            ]
-            executed = code.judge.judge(submissions)
-            judging_s = time.perf_counter() - judging
+            # Only what was not judged during generation is waited for here.
+            executed = code.results([[g.text for g in item] for item in per_item])
+            judging_s = code.tail_s
         graded = grade_samples(task.name, items, prompts, generations, limits, scorer, executed)
         graded = dataclasses.replace(graded, seconds=graded.seconds + judging_s)
     finished = time.perf_counter()

@@ -9,5 +9,6 @@ Modules, from the edge in:
 - :mod:`~inference.code.runners` turns code and a test into files and a command, per language;
 - :mod:`~inference.code.grading` turns an execution into a verdict (pure);
 - :mod:`~inference.code.judge` runs a job's samples in parallel and collects their verdicts;
+- :mod:`~inference.code.stream` judges each batch's samples while the next batches generate;
 - :mod:`~inference.code.harness` runs lm-eval's ``code_eval`` (humaneval, mbpp) in the same sandbox.
 """

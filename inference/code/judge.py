@@ -1,14 +1,19 @@
 """Judging a job's code samples: extraction, preparation (compilation) and every test, in parallel.
 
 Executions wait on sandboxed processes, so a pool of ``parallel`` threads keeps that many running at once;
-the worker holds no lock meanwhile. Each distinct program is prepared (compiled) once, and each distinct
-(program, test) run once: with sampling, identical completions are common.
+the worker holds no lock meanwhile. Samples can be handed in while others are still being judged (a job
+hands in each batch as soon as it is generated, see :mod:`inference.code.stream`). Each distinct program
+is prepared (compiled) once, and each distinct (program, test) run once, across everything handed in:
+with sampling, identical completions are common.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from types import TracebackType
+from typing import Any
 
 import structlog
 
@@ -93,30 +98,9 @@ class Judge:
 
     def judge(self, submissions: Sequence[tuple[CodeProblem, str]]) -> list[SampleResult]:
         """Each ``(problem, response)``'s result, in order."""
-        codes = [self.code_of(problem, response) for problem, response in submissions]
-        with ThreadPoolExecutor(self.spec.parallel, thread_name_prefix="evald-code") as pool:
-            distinct = list(dict.fromkeys(codes))
-            prepared = dict(zip(distinct, pool.map(self._prepare, distinct), strict=True))
-            runs: dict[tuple[str, str, int], Future[TestResult]] = {}
-            for (problem, _), code in zip(submissions, codes, strict=True):
-                program = prepared[code]
-                if not isinstance(program, Program):
-                    continue
-                for number, test in enumerate(problem.tests):
-                    key = (code, problem.prompt_id, number)
-                    if key not in runs:
-                        runs[key] = pool.submit(self._run, program, problem, test)
-            results = []
-            for (problem, _), code in zip(submissions, codes, strict=True):
-                program = prepared[code]
-                if isinstance(program, Program):
-                    tests = tuple(
-                        runs[(code, problem.prompt_id, n)].result() for n in range(len(problem.tests))
-                    )
-                else:
-                    tests = tuple(_compile_failed(program, test) for test in problem.tests)
-                results.append(SampleResult(code=code, tests=tests))
-        return results
+        with JudgingPool(self) as pool:
+            handed_in = [pool.submit(problem, response) for problem, response in submissions]
+            return [future.result() for future in handed_in]
 
     def _prepare(self, code: str) -> Program | TestResult:
         return self.runner.prepare(code, self.sandbox)
@@ -138,6 +122,103 @@ class Judge:
         return TestResult(
             name=_name(test), verdict=verdict, output=output, expected=test.expected, wall_s=execution.wall_s
         )
+
+
+class JudgingPool:
+    """A judge's ``parallel`` threads, taking submissions at any time: each comes back as a future of its
+    result. A submission's program is prepared, then its tests are queued; nothing waits inside the pool.
+    Close it (or leave its ``with``) once every future is done: an early close cancels what is queued."""
+
+    def __init__(self, judge: Judge) -> None:
+        self._judge = judge
+        self._pool = ThreadPoolExecutor(judge.spec.parallel, thread_name_prefix="evald-code")
+        # Held briefly, by the submitting thread and by pool threads queueing tests.
+        self._lock = threading.Lock()
+        self._prepared: dict[str, Future[Program | TestResult]] = {}
+        self._runs: dict[tuple[str, str, int], Future[TestResult]] = {}
+
+    def __enter__(self) -> JudgingPool:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close(cancel=kind is not None)
+
+    def close(self, *, cancel: bool = False) -> None:
+        """Wait for the executions under way; ``cancel`` drops those not started (their futures fail)."""
+        self._pool.shutdown(wait=True, cancel_futures=cancel)
+
+    def submit(self, problem: CodeProblem, response: str) -> Future[SampleResult]:
+        code = self._judge.code_of(problem, response)
+        result: Future[SampleResult] = Future()
+        try:
+            with self._lock:
+                prepared = self._prepared.get(code)
+                if prepared is None:
+                    prepared = self._prepared[code] = self._pool.submit(self._judge._prepare, code)
+        except RuntimeError as exc:  # closed
+            result.set_exception(exc)
+            return result
+        prepared.add_done_callback(lambda done: self._queue_tests(done, code, problem, result))
+        return result
+
+    def _queue_tests(
+        self,
+        prepared: Future[Program | TestResult],
+        code: str,
+        problem: CodeProblem,
+        result: Future[SampleResult],
+    ) -> None:
+        # Runs in the pool thread that prepared the program (or the submitter's, if it was ready): it
+        # must queue and return, never wait.
+        try:
+            program = prepared.result()
+            if not isinstance(program, Program):
+                failed = tuple(_compile_failed(program, test) for test in problem.tests)
+                result.set_result(SampleResult(code=code, tests=failed))
+                return
+            runs = []
+            with self._lock:
+                for number, test in enumerate(problem.tests):
+                    key = (code, problem.prompt_id, number)
+                    run = self._runs.get(key)
+                    if run is None:
+                        run = self._runs[key] = self._pool.submit(self._judge._run, program, problem, test)
+                    runs.append(run)
+        except Exception as exc:  # a failed preparation, a cancelled one, or a closed pool
+            result.set_exception(exc)
+            return
+        when_all(runs, lambda: _collect(code, runs, result))
+
+
+def when_all(futures: Sequence[Future[Any]], then: Callable[[], None]) -> None:
+    """Call ``then`` once every one of ``futures`` is done (at once if there are none), in the thread
+    that finished the last."""
+    if not futures:
+        then()
+        return
+    left = [len(futures)]
+    lock = threading.Lock()
+
+    def one_done(_: Future[Any]) -> None:
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if last:
+            then()
+
+    for future in futures:
+        future.add_done_callback(one_done)
+
+
+def _collect(code: str, runs: Sequence[Future[TestResult]], result: Future[SampleResult]) -> None:
+    try:
+        tests = tuple(run.result() for run in runs)
+    except Exception as exc:
+        result.set_exception(exc)
+        return
+    result.set_result(SampleResult(code=code, tests=tests))
 
 
 def _compile_failed(failure: TestResult, test: TestCase) -> TestResult:
