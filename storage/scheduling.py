@@ -6,11 +6,11 @@ plan, the anchor it resets and the jobs it creates commit together.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import and_, func, select, update
+from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from storage.database import insert_for
@@ -279,6 +279,56 @@ def defer_pending(session: Session, reason: str, now: datetime) -> int:
         .values(wait_reason=reason)
     )
     return int(getattr(newly, "rowcount", 0))
+
+
+#: How the reason of a pending job held back by the executor's queue limits begins.
+HELD_PREFIX = "held: "
+
+
+def hold_pending(session: Session, held: Mapping[int, str], everyone: str | None = None) -> int:
+    """Say why pending jobs wait though they could be claimed: ``held`` maps a run id to its reason
+    (``max_queued_per_run`` reached), ``everyone`` is every run's (``max_queued`` reached). Reasons of
+    runs held no longer are cleared; a reason that is not a hold (a deferral's) is left. Each reason
+    begins with :data:`HELD_PREFIX`. Returns how many jobs changed."""
+    pending = and_(
+        EvalJob.state == JobState.PENDING,
+        or_(EvalJob.wait_reason.is_(None), EvalJob.wait_reason.like(f"{HELD_PREFIX}%")),
+    )
+    changed = 0
+    if everyone is not None:
+        done = session.execute(
+            update(EvalJob)
+            .where(pending, or_(EvalJob.wait_reason.is_(None), EvalJob.wait_reason != everyone))
+            .values(wait_reason=everyone)
+        )
+        return int(getattr(done, "rowcount", 0))
+    for run_id, reason in held.items():
+        of_run = select(Checkpoint.id).where(Checkpoint.run_id == run_id)
+        done = session.execute(
+            update(EvalJob)
+            .where(
+                pending,
+                EvalJob.checkpoint_id.in_(of_run),
+                or_(EvalJob.wait_reason.is_(None), EvalJob.wait_reason != reason),
+            )
+            .values(wait_reason=reason)
+        )
+        changed += int(getattr(done, "rowcount", 0))
+    free = select(Checkpoint.id).where(Checkpoint.run_id.not_in(list(held)))
+    done = session.execute(
+        update(EvalJob)
+        .where(pending, EvalJob.wait_reason.is_not(None), EvalJob.checkpoint_id.in_(free))
+        .values(wait_reason=None)
+    )
+    return changed + int(getattr(done, "rowcount", 0))
+
+
+def run_names(session: Session, run_ids: Iterable[int]) -> dict[int, str]:
+    """Run id → the run's name, for the ids given that exist."""
+    ids = list(run_ids)
+    if not ids:
+        return {}
+    return {run_id: name for run_id, name in session.execute(select(Run.id, Run.name).where(Run.id.in_(ids)))}
 
 
 def release_deferred(session: Session) -> int:

@@ -23,6 +23,10 @@ SECONDS: dict[str, int] = {
     "test_code_worker.py": 14,
     "test_code_cpp.py": 13,
     "test_docs.py": 10,
+    # Added 2026-12-04 (issue 32: status and the dashboard's attempts), measured alone under load.
+    "test_status_slurm.py": 40,
+    "test_web_attempts.py": 15,
+    "test_status_surfaces.py": 12,
     "test_worker_failures.py": 120,
     "test_web_browser.py": 92,
     "test_never_partial.py": 90,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 from pathlib import Path
 
 from daemon import filter_values
@@ -95,8 +96,16 @@ def cmd_history(args: argparse.Namespace) -> int:
         database.dispose()
     if current is None:
         raise EvaldError(f"no job {args.job} (see `evald status` for job ids)")
-    print(history(attempts, args.format, current))
+    print(history(attempts, args.format, current, terminal_width()))
     return 0
+
+
+def terminal_width() -> int | None:
+    """The terminal's columns, errors being cut to fit them (``status``, ``history``); None when the
+    output is not a terminal (a file, a pipe: errors keep a fixed length of their first line)."""
+    if not sys.stdout.isatty():
+        return None
+    return shutil.get_terminal_size().columns
 
 
 def cmd_samples(args: argparse.Namespace) -> int:

@@ -1,5 +1,5 @@
-"""``evald status``: checkpoints and jobs by state per run, the resource thresholds now, and the Slurm
-queue where jobs run through Slurm."""
+"""``evald status``: checkpoints and jobs by state per run, the resource thresholds now, the Slurm
+queue where jobs run through Slurm, and each tracker's backlog."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ import json
 from typing import Any
 
 from daemon.analysis import report
-from daemon.analysis.run_status import read_status
+from daemon.analysis.report.tracker_rows import trackers_text
+from daemon.analysis.run_status import run_summaries, tracker_summaries
 from daemon.cli.base import load, open_current
+from daemon.cli.results import terminal_width
 from daemon.config import Config
 from daemon.running import remote
 from daemon.running.executors.base import ExecutorError, ExecutorUnavailable
@@ -21,7 +23,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     config = load(args)
     database = open_current(config)
     try:
-        runs = read_status(database, config)
+        with database.session() as session:
+            runs = run_summaries(session, config, [r.name for r in config.runs])
+            trackers = tracker_summaries(session, config)
     finally:
         database.dispose()
     cluster = slurm_queue(config)
@@ -29,15 +33,17 @@ def cmd_status(args: argparse.Namespace) -> int:
     probe = resource_probe(config)
     check = probe.check() if probe is not None else None
     if args.format == "json":
-        shown: dict[str, Any] = {"runs": runs, "resources": report.resources(check)}
+        shown: dict[str, Any] = {"runs": runs, "resources": report.resources(check), "trackers": trackers}
         if cluster is not None:
             shown["slurm"] = cluster
         print(json.dumps(shown, indent=1))
     else:
-        print(report.status_text(runs))
+        print(report.status_text(runs, terminal_width()))
         print(report.resources_text(check))
         if cluster is not None:
             print(report.cluster_text(cluster))
+        if trackers:
+            print(trackers_text(trackers))
     return 0
 
 

@@ -1,9 +1,11 @@
-"""What ``/metrics`` reads beyond the newest values: how the webhook outbox stands (failed attempts,
-messages by state), per endpoint."""
+"""How the outbox stands, per endpoint: what ``/metrics`` reads beyond the newest values (failed attempts,
+messages by state), and each tracker's backlog as ``evald status`` shows it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
@@ -12,6 +14,7 @@ from storage.models import (
     Delivery,
     OutboxMessage,
     OutboxState,
+    WebhookEndpoint,
 )
 
 
@@ -52,3 +55,119 @@ def webhook_standing(session: Session, endpoints: tuple[str, ...] = ()) -> list[
         )
         for name in names
     ]
+
+
+@dataclass(frozen=True)
+class OutboxBacklog:
+    """What one outbox endpoint (a tracker's ``tracker:<name>``), for one target, has not delivered yet,
+    and why."""
+
+    endpoint: str
+    #: Messages waiting to be sent (state ``pending``), and when the oldest of them was queued.
+    pending: int
+    oldest_pending_at: datetime | None
+    #: When the relay tries next (the soonest ``next_attempt_at`` of a pending message; None: nothing).
+    next_attempt_at: datetime | None
+    #: The last error of a pending message (the one tried most often): set while deliveries fail.
+    last_error: str | None
+    #: How many times that message was tried.
+    attempts: int
+    #: Messages delivered, refused for good (``failed``) and dropped with a disabled endpoint.
+    delivered: int
+    failed: int
+    disabled: int
+    last_delivered_at: datetime | None
+    #: Why the endpoint is disabled (it answered 410 Gone); None while it is not.
+    disabled_reason: str | None = None
+    #: Where the rows go (a tracker's target key, where the outbox keeps one); None: not kept.
+    target: str | None = None
+
+
+def outbox_backlog(session: Session, prefix: str) -> list[OutboxBacklog]:
+    """Every (endpoint, target) whose endpoint starts with ``prefix`` and that has outbox rows, and every
+    such endpoint disabled, by name: one grouped pass over the outbox, then the most-tried pending
+    message's error of each that has pending messages. Where the outbox keeps no target (before it
+    did), each endpoint is one entry with target None."""
+    # Read only where the schema has it: the rest of the standing does not depend on it.
+    target = getattr(OutboxMessage, "target", None)
+    keys: list[Any] = [OutboxMessage.endpoint] if target is None else [OutboxMessage.endpoint, target]
+    mine = OutboxMessage.endpoint.startswith(prefix, autoescape=True)
+    grouped = session.execute(
+        select(
+            *keys,
+            OutboxMessage.state,
+            func.count(),
+            func.min(OutboxMessage.created_at),
+            func.min(OutboxMessage.next_attempt_at),
+            func.max(OutboxMessage.delivered_at),
+        )
+        .where(mine)
+        .group_by(*keys, OutboxMessage.state)
+    )
+    counts: dict[tuple[str, str | None], dict[str, int]] = {}
+    oldest: dict[tuple[str, str | None], datetime | None] = {}
+    next_at: dict[tuple[str, str | None], datetime | None] = {}
+    delivered_at: dict[tuple[str, str | None], datetime | None] = {}
+    for row in grouped:
+        key = (row[0], row[1] if target is not None else None)
+        state, count, created, upcoming, delivered = row[len(keys) :]
+        counts.setdefault(key, {})[OutboxState(state).value] = int(count)
+        if OutboxState(state) is OutboxState.PENDING:
+            oldest[key], next_at[key] = _utc(created), _utc(upcoming)
+        if OutboxState(state) is OutboxState.DELIVERED:
+            delivered_at[key] = _utc(delivered)
+    standing = {
+        name: reason or "disabled"
+        for name, reason in session.execute(
+            select(WebhookEndpoint.name, WebhookEndpoint.disabled_reason).where(
+                WebhookEndpoint.name.startswith(prefix, autoescape=True),
+                WebhookEndpoint.disabled_at.is_not(None),
+            )
+        )
+    }
+    for name in standing:
+        if not any(endpoint == name for endpoint, _ in counts):
+            counts[(name, None)] = {}
+    found = []
+    for key in sorted(counts, key=lambda k: (k[0], k[1] or "")):
+        endpoint, of_target = key
+        states = counts[key]
+        error, attempts = None, 0
+        if states.get(OutboxState.PENDING.value):
+            query = (
+                select(OutboxMessage.last_error, OutboxMessage.attempts)
+                .where(
+                    OutboxMessage.endpoint == endpoint,
+                    OutboxMessage.state == OutboxState.PENDING,
+                    OutboxMessage.attempts > 0,
+                )
+                .order_by(OutboxMessage.attempts.desc(), OutboxMessage.id)
+                .limit(1)
+            )
+            if target is not None:
+                query = query.where(target.is_(None) if of_target is None else target == of_target)
+            tried = session.execute(query).first()
+            if tried is not None:
+                error, attempts = tried[0], int(tried[1])
+        found.append(
+            OutboxBacklog(
+                endpoint=endpoint,
+                pending=states.get(OutboxState.PENDING.value, 0),
+                oldest_pending_at=oldest.get(key),
+                next_attempt_at=next_at.get(key),
+                last_error=error,
+                attempts=attempts,
+                delivered=states.get(OutboxState.DELIVERED.value, 0),
+                failed=states.get(OutboxState.FAILED.value, 0),
+                disabled=states.get(OutboxState.DISABLED.value, 0),
+                last_delivered_at=delivered_at.get(key),
+                disabled_reason=standing.get(endpoint),
+                target=of_target,
+            )
+        )
+    return found
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    # SQLite hands back naive datetimes; they were stored as UTC.
+    return value.replace(tzinfo=UTC) if value is not None and value.tzinfo is None else value

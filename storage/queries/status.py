@@ -47,6 +47,9 @@ class JobRow:
     claimed_by: str | None = None
     heartbeat_at: datetime | None = None
     started_at: datetime | None = None
+    #: A running job handed to a scheduler: where the scheduler has it (``PENDING (Resources)``,
+    #: ``RUNNING on node1``) as the daemon last saw it; None for a local worker or not seen yet.
+    executor_state: str | None = None
 
 
 @dataclass(frozen=True)
@@ -119,7 +122,9 @@ def checkpoint_rows(
     ]
 
 
-def job_rows(session: Session, run: str | None = None) -> list[JobRow]:
+def job_rows(session: Session, run: str | None = None, *, step: int | None = None) -> list[JobRow]:
+    """Every job (of ``run``, at ``step``), its error whole: renderings cut it (``evald status`` shows
+    the first line, which says what went wrong; the lines below it are the worker's log tail)."""
     query = (
         select(
             EvalJob.id,
@@ -139,6 +144,7 @@ def job_rows(session: Session, run: str | None = None) -> list[JobRow]:
             EvalJob.claimed_by,
             EvalJob.heartbeat_at,
             EvalJob.started_at,
+            EvalJob.executor_state,
         )
         .join(Checkpoint, EvalJob.checkpoint_id == Checkpoint.id)
         .join(Run, Checkpoint.run_id == Run.id)
@@ -146,6 +152,8 @@ def job_rows(session: Session, run: str | None = None) -> list[JobRow]:
     )
     if run is not None:
         query = query.where(Run.name == run)
+    if step is not None:
+        query = query.where(EvalJob.step == step)
     return [
         JobRow(
             id=i,
@@ -156,7 +164,7 @@ def job_rows(session: Session, run: str | None = None) -> list[JobRow]:
             stage=sg,
             state=str(st.value),
             attempts=a,
-            error=shown_error(e),
+            error=e,
             priority=p,
             wait_reason=w,
             error_kind=k,
@@ -165,18 +173,10 @@ def job_rows(session: Session, run: str | None = None) -> list[JobRow]:
             claimed_by=o if st is JobState.RUNNING else None,
             heartbeat_at=_utc(h) if st is JobState.RUNNING else None,
             started_at=_utc(sa),
+            executor_state=x if st is JobState.RUNNING else None,
         )
-        for i, r, c, s, t, sg, st, a, e, p, w, k, d, n, o, h, sa in session.execute(query)
+        for i, r, c, s, t, sg, st, a, e, p, w, k, d, n, o, h, sa, x in session.execute(query)
     ]
-
-
-def shown_error(error: str | None) -> str | None:
-    """A job's error as status lists it: the first line, which says what went wrong (a crashed worker's
-    cause, a disk full at which path); the lines below it (the worker's log tail) are the attempt's, in
-    ``evald history``."""
-    if error is None:
-        return None
-    return error.strip().split("\n", 1)[0]
 
 
 def _utc(value: datetime | None) -> datetime | None:

@@ -44,3 +44,25 @@ def one_line(text: str, limit: int | None = None) -> str:
     """``text`` with its whitespace runs made single spaces, cut to ``limit`` characters if given."""
     flat = " ".join(text.split())
     return flat if limit is None or len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def first_line(text: str, limit: int) -> tuple[str, int]:
+    """The first line of ``text`` (whitespace runs made single spaces) cut to ``limit`` characters with
+    "…", and how many lines follow it: a multi-line error (a crashed worker's log tail) shown where one
+    line fits, the rest left to where the whole text is shown."""
+    lines = text.strip().splitlines() or [""]
+    head = " ".join(lines[0].split())
+    cut = head if len(head) <= limit else head[: max(1, limit - 1)] + "…"
+    return cut, len(lines) - 1
+
+
+def duration(seconds: float) -> str:
+    """``45s``, ``4m 12s``, ``3h 05m``, ``2d 4h``: a wait or an age at a glance."""
+    whole = int(max(0.0, seconds))
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m {whole % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h {whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d {whole % 86400 // 3600}h"

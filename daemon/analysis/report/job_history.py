@@ -7,7 +7,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from daemon.analysis.report.cells import one_line, table
+from daemon.analysis.report.cells import first_line, table
 from storage.queries import AttemptRow
 from storage.queries.retry import Submission
 
@@ -20,9 +20,13 @@ def history_rows(attempts: Sequence[AttemptRow], current: Submission | None = No
     return rows if now is None else [*rows, now]
 
 
-def history(attempts: Sequence[AttemptRow], output: str, current: Submission | None = None) -> str:
+def history(
+    attempts: Sequence[AttemptRow], output: str, current: Submission | None = None, width: int | None = None
+) -> str:
     """Every worker run of one job, oldest first; then, with ``current``, the claim that has no row yet
-    (running, or queued in a scheduler) or the job queued again with no run of it begun."""
+    (running, or queued in a scheduler) or the job queued again with no run of it begun. In the table an
+    error is one line: whole where it fits ``width`` (a terminal's columns; else ``HISTORY_ERROR_CHARS``),
+    else its first line, cut to fit, with the count of lines left out; the JSON has them whole."""
     if output == "json":
         return json.dumps(history_rows(attempts, current), indent=1)
     rows = _rows(attempts)
@@ -40,13 +44,30 @@ def history(attempts: Sequence[AttemptRow], output: str, current: Submission | N
     )
     if any(a.slurm_job_id is not None for a in attempts):
         columns = (*columns[:7], *SLURM_HISTORY_COLUMNS, *columns[7:])
-    cut = [
-        {**r, "error": None if r["error"] is None else one_line(r["error"], HISTORY_ERROR_CHARS)}
-        for r in rows
-    ]
+    room = HISTORY_ERROR_CHARS
+    if width is not None and rows:
+        others = table(columns[:-1], [tuple(r[c] for c in columns[:-1]) for r in rows])
+        room = max(MIN_ERROR_CHARS, width - max(len(line) for line in others.splitlines()) - 2)
+    cut, left_out = [], False
+    for r in rows:
+        error = r["error"]
+        flat = None if error is None else " ".join(error.split())
+        if error is not None and flat is not None and len(flat) > room:
+            # Too long for one line: its first line (what went wrong), and how many lines are left out.
+            head, more = first_line(error, room)
+            left_out = True
+            error = head + (f" ({more} more line{'s' if more > 1 else ''})" if more else "")
+        elif flat is not None:
+            # A short error of a few lines (an OOM's detail on its second line) fits whole, on one line.
+            error = flat
+        cut.append({**r, "error": error})
     shown = table(columns, [tuple(r[c] for c in columns) for r in cut]) if rows else ""
+    whole = None
+    if left_out:
+        job = f" {current.job_id}" if current is not None else ""
+        whole = f"errors are cut to their first line: `evald history{job} --format json` shows them whole"
     line = None if now is None else _current_line(now)
-    return "\n".join(part for part in (shown, line) if part)
+    return "\n".join(part for part in (shown, whole, line) if part)
 
 
 def _rows(attempts: Sequence[AttemptRow]) -> list[dict[str, Any]]:
@@ -129,5 +150,8 @@ ENDED_OUTCOMES = ("failed", "retried", "requeued", "cancelled", "lost")
 #: The columns a job's history table gains when one of its attempts ran through Slurm.
 SLURM_HISTORY_COLUMNS = ("slurm_job_id", "nodes", "queue_wait_s", "run_s", "exit_state")
 
-#: How much of an attempt's error the table shows (``--format json`` shows all of it).
+#: How much of an attempt's error's first line the table shows where no terminal width is known
+#: (``--format json`` shows all of it).
 HISTORY_ERROR_CHARS = 100
+#: The least of it shown however narrow the terminal.
+MIN_ERROR_CHARS = 30

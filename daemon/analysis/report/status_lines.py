@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from daemon.analysis.report.cells import NO_SAMPLES, cell, one_line
+from daemon.analysis.report.cells import NO_SAMPLES, cell, duration, first_line
 from daemon.scheduling.resources import Check
+from storage.scheduling import HELD_PREFIX
 
 
 def _attempts(done: int, most: int | None) -> str:
@@ -23,15 +24,61 @@ def resources_text(check: Check | None) -> str:
 
 #: How many skipped checkpoints the text status lists (the JSON lists all).
 SKIPPED_SHOWN = 10
-#: How much of a retrying job's last error the text status shows.
-RETRY_ERROR_CHARS = 200
+#: How much of an error's first line the text status shows where no terminal width is known.
+ERROR_CHARS = 200
+#: The least of it shown however narrow the terminal.
+MIN_ERROR_CHARS = 40
+#: Where a continuation line's text starts (under the values of the labelled lines above it).
+INDENT = " " * 15
 
 
-def status_text(summary: Mapping[str, Any]) -> str:
+def _error(prefix: str, error: str | None, width: int | None, job: int | None = None) -> list[str]:
+    """``prefix`` and the first line of ``error``, cut to fit ``width`` (or ``ERROR_CHARS`` of it); a
+    line below says how many lines were left out and where they are (the job's history)."""
+    room = ERROR_CHARS if width is None else max(MIN_ERROR_CHARS, width - len(prefix))
+    head, more = first_line(error or "", room)
+    lines = [prefix + head]
+    if more:
+        where = f": evald history {job}" if job is not None else ""
+        lines.append(f"{INDENT}({more} more line{'s' if more > 1 else ''}{where})")
+    return lines
+
+
+def _jobs_line(info: Mapping[str, Any]) -> str:
+    """Jobs by state, a running count split into those waiting in Slurm's queue and those running."""
+    slurm = info.get("slurm")
+    parts = []
+    for state, count in info["jobs"].items():
+        if state == "running" and slurm and slurm["pending"]:
+            reasons = slurm["reasons"]
+            why = ", ".join(r if len(reasons) == 1 else f"{r} {n}" for r, n in reasons.items())
+            parts.append(f"pending in Slurm {slurm['pending']} ({why})")
+            parts.append(f"running {count - slurm['pending']}")
+        else:
+            parts.append(f"{state} {count}")
+    return ", ".join(parts) or "none"
+
+
+def _held(jobs: list[Mapping[str, Any]]) -> list[str]:
+    """Queued jobs held back, one line per reason: a run's held jobs share it (its per-run limit)."""
+    by_reason: dict[str, list[Mapping[str, Any]]] = {}
+    for job in jobs:
+        by_reason.setdefault(str(job["reason"]), []).append(job)
+    lines = []
+    for reason, group in by_reason.items():
+        steps = [cell(j["step"]) for j in group]
+        shown = ", ".join(steps[:8]) + (" ..." if len(steps) > 8 else "")
+        said = reason.removeprefix(HELD_PREFIX)
+        lines.append(f"  held:        {len(group)} job(s), step(s) {shown}: {said}")
+    return lines
+
+
+def status_text(summary: Mapping[str, Any], width: int | None = None) -> str:
+    """Each run's status; errors are shown by their first line, cut to ``width`` columns (a terminal's)."""
     lines = []
     for run, info in summary.items():
         checkpoints = ", ".join(f"{k} {v}" for k, v in info["checkpoints"].items()) or "none"
-        jobs = ", ".join(f"{k} {v}" for k, v in info["jobs"].items()) or "none"
+        jobs = _jobs_line(info)
         lines.append(f"run {run}: last evaluated step {cell(info['last_evaluated_step'])}")
         schedule = info.get("schedule") or {}
         if schedule:
@@ -48,10 +95,21 @@ def status_text(summary: Mapping[str, Any]) -> str:
             )
             where = f"priority {group['priority']} {group['stage']}"
             lines.append(f"  queue:       {where}: {group['jobs']} job(s), steps {steps}")
+        lines.extend(_held(info.get("held", [])))
         for job in info.get("running", []):
             where = f"step {cell(job['step'])} [{job['task']}/{job['stage']}] (job {job['job']})"
             most = job.get("max_attempts")
             attempt = f"attempt {job['attempt']}" + (f" of {most}" if most is not None else "")
+            if job.get("in_slurm") == "pending":
+                said = job.get("scheduler_state") or "submitted"
+                waited = (
+                    "" if job.get("queue_wait_s") is None else f", waiting {duration(job['queue_wait_s'])}"
+                )
+                lines.append(
+                    f"  in Slurm:    {where}: Slurm job {cell(job.get('slurm_job_id'))} {said}{waited}; "
+                    f"{attempt}, submitted by {job['held_by']}"
+                )
+                continue
             lines.append(
                 f"  running:     {where} on {job['held_by']}, {attempt}, "
                 f"last heartbeat {cell(job['heartbeat_at'])}"
@@ -66,11 +124,11 @@ def status_text(summary: Mapping[str, Any]) -> str:
             )
         for job in info.get("retrying", []):
             where = f"step {cell(job['step'])} [{job['task']}/{job['stage']}] (job {job['job']})"
-            error = one_line(job["error"], RETRY_ERROR_CHARS)
-            lines.append(
+            prefix = (
                 f"  retrying:    {where}: {job['state']}, {_attempts(job['attempts'], job['max_attempts'])} "
-                f"so far; last error {job['kind']}: {error}"
+                f"so far; last error {job['kind']}: "
             )
+            lines.extend(_error(prefix, job["error"], width, job["job"]))
         for folder in info.get("not_ready", []):
             lines.append(f"  not ready:   {folder['checkpoint']}: {folder['reason'] or 'being written'}")
         for plan in info.get("waiting", []):
@@ -89,7 +147,9 @@ def status_text(summary: Mapping[str, Any]) -> str:
                 if "job" in problem
                 else ""
             )
-            lines.append(f"  {problem['state']}: {what}{job}: {problem['reason']}")
+            lines.extend(
+                _error(f"  {problem['state']}: {what}{job}: ", problem["reason"], width, problem.get("job"))
+            )
         for found in info.get("tp_disagreements", []):
             lines.append(
                 f"  tp ranks disagreed: step {cell(found['step'])} [{found['task']}] (job {found['job']}): "

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from daemon.analysis.report.cells import jsonable
 from daemon.scheduling.resources import Check
 from storage.queries import AlternateRow, CheckpointRow, IgnoredRow, JobRow, ResultRow
-from storage.scheduling import PlanRow
+from storage.scheduling import HELD_PREFIX, PlanRow
 
 
 def status(
@@ -60,6 +61,13 @@ def status(
                 {"job": j.id, "step": j.step, "task": j.task, "stage": j.stage, "reason": j.wait_reason}
                 for j in run_jobs
                 if j.state == "deferred"
+            ],
+            # Queued jobs the dispatcher holds back, with why (``max_queued_per_run`` reached); a pending
+            # job's other reason is a deferral's, kept from before it was released, and said no more.
+            "held": [
+                {"job": j.id, "step": j.step, "task": j.task, "stage": j.stage, "reason": j.wait_reason}
+                for j in run_jobs
+                if j.state == "pending" and j.wait_reason and j.wait_reason.startswith(HELD_PREFIX)
             ],
             # Jobs whose last attempt failed and that will run again: the retry queue is the database.
             "retrying": [
@@ -179,21 +187,78 @@ def resources(check: Check | None) -> dict[str, Any] | None:
 
 
 def with_scheduler(
-    runs: Mapping[str, Any], states: Mapping[int, tuple[str | None, str | None]]
+    runs: Mapping[str, Any],
+    states: Mapping[int, tuple[str | None, str | None]],
+    now: datetime | None = None,
 ) -> dict[str, Any]:
     """``status``'s summary with each running job's Slurm job id and scheduler state (``PENDING
-    (Resources)``) where it was handed to Slurm; ``states``: job id → (stored handle, state)."""
+    (Resources)``) where it was handed to Slurm, whether it waits in Slurm's queue or runs there, and,
+    while it waits, how long it has so far (``now`` less its claim, which submitted it); and per run,
+    ``slurm``: its jobs pending in Slurm (by Slurm's reason) and running there. ``states``: job id →
+    (stored handle, state)."""
     out: dict[str, Any] = {}
     for run, info in runs.items():
         running = []
+        pending = 0
+        reasons: dict[str, int] = {}
         for job in info.get("running", []):
             handle, state = states.get(job["job"], (None, None))
+            if handle is None:
+                running.append(job)
+                continue
             slurm_id = None
-            if handle is not None:
-                try:
-                    slurm_id = json.loads(handle).get("external_id")
-                except (ValueError, AttributeError):
-                    slurm_id = None
-            running.append({**job, "slurm_job_id": slurm_id, "scheduler_state": state})
-        out[run] = {**info, "running": running}
+            try:
+                slurm_id = json.loads(handle).get("external_id")
+            except (ValueError, AttributeError):
+                slurm_id = None
+            where, reason = scheduler_phase(state)
+            wait = None
+            if where == "pending":
+                pending += 1
+                reasons[reason or "submitted"] = reasons.get(reason or "submitted", 0) + 1
+                wait = _since(job.get("started_at"), now)
+            running.append(
+                {
+                    **job,
+                    "slurm_job_id": slurm_id,
+                    "scheduler_state": state,
+                    "in_slurm": where,
+                    "queue_wait_s": wait,
+                }
+            )
+        handed = [j for j in running if "in_slurm" in j]
+        shown = {**info, "running": running}
+        if handed:
+            shown["slurm"] = {
+                "pending": pending,
+                "running": len(handed) - pending,
+                "reasons": dict(sorted(reasons.items(), key=lambda item: (-item[1], item[0]))),
+            }
+        out[run] = shown
     return out
+
+
+#: Slurm states in which a job waits for its nodes (``squeue``'s words; a requeued job waits again).
+WAITING_STATES = frozenset(
+    {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SPECIAL_EXIT"}
+)
+
+
+def scheduler_phase(state: str | None) -> tuple[str, str | None]:
+    """``pending`` or ``running`` from a stored scheduler state (``PENDING (Resources)``, ``RUNNING on
+    node1``), and Slurm's reason in brackets, if any. No state yet (submitted, not polled since) counts
+    as pending: it has not started anywhere that evald knows of."""
+    if not state:
+        return "pending", None
+    word, _, rest = state.strip().partition(" ")
+    reason = rest.strip()[1:-1] if rest.strip().startswith("(") and rest.strip().endswith(")") else None
+    return ("pending" if word.upper() in WAITING_STATES else "running"), reason or None
+
+
+def _since(started: str | None, now: datetime | None) -> float | None:
+    if started is None or now is None:
+        return None
+    began = datetime.fromisoformat(started)
+    if began.tzinfo is None or now.tzinfo is None:
+        began, now = began.replace(tzinfo=None), now.replace(tzinfo=None)
+    return round(max(0.0, (now - began).total_seconds()), 1)

@@ -127,8 +127,9 @@ def _step(request: Request) -> int:
 
 
 def step_metrics(request: Request) -> JSON:
-    """One checkpoint's metrics (every task and stage) and the alerts firing at its step: those whose episode
-    (onset to last step seen) covers it, not only the ones that began there."""
+    """One checkpoint's metrics (every task and stage), the alerts firing at its step (those whose episode,
+    onset to last step seen, covers it, not only the ones that began there) and the step's jobs (each
+    one's attempts are at ``/api/v1/jobs/{job}``)."""
     Params.parse(request.query_params, ())
     run, step = request.path_params["run"], _step(request)
     with context(request).session() as session:
@@ -138,6 +139,7 @@ def step_metrics(request: Request) -> JSON:
             steps = [c.step for c in queries.checkpoint_rows(session, run) if c.step is not None]
             raise ApiError(404, f"run {run!r} has no result at step {step} ({step_hint(steps, step)})")
         alerts = [a for a in alerting.alert_rows(session, run=run) if a.seen_at(step)]
+        jobs = queries.job_rows(session, run, step=step)
     return JSON(
         {
             "run": run,
@@ -145,6 +147,7 @@ def step_metrics(request: Request) -> JSON:
             "checkpoint": rows[0].checkpoint,
             "results": report.result_dicts(rows),
             "alerts": [report.alert_json(a) for a in alerts],
+            "jobs": [asdict(j) for j in jobs],
         }
     )
 

@@ -1,4 +1,5 @@
-"""``/api/v1/status`` (as ``evald status --format json``: queue, deferred and skipped with reasons),
+"""``/api/v1/status`` (as ``evald status --format json``: queue, deferred, held and skipped with reasons,
+jobs waiting in Slurm's queue and for how long, the trackers' backlogs),
 ``/api/v1/jobs`` (every job, by run and state) and ``/api/v1/changes`` (what a live page polls)."""
 
 from __future__ import annotations
@@ -8,39 +9,31 @@ from dataclasses import asdict
 from starlette.requests import Request
 from starlette.routing import BaseRoute, Route
 
-from daemon.analysis import report
-from daemon.scheduling.policy import schedule_summary
+from daemon.analysis.run_status import run_summaries, tracker_summaries
 from daemon.web.context import context
 from daemon.web.params import PAGE, Params
 from daemon.web.responses import JSON, page
 from daemon.web.routes.common import require_run
-from storage import queries, scheduling
+from storage import queries
 from storage.models import JobState
 
 STATES = tuple(s.value for s in JobState)
 
 
 def status(request: Request) -> JSON:
-    """Per run: checkpoints and jobs by state, the schedule, the queue, deferred jobs and skipped
-    checkpoints with their reasons. Runs are the config's plus any other the database holds."""
+    """Per run: checkpoints and jobs by state, the schedule, the queue, deferred and held jobs and
+    skipped checkpoints with their reasons, jobs in Slurm's queue with their wait so far; and each
+    tracker's backlog. Runs are the config's plus any other the database holds."""
     params = Params.parse(request.query_params, ("run",))
     run = params.text("run")
     web = context(request)
     with web.session() as session:
         if run is not None:
             require_run(session, run)
-        checkpoints = queries.checkpoint_rows(session, run)
-        jobs = queries.job_rows(session, run)
-        plans = scheduling.plan_rows(session, run)
-        stored = scheduling.schedules(session)
         names = [r.name for r in queries.run_rows(session, run)]
-    schedules = {
-        r.name: schedule_summary(web.config.scheduling, r, stored[r.name])
-        for r in web.config.runs
-        if r.name in stored and r.name in names
-    }
-    max_attempts = web.config.inference.max_attempts
-    return JSON({"runs": report.status(checkpoints, jobs, names, plans, schedules, max_attempts)})
+        runs = run_summaries(session, web.config, names, run)
+        trackers = tracker_summaries(session, web.config)
+    return JSON({"runs": runs, "trackers": trackers})
 
 
 def jobs(request: Request) -> JSON:

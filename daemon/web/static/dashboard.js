@@ -7,10 +7,12 @@
 // (by name without its seed suffix, a name pattern or a config key) into a mean line with a ± 1 std band
 // across the group's runs. The x axis is the step, the wall time or the time since a run's first result;
 // the y axis linear or log, optionally scaled without outliers. Drag to zoom, double-click to reset; hover
-// lists every run at that x; a click opens that checkpoint's metrics and samples. The page polls
+// lists every run at that x; a click opens that checkpoint's metrics, its jobs with their attempts
+// (retries, Slurm ids, nodes, queue wait, errors: attempts.js) and its samples. The page polls
 // /api/v1/changes every 2 s and reloads its data when the database moved. The view is kept in the URL.
 "use strict";
 
+import { showJobs } from "./attempts.js";
 import { fmt } from "./axis.js";
 import { drawChart } from "./chart.js";
 import { downloads, saveCsv, savePng, saveSvg } from "./export.js";
@@ -687,6 +689,7 @@ async function openDetail(run, step, task) {
       html("h3", {}, "Alerts at this step", alerts);
       for (const a of info.alerts) html("p", { class: `alert-text ${a.state}` }, `${a.state} · ${a.severity} · ${a.rule}: ${a.message}`, alerts);
     }
+    showJobs($("detail-jobs"), info.jobs, api, html);
     const tasks = [...new Set(info.results.map((r) => r.task))];
     const select = $("detail-task");
     select.replaceChildren(...tasks.map((t) => html("option", { value: t }, t)));
@@ -695,6 +698,7 @@ async function openDetail(run, step, task) {
     await loadSamples();
   } catch (e) {
     $("detail-metrics").replaceChildren(html("p", { class: "muted" }, e.message));
+    $("detail-jobs").replaceChildren();
     $("detail-samples").replaceChildren();
   }
 }
