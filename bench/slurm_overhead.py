@@ -3,13 +3,16 @@
 Per job, from the claim (submit) to the result stored in the database, the daemon's runner (JobRunner) in
 this process, on a fresh SQLite database each time: ``local`` starts the worker process here, ``slurm``
 ``sbatch``es it to the tests' one-host cluster (tests/slurmcluster.py, started if needed) and polls it
-every ``--poll-secs``. Printed: each repeat, the medians and the ratio slurm / local (local is the
-baseline, in the same process, alternating), and for Slurm the queue wait and run time Slurm reports.
+every ``--poll-secs`` (a success is taken from its folder's ``exit.json`` at the runner's next pass, so
+the poll sets only how soon a failure or a state is seen). Printed: each repeat, the medians and the ratio
+slurm / local (local is the baseline, in the same process, alternating), and for Slurm the queue wait and
+run time Slurm reports.
 
 Second figure: slurmctld stopped while a job runs, then started again, the runner's loop going on in a
 thread as the daemon's does; the time from the controller answering again (``start_controller`` returns
 once ``scontrol ping`` says UP) to the runner polling again (its ``executor.reachable``), in seconds, and
-the longest pass of the loop while the controller was away (a Slurm tool waiting for it blocks the pass).
+the longest pass of the loop while the controller was away (the Slurm tools wait for it on worker threads,
+not in the pass).
 
     python -m bench.slurm_overhead [--repeats 3] [--poll-secs 0.5] [--checkpoint PATH]
 

@@ -104,60 +104,25 @@ class SlurmCluster:
     # --- configuration -------------------------------------------------------------------------------
 
     def write_config(self) -> None:
-        for sub in ("munge", "state", "spool", "log", "run"):
-            (self.root / sub).mkdir(parents=True, exist_ok=True)
-        # munged refuses a socket folder others may write to, and a key others may read.
-        (self.root / "munge").chmod(0o700)
-        key = self.root / "munge" / "munge.key"
-        if not key.exists():
-            key.write_bytes(os.urandom(1024))
-            key.chmod(0o400)
-        conf = f"""\
-# Written by tests/slurmcluster.py: a one-host cluster for evald's tests.
-ClusterName={CLUSTER_NAME}
-SlurmctldHost=localhost(127.0.0.1)
-SlurmctldPort={CONTROLLER_PORT}
-SlurmdPort={SLURMD_PORT}
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket={self.munge_socket}
-StateSaveLocation={self.root / "state"}
-SlurmdSpoolDir={self.root / "spool" / "slurmd-%n"}
-SlurmctldPidFile={self._pidfile("slurmctld")}
-SlurmdPidFile={self._pidfile("slurmd")}
-SlurmctldLogFile={self._log("slurmctld")}
-SlurmdLogFile={self._log("slurmd")}
-SlurmctldDebug=info
-SlurmdDebug=info
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-MpiDefault=none
-SwitchType=switch/none
-ReturnToService=2
-# Short timeouts: a test waits seconds, not minutes, for a state to change.
-SlurmctldTimeout=10
-SlurmdTimeout=10
-MessageTimeout=5
-InactiveLimit=0
-KillWait=2
-MinJobAge=600
-SchedulerType=sched/backfill
-SchedulerParameters=sched_interval=2
-# The declared CPUs and memory are this machine's; the override keeps the node up if the kernel
-# reports a topology slurmd reads differently.
-SlurmdParameters=config_overrides
-NodeName={self.node} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory={self.memory_mb} State=UNKNOWN
-PartitionName={PARTITION} Nodes={self.node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
-"""
-        if not self.conf.exists() or self.conf.read_text(encoding="utf-8") != conf:
-            self.conf.write_text(conf, encoding="utf-8")
+        prepare_root(self.root)
+        write_conf(
+            self.conf,
+            conf_text(
+                header="Written by tests/slurmcluster.py: a one-host cluster for evald's tests.",
+                cluster_name=CLUSTER_NAME,
+                root=self.root,
+                munge_socket=self.munge_socket,
+                controller_port=CONTROLLER_PORT,
+                slurmd_port=SLURMD_PORT,
+                slurmd_files="slurmd",
+                nodes=(
+                    f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory={self.memory_mb} "
+                    "State=UNKNOWN\n"
+                    f"PartitionName={PARTITION} Nodes={self.node} Default=YES MaxTime=INFINITE State=UP "
+                    "OverSubscribe=NO"
+                ),
+            ),
+        )
 
     # --- daemons -------------------------------------------------------------------------------------
 
@@ -275,6 +240,84 @@ PartitionName={PARTITION} Nodes={self.node} Default=YES MaxTime=INFINITE State=U
     def partitions(self) -> list[str]:
         done = self._client("sinfo", "-h", "-o", "%R")
         return done.stdout.split()
+
+
+def prepare_root(root: Path) -> None:
+    """A cluster's folders under ``root``, and its munge key."""
+    for sub in ("munge", "state", "spool", "log", "run"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    # munged refuses a socket folder others may write to, and a key others may read.
+    (root / "munge").chmod(0o700)
+    key = root / "munge" / "munge.key"
+    if not key.exists():
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o400)
+
+
+def conf_text(
+    *,
+    header: str,
+    cluster_name: str,
+    root: Path,
+    munge_socket: Path,
+    controller_port: int,
+    slurmd_port: int,
+    slurmd_files: str,
+    nodes: str,
+    extra: str = "",
+) -> str:
+    """The slurm.conf of a test cluster under ``root`` (the tests' one-host cluster, and the policy
+    tests' two-node one): ``slurmd_files`` names slurmd's pid and log files (``slurmd-%n`` for several
+    slurmd on one host); ``extra`` lines before the nodes; ``nodes``: the node and partition lines."""
+    return f"""\
+# {header}
+ClusterName={cluster_name}
+SlurmctldHost=localhost(127.0.0.1)
+SlurmctldPort={controller_port}
+SlurmdPort={slurmd_port}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={munge_socket}
+StateSaveLocation={root / "state"}
+SlurmdSpoolDir={root / "spool" / "slurmd-%n"}
+SlurmctldPidFile={root / "run" / "slurmctld.pid"}
+SlurmdPidFile={root / "run" / f"{slurmd_files}.pid"}
+SlurmctldLogFile={root / "log" / "slurmctld.log"}
+SlurmdLogFile={root / "log" / f"{slurmd_files}.log"}
+SlurmctldDebug=info
+SlurmdDebug=info
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+MpiDefault=none
+SwitchType=switch/none
+ReturnToService=2
+# Short timeouts: a test waits seconds, not minutes, for a state to change.
+SlurmctldTimeout=10
+SlurmdTimeout=10
+MessageTimeout=5
+InactiveLimit=0
+KillWait=2
+MinJobAge=600
+SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=2
+{extra}# The declared CPUs and memory are this machine's; the override keeps the node up if the kernel
+# reports a topology slurmd reads differently.
+SlurmdParameters=config_overrides
+{nodes}
+"""
+
+
+def write_conf(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` unless it holds it already (a running cluster's file is left as is)."""
+    if not path.exists() or path.read_text(encoding="utf-8") != text:
+        path.write_text(text, encoding="utf-8")
 
 
 def _wait_for(ready: object, what: str, log: Path, timeout: float = START_TIMEOUT_SECS) -> None:

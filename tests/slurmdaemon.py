@@ -64,12 +64,14 @@ class SlurmDaemon:
             subprocess.run(["scancel", job["id"]], env=self.env, capture_output=True, timeout=60)
 
 
-def counting_path(folder: Path, log: Path) -> str:
-    """A folder holding an ``sbatch`` that appends its arguments to ``log`` and execs the real one."""
+def counting_path(folder: Path, log: Path, hang: Path | None = None) -> str:
+    """A folder holding an ``sbatch`` that appends its arguments to ``log`` and execs the real one; while
+    the file ``hang`` exists it waits first (a hung ``sbatch``, as a controller that does not answer)."""
     real = shutil.which("sbatch") or "/usr/bin/sbatch"
     folder.mkdir(parents=True, exist_ok=True)
     wrapper = folder / "sbatch"
-    wrapper.write_text(f'#!/bin/sh\necho "$@" >> {log}\nexec {real} "$@"\n', encoding="utf-8")
+    wait = f"while [ -e {hang} ]; do sleep 0.2; done\n" if hang is not None else ""
+    wrapper.write_text(f'#!/bin/sh\necho "$@" >> {log}\n{wait}exec {real} "$@"\n', encoding="utf-8")
     wrapper.chmod(0o755)
     return str(folder)
 
@@ -83,10 +85,12 @@ def slurm_config(
     partition: str = PARTITION,
     time_limit: str = "5",
     executor_extra: str = "",
+    hang: Path | None = None,
     **settings: object,
 ) -> SlurmDaemon:
     """The harness config with ``[executor] kind = "slurm"`` (its own name prefix: a test sees only its
-    jobs) and the environment to start the daemon with (``SLURM_CONF``, the counting ``sbatch``)."""
+    jobs) and the environment to start the daemon with (``SLURM_CONF``, the counting ``sbatch``, which
+    hangs while the file ``hang`` exists)."""
     job_dir = tmp / "slurm-jobs"
     job_dir.mkdir(parents=True, exist_ok=True)
     prefix = f"t{uuid.uuid4().hex[:8]}"
@@ -103,7 +107,7 @@ poll_secs = 0.5
 """
     path.write_text(path.read_text(encoding="utf-8") + section, encoding="utf-8")
     sbatch_log = tmp / "sbatch-calls.log"
-    bindir = counting_path(tmp / "bin", sbatch_log)
+    bindir = counting_path(tmp / "bin", sbatch_log, hang)
     env = {
         **os.environ,
         **cluster.env,

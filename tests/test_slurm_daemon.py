@@ -44,6 +44,7 @@ from tests.conftest import ToyRun
 from tests.harness import (
     DaemonProcess,
     all_jobs_done,
+    checkpoints,
     evald,
     jobs,
     running_daemon,
@@ -214,9 +215,16 @@ def test_the_runner_evaluates_a_checkpoint_through_slurm_and_records_the_slurm_j
     runner = JobRunner(config, database, "test:1")
     assert runner.claim_and_start()
     (job_id,) = runner.running
-    with database.session() as session:
-        stored = job_handle(session, job_id)
-    assert stored is not None and stored[1] is not None and '"executor": "slurm"' in stored[1]
+
+    def handle_stored() -> tuple[int, str | None] | None:
+        # sbatch runs on a thread; the pass after its answer stores the handle.
+        runner.poll()
+        with database.session() as session:
+            stored = job_handle(session, job_id)
+        return stored if stored is not None and stored[1] is not None else None
+
+    stored = wait_for(handle_stored, 60, "the handle stored")
+    assert stored[1] is not None and '"executor": "slurm"' in stored[1]
     deadline = time.monotonic() + WAIT_S
     while runner.running and time.monotonic() < deadline:
         runner.poll()
@@ -477,24 +485,46 @@ def test_slurmctld_restarted_mid_job_the_daemon_lives_and_nothing_is_lost_or_dou
     try:
         with running_daemon(daemon.config, tmp_path / "daemon.log", daemon.env) as process:
             wait_for(lambda: _states(daemon) == ["RUNNING"] or None, 120, "a running job", process.process)
+            # The job's ranks start (srun asks the controller for its step), then the controller goes.
+            _go(daemon)
+            wait_for(lambda: list(daemon.job_dir.glob("*/rank-0.log")) or None, 60, "the worker started")
+            stopped = time.monotonic()
             slurm_cluster.stop_controller()
             try:
                 wait_for(lambda: _log_events(process.log)["executor.unreachable"] or None, 60, "unreachable")
-                time.sleep(2.0)
-                assert process.process.poll() is None
+                # While it is away the loop goes on: the job's result is stored from its folder, and a
+                # new checkpoint is found.
+                copy_checkpoint(trained, tmp_path / "run" / "step_20")
+                done = lambda: any(j.state == "succeeded" for j in jobs(database)) or None  # noqa: E731
+                wait_for(done, WAIT_S, "the result stored while slurmctld is away", process.process)
+                found = lambda: any(c.name == "step_20" for c in checkpoints(database)) or None  # noqa: E731
+                wait_for(found, 60, "step_20 found while slurmctld is away", process.process)
+                assert not slurm_cluster.controller_answers() and process.process.poll() is None
             finally:
                 slurm_cluster.start_controller()
+                started = time.monotonic()
             wait_for(lambda: _log_events(process.log)["executor.reachable"] or None, 60, "reachable")
-            _go(daemon)
-            rows = wait_for(lambda: all_jobs_done(database, 1), WAIT_S, "the job", process.process)
+
+            def all_done() -> list[queries.JobRow] | None:
+                _go(daemon)
+                return all_jobs_done(database, 2)
+
+            rows = wait_for(all_done, WAIT_S, "both jobs", process.process)
             assert process.stop() == 0
     finally:
         if not slurm_cluster.controller_answers():
             slurm_cluster.start_controller()
         daemon.cancel_all()
-    assert [(j.state, j.attempts) for j in rows] == [("succeeded", 1)] and daemon.sbatch_calls() == 1
+    assert [(j.state, j.attempts) for j in rows] == [("succeeded", 1)] * 2 and daemon.sbatch_calls() == 2
     events = _log_events(tmp_path / "daemon.log")
     assert events["executor.unreachable"] == 1 and events["executor.reachable"] == 1
+    # down_secs counts from the controller's last answer before the outage, not from its detection.
+    (back,) = [
+        json.loads(x)
+        for x in (tmp_path / "daemon.log").read_text().splitlines()
+        if '"executor.reachable"' in x
+    ]
+    assert float(back["down_secs"]) >= started - stopped - 1.0
     # Away is not unusable: nothing was failed or requeued for it, and no pass of the loop failed.
     assert "executor.unusable" not in events and "scheduler.pass_failed" not in events
     assert "job.retrying" not in events and "job.failed" not in events
@@ -562,6 +592,7 @@ def test_a_daemon_taking_over_a_lease_reattaches_and_the_old_holder_leaves_the_s
     try:
         holder = JobRunner(config, database, "host-a:1")
         assert holder.claim_and_start()
+        holder.settle(60)  # sbatch answered, the handle stored
         (job_id,) = holder.running
         # The holder goes silent past its lease; the other daemon finds the claim orphaned.
         with database.session() as session:
@@ -715,6 +746,7 @@ def test_a_submission_whose_id_was_never_stored_is_found_by_name_and_adopted(
     try:
         first = JobRunner(config, database, "host-a:1")
         assert first.claim_and_start()
+        first.settle(60)
         (job_id,) = first.running
         # The daemon died between sbatch and storing the id: the claim has no handle, and the folder's
         # own record of it is gone too; only the controller knows the job, by its name and comment.

@@ -172,6 +172,8 @@ def test_a_toy_job_through_slurm_gives_the_local_result(
     assert outputs(result) == outputs(local_result)
     assert stable(result) == stable(local_result)
     assert (handle.job_dir / "slurm_job_id").read_text().strip() == handle.external_id
+    # A single rank is started by srun too, so that srun's options (a container) apply to it.
+    assert "\nsrun --ntasks=1 --ntasks-per-node=1 " in (handle.job_dir / "job.sbatch").read_text()
     assert '"exit_code": 0' in (handle.job_dir / "exit.json").read_text()
     assert (
         f"evald: slurm job {handle.external_id} on {slurm_cluster.node}"
@@ -384,8 +386,12 @@ def test_slurmctld_restarted_mid_job(
 
 @pytest.mark.long
 def test_a_tp2_job_runs_as_two_slurm_tasks_over_gloo(
-    executor: SlurmExecutor, toy_run: ToyRun, dataset: Path, local_result: JobResult, tmp_path: Path
+    slurm_cluster: SlurmCluster, toy_run: ToyRun, dataset: Path, local_result: JobResult, tmp_path: Path
 ) -> None:
+    # The ranks meet on the interface named (here lo, the one-host cluster's), through srun's options.
+    executor = make_executor(
+        slurm_cluster, tmp_path / "jobs-lo", rendezvous_interface="lo", srun_options=["--mpi=none"]
+    )
     ref = JobRef(job_id=51, attempt=1)
     spec_path = write_spec(executor, ref, toy_spec(toy_run, dataset, tmp_path, tp=2))
 
@@ -396,7 +402,9 @@ def test_a_tp2_job_runs_as_two_slurm_tasks_over_gloo(
 
     assert end.kind is EndKind.SUCCEEDED, f"{end}\n{end.log_tail}"
     script = (handle.job_dir / "job.sbatch").read_text()
-    assert "#SBATCH --ntasks=2" in script and "srun --ntasks=2" in script
+    assert "#SBATCH --ntasks=2" in script and "srun --ntasks=2" in script and " --mpi=none " in script
+    assert "evald: rendezvous 127.0.0.1:" in (handle.job_dir / "worker.log").read_text()
+    assert "export GLOO_SOCKET_IFNAME=lo NCCL_SOCKET_IFNAME=lo" in script
     result = JobResult.read(handle.job_dir / "result.json")
     assert outputs(result) == outputs(local_result)
     assert result.consistency is not None and result.consistency.batches_checked > 0
@@ -449,3 +457,18 @@ def test_the_job_folder_probe(slurm_cluster: SlurmCluster, tmp_path: Path) -> No
         f"{slurm_cluster.node} could not read {probe.job_dir / 'token'} (mount the folder there, or pick "
         "one that is)"
     )
+
+
+def test_a_rendezvous_interface_the_node_lacks_fails_the_job_at_once_naming_it(
+    slurm_cluster: SlurmCluster, toy_run: ToyRun, dataset: Path, tmp_path: Path
+) -> None:
+    executor = make_executor(slurm_cluster, tmp_path / "jobs", rendezvous_interface="nope0")
+    ref = JobRef(job_id=52, attempt=1)
+    handle = executor.start(write_spec(executor, ref, toy_spec(toy_run, dataset, tmp_path, tp=2)), ref)
+
+    end = ended(executor, handle, wait_s=60)
+
+    assert end.kind is EndKind.FAILED and end.exit_code == 1, end
+    said = f"evald: executor.rendezvous_interface nope0 has no IPv4 address on {slurm_cluster.node}"
+    assert said in end.log_tail
+    assert not (handle.job_dir / "rank-0.log").exists()  # no rank was started

@@ -69,8 +69,11 @@ from tests.slurmcluster import (
     _binary,
     _memory_mb,
     _wait_for,
+    conf_text,
+    prepare_root,
     required,
     slurm_cluster,
+    write_conf,
 )
 from tests.slurmdaemon import SlurmDaemon, slurm_config
 
@@ -407,7 +410,9 @@ def test_a_refused_job_waits_in_the_queue_and_a_reload_resumes_it(
     try:
         runner = JobRunner(config, database, "host-a:1")
         with capture_logs() as logs:
+            runner.settle(60)  # the executor's first check
             assert runner.claim_and_start()
+            runner.settle(60)  # sbatch's answer
         (job,) = jobs(database)
         assert (job.state, job.attempts) == ("pending", 0) and runner.paused
         assert (runner.executor_unusable or "").startswith("executor.extra_sbatch: ")
@@ -420,12 +425,15 @@ def test_a_refused_job_waits_in_the_queue_and_a_reload_resumes_it(
         # A reload of the same config asks Slurm again (the fix may be the cluster's): still refused,
         # and no job is submitted for it.
         runner.reconfigure(config, planner=None, probe=None, alerter=None)
+        runner.settle(60)
         assert runner.paused and daemon.sbatch_calls() == 1 + _test_only_calls(daemon)
         # The typo fixed and reloaded: the job is claimed again, under its first attempt.
         daemon.config.write_text(daemon.config.read_text().replace('"--constraint=a1000", ', ""))
         runner.reconfigure(load_config(daemon.config), planner=None, probe=None, alerter=None)
+        runner.settle(60)
         assert not runner.paused
         assert runner.claim_and_start()
+        runner.settle(60)
         (job,) = jobs(database)
         assert (job.state, job.attempts) == ("running", 1) and len(daemon.queue()) == 1
     finally:
@@ -472,67 +480,33 @@ class TwoNodeCluster(SlurmCluster):
         return ("n1", "n2")
 
     def write_config(self) -> None:
-        for sub in ("munge", "state", "spool", "log", "run"):
-            (self.root / sub).mkdir(parents=True, exist_ok=True)
-        (self.root / "munge").chmod(0o700)
-        key = self.root / "munge" / "munge.key"
-        if not key.exists():
-            key.write_bytes(os.urandom(1024))
-            key.chmod(0o400)
+        prepare_root(self.root)
         host = socket.gethostname().split(".")[0]
-        nodes = "\n".join(
+        nodes = [
             f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={PRIVATE_PORT + 1 + i} CPUs=1 "
             f"RealMemory={self.memory_mb} State=UNKNOWN"
             for i, name in enumerate(self.nodes)
+        ]
+        partitions = [
+            "PartitionName=low Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP PriorityTier=1 "
+            "PreemptMode=CANCEL",
+            "PartitionName=high Nodes=n1,n2 MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF",
+            "PartitionName=main Nodes=n1,n2 MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=OFF",
+            "PartitionName=short Nodes=n1,n2 MaxTime=2 State=UP PriorityTier=1 PreemptMode=OFF",
+        ]
+        text = conf_text(
+            header="Written by tests/test_slurm_policy.py: two nodes on one host that preempt, for the "
+            "retry policy's tests.",
+            cluster_name="evald-policy",
+            root=self.root,
+            munge_socket=self.munge_socket,
+            controller_port=PRIVATE_PORT,
+            slurmd_port=PRIVATE_PORT + 1,
+            slurmd_files="slurmd-%n",
+            extra="PreemptType=preempt/partition_prio\nPreemptMode=CANCEL\n",
+            nodes="\n".join([*nodes, *partitions]),
         )
-        conf = f"""\
-# Written by tests/test_slurm_policy.py: two nodes on one host that preempt, for the retry policy's tests.
-ClusterName=evald-policy
-SlurmctldHost=localhost(127.0.0.1)
-SlurmctldPort={PRIVATE_PORT}
-SlurmdPort={PRIVATE_PORT + 1}
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket={self.munge_socket}
-StateSaveLocation={self.root / "state"}
-SlurmdSpoolDir={self.root / "spool" / "slurmd-%n"}
-SlurmctldPidFile={self.root / "run" / "slurmctld.pid"}
-SlurmdPidFile={self.root / "run" / "slurmd-%n.pid"}
-SlurmctldLogFile={self.root / "log" / "slurmctld.log"}
-SlurmdLogFile={self.root / "log" / "slurmd-%n.log"}
-SlurmctldDebug=info
-SlurmdDebug=info
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-MpiDefault=none
-SwitchType=switch/none
-ReturnToService=2
-SlurmctldTimeout=10
-SlurmdTimeout=10
-MessageTimeout=5
-InactiveLimit=0
-KillWait=2
-MinJobAge=600
-SchedulerType=sched/backfill
-SchedulerParameters=sched_interval=2
-PreemptType=preempt/partition_prio
-PreemptMode=CANCEL
-SlurmdParameters=config_overrides
-{nodes}
-PartitionName=low Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=CANCEL
-PartitionName=high Nodes=n1,n2 MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF
-PartitionName=main Nodes=n1,n2 MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=OFF
-PartitionName=short Nodes=n1,n2 MaxTime=2 State=UP PriorityTier=1 PreemptMode=OFF
-"""
-        if not self.conf.exists() or self.conf.read_text(encoding="utf-8") != conf:
-            self.conf.write_text(conf, encoding="utf-8")
+        write_conf(self.conf, text)
 
     def _slurmd_pid(self, node: str) -> int | None:
         try:
@@ -604,7 +578,8 @@ def _scontrol(cluster: SlurmCluster, *args: str) -> subprocess.CompletedProcess[
 
 def _sbatch(cluster: SlurmCluster, *args: str) -> str:
     done = subprocess.run(
-        ["sbatch", "--parsable", *args],
+        # Its output nowhere: a job of the tests' own would leave slurm-<id>.out in the working tree.
+        ["sbatch", "--parsable", "--output=/dev/null", *args],
         env=cluster.client_env(),
         capture_output=True,
         text=True,

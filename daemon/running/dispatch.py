@@ -2,9 +2,12 @@
 
 A job's folder gets its ``spec.json`` (an earlier worker's result and rank logs removed: a job given back
 at shutdown reuses its folder), then the executor takes it. A local worker is asked every pass and killed
-at ``job_timeout_secs``. A job handed to a scheduler (Slurm) is polled every ``poll_secs``; its handle is
-stored on the job (``executor_handle``) as soon as ``sbatch`` answers, and a daemon that restarts or takes
-over a dead daemon's claim re-attaches to the queued or running submission (:meth:`Dispatcher.reattach`),
+at ``job_timeout_secs``. A job handed to a scheduler (Slurm) is submitted and polled every ``poll_secs``
+on the executor's threads (:mod:`.executors.calls`: a controller that does not answer holds no pass), the
+answers applied by the next pass; its folder is looked at every pass, so a success is stored as soon as
+the script wrote ``exit.json`` (:class:`~.executors.base.ReadsFolder`). Its handle is stored on the job
+(``executor_handle``) by the pass after ``sbatch`` answers, and a daemon that restarts or takes over a
+dead daemon's claim re-attaches to the queued or running submission (:func:`.handover.reattach`),
 finding one whose id was never stored by its name and comment, so that nothing is submitted twice. An
 attempt's end goes to the runner's ``finished`` list; no database is touched while polling.
 
@@ -18,16 +21,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 
 import structlog
 from sqlalchemy.orm import Session
 
 from daemon.config import Config
-from daemon.running import remote, retries
+from daemon.running import handover, remote
 from daemon.running.attempt import Attempt, Stage
 from daemon.running.executor_watch import ExecutorWatch
 from daemon.running.executors.base import (
@@ -40,58 +43,23 @@ from daemon.running.executors.base import (
     Handle,
     JobRef,
     Phase,
+    ReadsFolder,
+    Status,
 )
-from daemon.running.executors.local import LOG_NAME
+from daemon.running.executors.calls import Apply
+from daemon.running.handover import epoch, read_end, ref, retry_plan, write_folder
 from daemon.running.queue import SCRATCH_FULL, JobQueue
 from daemon.running.recording import Recorder
-from daemon.running.workers import Outcome, read_outcome
+from daemon.running.workers import Outcome
 from inference.spec import JobSpec
 from storage import queries
 from storage.database import Database
-from storage.models import utcnow
+from storage.errors import DatabaseUnreachable
 
 log = structlog.get_logger("evald.runner")
 
-
-def read_end(spec: JobSpec, ended: Ended, *, detached: bool) -> Outcome:
-    """The runner's outcome of an attempt its executor says ended, from the job's files."""
-    if detached:
-        return remote.outcome_of(ended, spec)
-    if ended.exit_code is None:
-        return Outcome(error_kind="lost", error=ended.detail)
-    return read_outcome(spec, ended.exit_code, spec.result_path.parent / LOG_NAME)
-
-
-def write_folder(spec: JobSpec) -> Path:
-    """The job's folder with its ``spec.json`` (and nothing an earlier worker left); the spec's path."""
-    job_dir = spec.result_path.parent
-    job_dir.mkdir(parents=True, exist_ok=True)
-    # A job given back at shutdown reuses its folder: nothing an earlier worker left may be read as
-    # this one's.
-    for stale in (*job_dir.glob("result*.json"), *job_dir.glob("rank-*.log")):
-        stale.unlink(missing_ok=True)
-    spec_path = job_dir / "spec.json"
-    spec_path.write_text(spec.model_dump_json(indent=1), encoding="utf-8")
-    return spec_path
-
-
-def ref(attempt: Attempt) -> JobRef:
-    job = attempt.job
-    return JobRef(job.id, job.attempts, job.run, job.task)
-
-
-def epoch(moment: datetime) -> float:
-    """Seconds since the epoch of a stored time (naive on SQLite: UTC)."""
-    return (moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)).timestamp()
-
-
-def retry_plan(session: Session, job_id: int, executor: Executor) -> retries.RetryPlan | None:
-    """The plan of the job's attempt from its history, for an executor with time limits of its own."""
-    limits = executor.time_limits()
-    if limits is None:
-        return None
-    history = queries.job_history(session, job_id)
-    return retries.plan(history, time_limit_s=limits[0], max_time_limit_s=limits[1])
+#: How long a stopping daemon waits for the Slurm calls under way (a submission's handle, to be stored).
+SETTLE_SECS = 5.0
 
 
 class Dispatcher:
@@ -118,6 +86,8 @@ class Dispatcher:
         self._queue = queue
         self._recorder = recorder
         self._scratch_full = scratch_full
+        #: The threads a scheduler's tools run on (shared with the watch): no Slurm call on the loop.
+        self._calls = watch.calls
         #: The config new claims run under (its ``poll_secs`` spaces a new submission's first poll).
         self.config: Config | None = None
 
@@ -176,33 +146,61 @@ class Dispatcher:
         attempt = Attempt(job, spec, config, executor, started=since or time.monotonic(), plan=plan)
         self._running[job.id] = attempt
         self._hand_over(attempt)
-        if attempt.handle is not None and job.id in self._running:
-            self._record_handle(attempt)
+
+    @property
+    def submitting(self) -> bool:
+        """A job's first ``sbatch`` has not answered yet: the next claim waits for it (a refusal for the
+        config's sake would refuse the next job alike)."""
+        return any(a.detached and a.stage is Stage.CLAIMED for a in self._running.values())
 
     def _poll_secs(self) -> float:
         assert self.config is not None
         return self.config.executor.poll_secs
 
     def _hand_over(self, attempt: Attempt) -> None:
-        """``sbatch`` the job's folder, with its plan's adjustments. Refused: when the config is at fault
-        (a partition, feature, GRES, account or QoS Slurm does not have) the job goes back to the queue
-        and claiming pauses; otherwise the job fails with sbatch's words. Unanswered: the handle stays
-        unknown and the next poll finds the submission or submits again."""
-        assert attempt.executor is not None
-        job, spec = attempt.job, attempt.spec
+        """``sbatch`` the job's folder on a thread, with its plan's adjustments; :meth:`_handed` applies
+        the answer."""
+        executor = attempt.executor
+        assert executor is not None
+        spec_path = attempt.spec.result_path.parent / "spec.json"
+        job_ref = ref(attempt)
         adjust = attempt.plan.adjustments() if attempt.plan is not None else None
-        try:
-            handle = attempt.executor.start(spec.result_path.parent / "spec.json", ref(attempt), adjust)
-        except ExecutorUnavailable as exc:
-            self._watch.away(str(exc))
+
+        def work() -> Apply:
+            try:
+                handle = executor.start(spec_path, job_ref, adjust)
+            except (ExecutorError, ExecutorUnavailable, OSError) as exc:
+                return functools.partial(self._handed, attempt, None, exc)
+            return lambda: self._handed(attempt, handle, None)
+
+        self._calls.start(("job", attempt.job.id), work)
+
+    def _current(self, attempt: Attempt) -> bool:
+        """Whether an answer about ``attempt`` still matters: it is followed (not ended meanwhile from
+        its folder, nor lost with its lease, nor left to the scheduler at shutdown)."""
+        return self._running.get(attempt.job.id) is attempt
+
+    def _handed(self, attempt: Attempt, handle: Handle | None, error: Exception | None) -> None:
+        """What ``sbatch`` said. Refused: when the config is at fault (a partition, feature, GRES,
+        account or QoS Slurm does not have) the job goes back to the queue and claiming pauses; otherwise
+        the job fails with sbatch's words. Unanswered: the handle stays unknown and the next poll finds
+        the submission or submits again. Taken: its handle is stored by this pass's bookkeeping."""
+        job = attempt.job
+        if not self._current(attempt):
+            if handle is not None and attempt.executor is not None:
+                # Nobody follows it any more (the claim left this daemon meanwhile): it would only run.
+                self._cancel_later(attempt.executor, handle)
+            return
+        if isinstance(error, ExecutorUnavailable):
+            self._watch.away(str(error))
             attempt.handle = None
             attempt.move(Stage.STARTED)
             attempt.next_poll = time.monotonic() + self._poll_secs()
             return
-        except (ExecutorError, OSError) as exc:
+        if error is not None or handle is None:
             del self._running[job.id]
             attempt.finish()
-            self._rejected(attempt, exc)
+            self._rejected(attempt, error or ExecutorError("no handle"))
             return
         self._watch.back()
         attempt.handle = handle
@@ -219,6 +217,17 @@ class Dispatcher:
             slurm_job_id=handle.external_id,
             job_dir=str(handle.job_dir),
         )
+
+    def _cancel_later(self, executor: Executor, handle: Handle) -> None:
+        def work() -> Apply:
+            try:
+                executor.cancel(handle)
+            except ExecutorUnavailable as exc:
+                said = str(exc)
+                return lambda: log.warning("slurm.not_cancelled", slurm_job_id=handle.external_id, error=said)
+            return lambda: None
+
+        self._calls.start(("cancel", handle.external_id), work)
 
     def _rejected(self, attempt: Attempt, exc: Exception) -> None:
         """``sbatch`` refused the job. When the config is at fault (the refusal names a setting, or the
@@ -288,69 +297,124 @@ class Dispatcher:
             attempt.executor.cancel(attempt.handle)
 
     def _poll_detached(self, now: float) -> None:
-        """Ask the executor about each job handed to it that is due (``poll_secs``). The first unanswered
-        question ends the round: the others would wait for the same controller. While it is away each
-        question waits for it (about 8 s: the tools' own retries), so every job's next one is counted
-        from the end of the unanswered one: the loop is free for at least ``poll_secs`` between them."""
-        due = [a for a in self._running.values() if a.detached and now >= a.next_poll]
+        """Ask the executor (on a thread) about each job handed to it that is due (``poll_secs``) and has
+        no question pending; apply the answers that came. While its controller is away one question at a
+        time is asked (each waits about 8 s: the tools' own retries), and every job's next one is counted
+        from the end of the unanswered one."""
+        self._calls.collect()
+        self._ended_here()
+        due = [
+            a
+            for a in self._running.values()
+            if a.detached and now >= a.next_poll and not self._calls.busy(("job", a.job.id))
+        ]
         if not self._watch.tick(now, jobs_due=bool(due)):
             return
+        if self._watch.unreachable_since is not None:
+            if self._calls.busy_any("job"):
+                return
+            due = due[:1]
         for attempt in due:
             attempt.next_poll = now + attempt.config.executor.poll_secs
-            try:
-                self._poll_one(attempt)
-            except ExecutorUnavailable as exc:
-                self._watch.away(str(exc))
-                after = time.monotonic()
-                for waiting in self._running.values():
-                    if waiting.detached:
-                        waiting.next_poll = max(waiting.next_poll, after + waiting.config.executor.poll_secs)
-                self._watch.next_probe = after + self._poll_secs()
-                return
-            self._watch.back()
+            self._ask(attempt)
 
-    def _poll_one(self, attempt: Attempt) -> None:
-        executor, job = attempt.executor, attempt.job
+    def _ask(self, attempt: Attempt) -> None:
+        """Poll the job on a thread; or, while whether ``sbatch`` queued it is unknown, look for it."""
+        executor, handle, job_ref = attempt.executor, attempt.handle, ref(attempt)
+        since = epoch(attempt.started_at)
         assert executor is not None
-        if attempt.handle is None:
-            found = executor.find(ref(attempt), since=epoch(attempt.started_at))
-            if found is not None:
-                # Its folder is this attempt's (an out-of-memory rerun has one of its own).
-                found = dataclasses.replace(found, job_dir=attempt.spec.result_path.parent)
-            if found is None:
-                log.info(
-                    "job.resubmitting", job_id=job.id, attempt=job.attempts, reason="sbatch did not answer"
-                )
-                self._hand_over(attempt)
-                return
-            attempt.handle, attempt.handle_recorded = found, False
-            log.info("job.reattached", job_id=job.id, attempt=job.attempts, slurm_job_id=found.external_id)
+
+        def work() -> Apply:
+            try:
+                if handle is None:
+                    found = executor.find(job_ref, since=since)
+                    return lambda: self._found(attempt, found)
+                status = executor.poll(handle)
+            except ExecutorUnavailable as exc:
+                return functools.partial(self._unanswered, attempt, exc)
+            return lambda: self._polled(attempt, status)
+
+        self._calls.start(("job", attempt.job.id), work)
+
+    def _unanswered(self, attempt: Attempt, exc: ExecutorUnavailable) -> None:
+        self._watch.away(str(exc))
+        after = time.monotonic()
+        for waiting in self._running.values():
+            if waiting.detached:
+                waiting.next_poll = max(waiting.next_poll, after + waiting.config.executor.poll_secs)
+        self._watch.next_probe = after + self._poll_secs()
+
+    def _ended_here(self) -> None:
+        """Jobs whose folder already tells their success (Slurm's ``exit.json`` and a result): ended now,
+        a stat each a pass, instead of at their next poll (``poll_secs`` later)."""
+        for attempt in list(self._running.values()):
+            executor = attempt.executor
+            if not attempt.detached or attempt.handle is None or not isinstance(executor, ReadsFolder):
+                continue
+            ended = executor.ended_here(attempt.handle, attempt.placement)
+            if ended is not None:
+                attempt.placement = ended.placement
+                attempt.exit_state = ended.placement.state or ended.kind.value.upper()
+                self._ended(attempt, self._outcome(attempt, ended))
+
+    def _found(self, attempt: Attempt, found: Handle | None) -> None:
+        """What :meth:`Executor.find` said of a submission whose ``sbatch`` did not answer."""
+        if not self._current(attempt):
             return
-        status = executor.poll(attempt.handle)
+        self._watch.back()
+        job = attempt.job
+        if found is None:
+            log.info("job.resubmitting", job_id=job.id, attempt=job.attempts, reason="sbatch did not answer")
+            self._hand_over(attempt)
+            return
+        # Its folder is this attempt's (an out-of-memory rerun has one of its own).
+        found = dataclasses.replace(found, job_dir=attempt.spec.result_path.parent)
+        attempt.handle, attempt.handle_recorded = found, False
+        log.info("job.reattached", job_id=job.id, attempt=job.attempts, slurm_job_id=found.external_id)
+
+    def _polled(self, attempt: Attempt, status: Status) -> None:
+        """What the executor said of a job: its state kept for ``evald status``, or its end."""
+        if not self._current(attempt) or attempt.handle is None or attempt.executor is None:
+            return
+        self._watch.back()
+        job, handle, executor = attempt.job, attempt.handle, attempt.executor
         attempt.placement = status.placement
-        if isinstance(status, Active):
-            state = remote.state_line(status)
-            if state != attempt.state:
-                log.info(
-                    "job.scheduler_state",
-                    job_id=job.id,
-                    slurm_job_id=attempt.handle.external_id,
-                    state=state,
-                    reason=status.reason,
-                )
-            attempt.state = state
-            if status.phase is Phase.RUNNING:
-                attempt.move(Stage.RUNNING)
-            if status.phase in (Phase.PENDING, Phase.REQUEUED):
-                attempt.move(Stage.STARTED)
-                gone = self._gone(attempt)
-                if gone is not None:
-                    executor.cancel(attempt.handle)
-                    attempt.exit_state = "CANCELLED"
-                    self._ended(attempt, Outcome(error_kind=gone[0], error=gone[1]))
+        if isinstance(status, Ended):
+            attempt.exit_state = status.placement.state or status.kind.value.upper()
+            self._ended(attempt, self._outcome(attempt, status))
             return
-        attempt.exit_state = status.placement.state or status.kind.value.upper()
-        self._ended(attempt, self._outcome(attempt, status))
+        state = remote.state_line(status)
+        if state != attempt.state:
+            log.info(
+                "job.scheduler_state",
+                job_id=job.id,
+                slurm_job_id=handle.external_id,
+                state=state,
+                reason=status.reason,
+            )
+        attempt.state = state
+        if status.phase is Phase.RUNNING:
+            attempt.move(Stage.RUNNING)
+        if status.phase not in (Phase.PENDING, Phase.REQUEUED):
+            return
+        attempt.move(Stage.STARTED)
+        gone = self._gone(attempt)
+        if gone is None:
+            return
+
+        def work() -> Apply:
+            try:
+                executor.cancel(handle)
+            except ExecutorUnavailable as exc:
+                return functools.partial(self._unanswered, attempt, exc)
+            return lambda: self._cancelled(attempt, gone)
+
+        self._calls.start(("job", job.id), work)
+
+    def _cancelled(self, attempt: Attempt, why: tuple[str, str]) -> None:
+        if self._current(attempt):
+            attempt.exit_state = "CANCELLED"
+            self._ended(attempt, Outcome(error_kind=why[0], error=why[1]))
 
     def _ended(self, attempt: Attempt, outcome: Outcome) -> None:
         del self._running[attempt.job.id]
@@ -374,6 +438,10 @@ class Dispatcher:
     def bookkeeping(self) -> None:
         """Store what the database does not know yet of the jobs handed to a scheduler: a handle
         (a submission found again, or one made while the database was away) and the scheduler's state."""
+        if self._watch.tidy_due():
+            with self._db.session() as session:
+                busy = set(queries.executor_states(session))
+            self._watch.tidy(busy | set(self._running) | {a.job.id for a, _ in self._finished})
         for attempt in list(self._running.values()):
             if not attempt.detached:
                 continue
@@ -388,7 +456,12 @@ class Dispatcher:
                 attempt.state_recorded = attempt.state
 
     def leave_to_scheduler(self) -> None:
-        """At shutdown: jobs in Slurm go on there; their claims stay, and the next daemon re-attaches."""
+        """At shutdown: jobs in Slurm go on there; their claims stay, and the next daemon re-attaches.
+        Submissions under way are given a few seconds to answer, so that their handles are stored."""
+        if any(a.detached for a in self._running.values()):
+            self._calls.settle(SETTLE_SECS)
+            with contextlib.suppress(DatabaseUnreachable):
+                self.bookkeeping()
         for job_id, attempt in list(self._running.items()):
             if not attempt.detached:
                 continue
@@ -403,74 +476,7 @@ class Dispatcher:
             )
 
     def reattach(self, session: Session, orphan: queries.Orphan, config: Config) -> bool:
-        """Take over an orphan (a dead daemon's claim, locked by :func:`queries.orphans`) whose Slurm job
-        is still known: by the handle stored on it, else found by name and comment; True when taken (it
-        is polled from now on and nothing is submitted again), False to recover it as usual. With the
-        controller away and a job folder for the claim, the claim is taken and its submission looked
-        for once the controller answers."""
-        executor = self._watch.executor
-        if not executor.detached:
-            return False
-        job_ref = JobRef(orphan.id, orphan.attempts)
-        handle = stored_handle(orphan, executor.kind)
-        recorded = handle is not None
-        how = "recorded"
-        since = epoch(orphan.started_at) if orphan.started_at is not None else None
-        if handle is None:
-            try:
-                handle = executor.find(job_ref, since=since)
-                how = "found by name"
-            except ExecutorUnavailable as exc:
-                self._watch.away(str(exc))
-                how = "to be found"
-        folder = handle.job_dir if handle is not None else executor.job_folder(job_ref)
-        try:
-            spec = JobSpec.model_validate_json((folder / "spec.json").read_bytes())
-        except (OSError, ValueError):
-            if handle is not None:
-                # Without its spec nobody can store what it returns: it would only hold the cluster.
-                with contextlib.suppress(ExecutorUnavailable):
-                    executor.cancel(handle)
-            return False
-        if handle is None and how != "to be found":
-            return False
-        job = queries.take_over(session, orphan.id, self._owner)
-        if handle is not None and not recorded:
-            queries.record_handle(
-                session, job_id=job.id, owner=self._owner, attempt=job.attempts, handle=handle.to_json()
-            )
-        attempt = Attempt(
-            job,
-            spec,
-            config,
-            executor,
-            stage=Stage.STARTED,
-            started_at=orphan.started_at or utcnow(),
-            handle=handle,
-            handle_recorded=handle is not None,
-            plan=retry_plan(session, job.id, executor),
+        """Take over an orphan whose Slurm job is still known (see :func:`handover.reattach`)."""
+        return handover.reattach(
+            session, orphan, config, watch=self._watch, owner=self._owner, running=self._running
         )
-        self._running[job.id] = attempt
-        log.info(
-            "job.reattached",
-            job_id=job.id,
-            run=job.run,
-            attempt=job.attempts,
-            slurm_job_id=handle.external_id if handle is not None else None,
-            how=how,
-            was=orphan.claimed_by,
-        )
-        return True
-
-
-def stored_handle(orphan: queries.Orphan, kind: str) -> Handle | None:
-    """The handle stored on an orphan's claim, if it is this claim's and this executor's."""
-    if not orphan.executor_handle:
-        return None
-    try:
-        handle = Handle.from_json(orphan.executor_handle)
-    except (ValueError, KeyError, TypeError):
-        return None
-    if handle.executor != kind or handle.attempt != orphan.attempts or handle.job_id != orphan.id:
-        return None
-    return handle

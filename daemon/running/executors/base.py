@@ -23,7 +23,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 class Phase(StrEnum):
@@ -229,4 +229,16 @@ class Executor(Protocol):
         never recorded (the daemon died between submitting and recording); None if there is none.
         ``since`` (seconds since the epoch): the claim's start; an ended submission older than that is
         an earlier claim's under the same number (one given back without spending an attempt)."""
+        ...
+
+
+@runtime_checkable
+class ReadsFolder(Protocol):
+    """An executor whose job folder tells a job's success before its scheduler is asked (Slurm's
+    ``exit.json``): the runner looks at every pass, and stores the result within a pass of its writing
+    instead of at the next poll."""
+
+    def ended_here(self, handle: Handle, last: Placement) -> Ended | None:
+        """The job's success as its folder tells it now; None while it does not (running, or failed: how
+        a job failed is the scheduler's to say). ``last``: where the last poll saw it."""
         ...

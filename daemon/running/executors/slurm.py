@@ -1,12 +1,15 @@
-"""The Slurm executor (one file because submit, refusal, find and poll share one cluster client and state;
-the mapping of squeue states to outcomes is the next piece to move out): each job one ``sbatch``.
+"""The Slurm executor: each job one ``sbatch``, polled through ``scontrol``/``sacct`` (their states mean
+what :mod:`.slurm_states` says), cancelled with ``scancel``.
 
 The job folder (under ``[executor] job_dir``, on a filesystem the compute nodes share) holds what the
 local executor's does — ``spec.json`` in; ``result.json``, ``result.rank<N>.json``, ``rank-<N>.log`` out —
 plus ``job.sbatch`` (the script as submitted), ``worker.log`` (its output), ``slurm_job_id`` (written by
 the daemon after ``sbatch`` and by the script when it starts) and ``exit.json`` (the worker's exit status,
-written by the script as it ends). A job of ``tp × dp > 1`` ranks is started with ``srun``, one task a
-rank, its rendezvous (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ...) taken from ``SLURM_*``.
+written by the script as it ends). Every job, a single rank too, is started with ``srun``, one task a
+rank (``srun_options`` apply to each: a container), its rendezvous (``MASTER_ADDR``, ``MASTER_PORT``,
+``RANK``, ...) taken from ``SLURM_*`` and ``rendezvous_interface``. A success is read from the folder
+(:meth:`SlurmExecutor.ended_here`) before Slurm is asked; what the job folder and its probes leave behind
+is cleaned up by :mod:`.slurm_upkeep`.
 
 Each job is named ``<prefix>-<job id>-<attempt>`` and carries ``<prefix>:job=<id>:attempt=<n>:run=<run>``
 as its comment, so that a daemon that died between ``sbatch`` and recording the Slurm job id finds the
@@ -33,29 +36,23 @@ import contextlib
 import hashlib
 import json
 import os
-import re
-import shutil
 import time
-import uuid
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 import structlog
 
 from daemon.config import ExecutorConfig
 from daemon.config.executor import slurm_time
-from daemon.running.executors import slurm_script
+from daemon.running.executors import slurm_script, slurm_states, slurm_upkeep
 from daemon.running.executors.base import (
-    Active,
     Adjustments,
     Ended,
-    EndKind,
     ExecutorError,
     ExecutorMisconfigured,
     ExecutorUnavailable,
     Handle,
     JobRef,
-    Phase,
     Placement,
     Status,
 )
@@ -70,36 +67,18 @@ from daemon.running.executors.slurm_output import (
 from daemon.running.executors.slurm_script import (
     EXIT_NAME,
     ID_NAME,
-    LOG_NAME,
     SCRIPT_NAME,
     Layout,
     submission_environment,
 )
-from daemon.running.workers import stderr_tail
-from inference.spec import EXIT_OUT_OF_MEMORY, JobResult, JobSpec
+from daemon.running.executors.slurm_states import clock
+from inference.spec import JobSpec
 
 log = structlog.get_logger("evald.executor.slurm")
-
-# srun's word on a rank that failed: "srun: error: node3: task 1: Exited with exit code 3".
-_SRUN_TASK = re.compile(r"srun: error: \S+: tasks? (\d+)(?:-\d+)?: (?:Exited with exit code (\d+)|Killed|.*)")
 
 #: Seconds an ended submission may seem older than its claim and still be the claim's (Slurm's times are
 #: whole seconds, and the controller's clock may be a little behind the daemon's).
 FIND_SLACK_S = 5.0
-
-_PENDING_STATES = frozenset({"PENDING", "CONFIGURING", "RESV_DEL_HOLD"})
-_RUNNING_STATES = frozenset({"RUNNING", "COMPLETING", "RESIZING", "SIGNALING", "STAGE_OUT"})
-_REQUEUED_STATES = frozenset({"REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"})
-_HELD_STATES = frozenset({"SUSPENDED", "STOPPED"})
-_ENDS = {
-    "TIMEOUT": EndKind.TIMEOUT,
-    "DEADLINE": EndKind.TIMEOUT,
-    "PREEMPTED": EndKind.PREEMPTED,
-    "NODE_FAIL": EndKind.NODE_FAIL,
-    "BOOT_FAIL": EndKind.NODE_FAIL,
-    "OUT_OF_MEMORY": EndKind.OUT_OF_MEMORY,
-    "CANCELLED": EndKind.CANCELLED,
-}
 
 
 class SlurmExecutor:
@@ -200,8 +179,8 @@ class SlurmExecutor:
         most = self._partition_max_s = limits[self._partition]
         if most is not None and self._time_s > most:
             raise ExecutorError(
-                f"executor.time_limit: {_clock(self._time_s)} is more than partition {self._partition!r} "
-                f"allows (MaxTime {_clock(most)}): its jobs would wait forever (PartitionTimeLimit)"
+                f"executor.time_limit: {clock(self._time_s)} is more than partition {self._partition!r} "
+                f"allows (MaxTime {clock(most)}): its jobs would wait forever (PartitionTimeLimit)"
             )
         probe = self._job_dir / f".evald-write-check-{os.getpid()}"
         try:
@@ -247,44 +226,22 @@ class SlurmExecutor:
     def probe_job_dir(self) -> Handle:
         """Submit a job that reads back a token written here into ``job_dir``: whether the compute nodes
         see the folder only a job there can tell. Read its answer with :meth:`probe_result`."""
-        folder = self._job_dir / f".probe-{uuid.uuid4().hex[:12]}"
-        folder.mkdir()
-        token = uuid.uuid4().hex
-        (folder / "token").write_text(token, encoding="utf-8")
-        script = slurm_script.probe_script(self._config, folder)
-        (folder / "probe.sbatch").write_text(script, encoding="utf-8")
-        try:
-            slurm_id = self.cli.submit(folder / "probe.sbatch")
-        except SubmitRejected as exc:
-            shutil.rmtree(folder, ignore_errors=True)
-            raise self._refused(exc, script) from exc
-        except SlurmError as exc:
-            raise ExecutorUnavailable(f"cannot submit the job folder probe: {exc.message}") from exc
-        return Handle(self.kind, 0, 0, folder, slurm_id)
+        return slurm_upkeep.submit_probe(self)
 
     def probe_result(self, probe: Handle) -> bool | None:
-        """True once the probe job read the token back (its folder is removed); None while it waits or
-        runs; :class:`ExecutorError` naming the folder and the node where the job did not see it."""
-        status = self.poll(probe)
-        if isinstance(status, Active):
-            return None
-        token = (
-            (probe.job_dir / "token").read_text(encoding="utf-8")
-            if (probe.job_dir / "token").exists()
-            else ""
-        )
-        seen = ""
-        with contextlib.suppress(OSError):
-            seen = (probe.job_dir / "seen").read_text(encoding="utf-8")
-        node = status.placement.nodes or "its node"
-        if token and seen.split(" ", 1)[0] == token:
-            shutil.rmtree(probe.job_dir, ignore_errors=True)
-            return True
-        if status.kind is not EndKind.FAILED:
-            raise ExecutorError(f"the job folder probe did not run to its end: {status.detail}")
-        raise ExecutorError(
-            f"executor.job_dir {self._job_dir} is not shared with the compute nodes: a job on {node} "
-            f"could not read {probe.job_dir / 'token'} (mount the folder there, or pick one that is)"
+        """The probe's answer (see :func:`slurm_upkeep.probe_answer`)."""
+        return slurm_upkeep.probe_answer(self, probe)
+
+    def tidy(self, busy: Collection[int], keep: Collection[Path] = ()) -> list[Path]:
+        """Remove ended jobs' folders past their retention and cancel a dead daemon's probes (see
+        :mod:`.slurm_upkeep`); ``busy``: job ids running anywhere. Runs on a thread."""
+        slurm_upkeep.cancel_stale_probes(self)
+        return slurm_upkeep.sweep(
+            self._job_dir,
+            busy=busy,
+            keep=keep,
+            keep_ok_secs=self._config.keep_job_dirs_secs,
+            keep_failed_secs=self._config.keep_failed_job_dirs_secs,
         )
 
     def _no_partition(self, partitions: list[str]) -> str:
@@ -364,7 +321,7 @@ class SlurmExecutor:
             slurm_id = self.cli.submit(script)
         except SubmitRejected as exc:
             plain = self.batch_script(spec, spec_path, job) if adjust else text
-            raise self._refused(exc, text, plain) from exc
+            raise self.refused(exc, text, plain) from exc
         except SlurmUnreachable as exc:
             raise ExecutorUnavailable(f"slurmctld does not answer (sbatch: {exc.message})") from exc
         except SlurmError as exc:
@@ -382,7 +339,7 @@ class SlurmExecutor:
         )
         return Handle(self.kind, job.job_id, job.attempt, folder, slurm_id)
 
-    def _refused(self, exc: SubmitRejected, script: str, plain: str | None = None) -> ExecutorError:
+    def refused(self, exc: SubmitRejected, script: str, plain: str | None = None) -> ExecutorError:
         """What sbatch's refusal of ``script`` is: the job's, when the script without the retry's
         adjustments (``plain``) would be taken; else the config's (:class:`ExecutorMisconfigured`,
         naming the setting, and kept for :meth:`check`)."""
@@ -439,8 +396,12 @@ class SlurmExecutor:
         except SlurmError as exc:
             raise ExecutorUnavailable(f"cannot read Slurm job {handle.external_id}: {exc}") from exc
         if job is None:
-            return self._from_folder(handle)
-        return self._status(job, handle)
+            return slurm_states.from_folder(handle)
+        return slurm_states.status(job, handle, self._cancelled)
+
+    def ended_here(self, handle: Handle, last: Placement) -> Ended | None:
+        """The job's success from its folder alone (see :func:`slurm_states.finished_here`): no Slurm call."""
+        return slurm_states.finished_here(handle, last)
 
     def cancel(self, handle: Handle) -> None:
         self._cancelled.add(handle.external_id)
@@ -515,95 +476,6 @@ class SlurmExecutor:
         per_run = self._config.max_queued_per_run
         return per_run is None or sum(ref.run == run for ref, _ in jobs) < per_run
 
-    # --- outcomes -------------------------------------------------------------------------------------
-
-    def _status(self, job: SlurmJob, handle: Handle) -> Status:
-        placement = _placement(job)
-        state = job.state
-        if state in _PENDING_STATES:
-            phase = Phase.REQUEUED if job.restarts else Phase.PENDING
-            return Active(phase, job.reason, placement)
-        if state in _REQUEUED_STATES:
-            return Active(Phase.REQUEUED, job.reason, placement)
-        if state in _RUNNING_STATES:
-            return Active(Phase.RUNNING, None, placement)
-        if state in _HELD_STATES:
-            return Active(Phase.HELD, job.reason, placement)
-        where = f" on {job.nodes}" if job.nodes else ""
-        limit = f" (limit {_clock(job.time_limit_s)})" if job.time_limit_s else ""
-        ran = f" after {_clock(job.run_s)}" if job.run_s is not None else ""
-        if state == "COMPLETED":
-            return self._exited(handle, 0, placement, f"Slurm job {job.job_id} COMPLETED{ran}{where}")
-        if state in {"FAILED", "SPECIAL_EXIT", "REVOKED"}:
-            code = job.exit_code if job.exit_code is not None else _exit_file(handle.job_dir)
-            detail = f"Slurm job {job.job_id} {state}{ran}{where}: {_describe(code, job.exit_signal)}"
-            return self._exited(handle, code, placement, detail)
-        kind = _ENDS.get(state, EndKind.FAILED)
-        detail = f"Slurm job {job.job_id} {state}{ran}{where}{limit if kind is EndKind.TIMEOUT else ''}"
-        if kind is EndKind.CANCELLED:
-            who = "by evald" if job.job_id in self._cancelled else "outside evald (scancel)"
-            detail = f"Slurm job {job.job_id} cancelled {who}{' while pending' if not job.nodes else ran}"
-        return Ended(
-            kind,
-            detail,
-            exit_code=job.exit_code,
-            log_tail=self._log_tail(handle.job_dir),
-            placement=placement,
-        )
-
-    def _exited(self, handle: Handle, code: int | None, placement: Placement, detail: str) -> Ended:
-        if code == 0:
-            result = _result(handle.job_dir)
-            if result is not None:
-                return Ended(EndKind.SUCCEEDED, detail, exit_code=0, placement=placement)
-            return Ended(
-                EndKind.FAILED,
-                f"{detail}, but the worker wrote no result.json",
-                exit_code=0,
-                log_tail=self._log_tail(handle.job_dir),
-                placement=placement,
-            )
-        kind = EndKind.OUT_OF_MEMORY if code == EXIT_OUT_OF_MEMORY else EndKind.FAILED
-        return Ended(
-            kind, detail, exit_code=code, log_tail=self._log_tail(handle.job_dir), placement=placement
-        )
-
-    def _from_folder(self, handle: Handle) -> Ended:
-        """The job's end from what its script left, once Slurm has forgotten it and has no accounting."""
-        code = _exit_file(handle.job_dir)
-        forgotten = f"Slurm job {handle.external_id} is no longer known to the controller"
-        if code is not None:
-            return self._exited(handle, code, Placement(), f"{forgotten}; its script exited {code}")
-        if _result(handle.job_dir) is not None:
-            return Ended(EndKind.SUCCEEDED, f"{forgotten}; its result was written", placement=Placement())
-        return Ended(
-            EndKind.LOST,
-            f"{forgotten} (it forgets ended jobs after MinJobAge) and left no {EXIT_NAME} in "
-            f"{handle.job_dir}; sacct has no record either",
-            log_tail=self._log_tail(handle.job_dir),
-        )
-
-    def _log_tail(self, folder: Path) -> str:
-        """The end of the failed rank's log, where srun named one, else of the batch log."""
-        batch = stderr_tail(folder / LOG_NAME, limit=20000)
-        for match in _SRUN_TASK.finditer(batch):
-            rank_log = folder / f"rank-{match.group(1)}.log"
-            if rank_log.is_file():
-                return f"rank {match.group(1)} failed; its log ends: {stderr_tail(rank_log)}"
-        return stderr_tail(folder / LOG_NAME)
-
-
-def _placement(job: SlurmJob) -> Placement:
-    return Placement(
-        state=job.state,
-        nodes=job.nodes,
-        partition=job.partition,
-        submitted=job.submit_time,
-        started=job.start_time,
-        ended=job.end_time,
-        restarts=job.restarts,
-    )
-
 
 def _option(script: str, name: str) -> str | None:
     """The value of ``#SBATCH NAME=VALUE`` in a batch script, if it has one."""
@@ -611,27 +483,3 @@ def _option(script: str, name: str) -> str | None:
         if line.startswith(f"#SBATCH {name}="):
             return line.split("=", 1)[1]
     return None
-
-
-def _exit_file(folder: Path) -> int | None:
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        return int(json.loads((folder / EXIT_NAME).read_text(encoding="utf-8"))["exit_code"])
-    return None
-
-
-def _result(folder: Path) -> JobResult | None:
-    with contextlib.suppress(OSError, ValueError):
-        result = JobResult.read(folder / "result.json")
-        return result if result.error is None else None
-    return None
-
-
-def _describe(code: int | None, signal: int | None) -> str:
-    if signal:
-        return f"killed by signal {signal}"
-    return "exit status unknown" if code is None else f"exit status {code}"
-
-
-def _clock(seconds: float | None) -> str:
-    total = int(seconds or 0)
-    return f"{total // 3600}:{total % 3600 // 60:02d}:{total % 60:02d}"

@@ -67,11 +67,13 @@ def parse_comment(prefix: str, text: str) -> JobRef | None:
         return None
 
 
-def probe_script(config: ExecutorConfig, folder: Path) -> str:
-    """The job folder probe's script: it copies ``folder/token`` (with its node's name) to ``folder/seen``."""
+def probe_script(config: ExecutorConfig, folder: Path, comment: str = "") -> str:
+    """The job folder probe's script: it copies ``folder/token`` (with its node's name) to ``folder/seen``;
+    ``comment`` says whose it is (a dead daemon's is cancelled by the next)."""
     quoted = shlex.quote(str(folder))
     options = [
         f"--job-name={config.name_prefix}-probe",
+        *([f"--comment={comment}"] if comment else []),
         f"--partition={config.partition}",
         "--time=1",
         "--ntasks=1",
@@ -166,23 +168,26 @@ def batch_script(
     ]
     if config.setup_script is not None:
         lines.append(f"source {shlex.quote(str(config.setup_script))} || exit 1")
-    if ranks_at.ranks == 1:
-        lines.append(f"{python} -m inference.worker {spec_arg}")
-    else:
-        lines += [
-            # Rank 0 runs on the first node of the allocation: the rendezvous is there, on a port
-            # free on it now (two evald jobs may share a node).
-            'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
-            f"MASTER_PORT=\"$({python} -c 'import socket; s = socket.socket(); "
-            's.bind(("", 0)); print(s.getsockname()[1])\')"',
-            "export MASTER_ADDR MASTER_PORT",
-            # One task a rank; a rank that fails ends the others (--kill-on-bad-exit).
-            f"srun --ntasks={ranks_at.ranks} --ntasks-per-node={ranks_at.tasks_per_node} "
-            f"--cpus-per-task={ranks_at.cpus_per_task} --kill-on-bad-exit=1 "
-            'bash -c \'export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" '
-            f'WORLD_SIZE="$SLURM_NTASKS" LOCAL_WORLD_SIZE={ranks_at.tasks_per_node}; '
-            f'exec "$0" -m inference.worker "$1"\' {python} {spec_arg}',
-        ]
+    if ranks_at.ranks > 1:
+        lines += rendezvous(config, python)
+    elif config.rendezvous_interface:
+        lines.append(_interface_env(config.rendezvous_interface))
+    srun = [
+        "srun",
+        f"--ntasks={ranks_at.ranks}",
+        f"--ntasks-per-node={ranks_at.tasks_per_node}",
+        f"--cpus-per-task={ranks_at.cpus_per_task}",
+        "--kill-on-bad-exit=1",
+        *config.srun_options,
+    ]
+    lines += [
+        # Every rank, a single one too, is a task of srun: its options (a container: pyxis's
+        # --container-image) apply to each; a rank that fails ends the others (--kill-on-bad-exit).
+        " ".join(shlex.quote(word) for word in srun) + " "
+        'bash -c \'export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" '
+        f'WORLD_SIZE="$SLURM_NTASKS" LOCAL_WORLD_SIZE={ranks_at.tasks_per_node}; '
+        f'exec "$0" -m inference.worker "$1"\' {python} {spec_arg}',
+    ]
     lines += [
         "code=$?",
         # Written once the worker is done, so that its end is known after Slurm forgets the job.
@@ -192,6 +197,49 @@ def batch_script(
         "",
     ]
     return "\n".join(lines)
+
+
+#: The IPv4 address of the interface ``$1`` (SIOCGIFADDR), printed by a Python of the node.
+_ADDRESS_OF = (
+    "import fcntl, socket, struct, sys; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
+    "name = struct.pack('256s', sys.argv[1].encode()); "
+    "print(socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, name)[20:24]))"
+)
+_FREE_PORT = 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])'
+
+
+def _interface_env(interface: str) -> str:
+    return f"export GLOO_SOCKET_IFNAME={interface} NCCL_SOCKET_IFNAME={interface}"
+
+
+def rendezvous(config: ExecutorConfig, python: str) -> list[str]:
+    """The lines that set the ranks' rendezvous. The batch script runs on the allocation's first node,
+    where rank 0 runs: ``MASTER_ADDR`` is its hostname, or its address on ``rendezvous_interface`` (the
+    job fails at once, saying so, where that interface has none); ``MASTER_PORT`` a port free on it now
+    (two evald jobs may share a node). A Python of the node asks (the daemon's, else ``python3``: the
+    workers' may be a container's)."""
+    interface = config.rendezvous_interface
+    port = shlex.quote(_FREE_PORT)
+    lines = []
+    if interface is None:
+        lines.append('MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"')
+    else:
+        ask = shlex.quote(_ADDRESS_OF)
+        lines += [
+            _interface_env(interface),
+            f'MASTER_ADDR="$({python} -c {ask} {interface} 2>/dev/null || python3 -c {ask} {interface})"',
+            'if [ -z "$MASTER_ADDR" ]; then',
+            f'  echo "evald: executor.rendezvous_interface {interface} has no IPv4 address on $(hostname)'
+            ' (ip -br addr lists the interfaces)" >&2',
+            "  exit 1",
+            "fi",
+        ]
+    lines += [
+        f'MASTER_PORT="$({python} -c {port} 2>/dev/null || python3 -c {port})"',
+        "export MASTER_ADDR MASTER_PORT",
+        'echo "evald: rendezvous $MASTER_ADDR:$MASTER_PORT" >&2',
+    ]
+    return lines
 
 
 def submission_environment(env: Mapping[str, str], config: ExecutorConfig) -> dict[str, str]:

@@ -1,0 +1,225 @@
+"""What the Slurm executor leaves under ``job_dir``, looked after: the job folder probe (submitted, read,
+and a dead daemon's cancelled) and the folders of ended jobs removed once their retention is over.
+
+A job's folder (``<job id>-<attempt>``, ``-batch<N>`` for an out-of-memory rerun) is kept
+``keep_job_dirs_secs`` after its job succeeded (``exit.json`` says 0 and ``result.json`` holds no error)
+and ``keep_failed_job_dirs_secs`` otherwise (its logs are what one debugs), counted from its last write
+(and at least :data:`UNENDED_GRACE_SECS` for one without ``exit.json``); never while its job is running
+anywhere (the database says) or held by this daemon. A ``.probe-*``
+folder that did not answer is kept as a failed job's is.
+
+A probe job carries ``<prefix>:probe:uid=<uid>:owner=<host>:<pid>`` as its comment. One still queued whose
+daemon is dead (on this host: its pid is gone; elsewhere: queued for :data:`STALE_PROBE_SECS`) would stay
+queued forever where its options keep it pending (``--hold``, a reservation): each clean-up, and each new
+probe, cancels such probes of this prefix and this user.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import socket
+import time
+import uuid
+from collections.abc import Collection, Iterable
+from pathlib import Path
+from typing import Protocol
+
+import structlog
+
+from daemon.config import ExecutorConfig
+from daemon.running.executors import slurm_script, slurm_states
+from daemon.running.executors.base import (
+    Active,
+    EndKind,
+    ExecutorError,
+    ExecutorUnavailable,
+    Handle,
+    Status,
+)
+from daemon.running.executors.slurm_cli import SlurmCli
+from daemon.running.executors.slurm_output import SlurmError, SlurmJob, SubmitRejected
+
+log = structlog.get_logger("evald.executor.slurm")
+
+#: A probe of another host's daemon queued this long is taken for a dead daemon's.
+STALE_PROBE_SECS = 6 * 3600.0
+
+#: A folder without ``exit.json`` (cancelled while queued, killed, or just made) is this old at least
+#: before it is removed, whatever the retention.
+UNENDED_GRACE_SECS = 600.0
+
+_JOB_FOLDER = re.compile(r"^(\d+)-(\d+)(?:-batch\d+)?$")
+
+
+class SlurmExecutor(Protocol):
+    """What of the Slurm executor (:mod:`.slurm`, which calls this module) the probe uses."""
+
+    kind: str
+    cli: SlurmCli
+
+    @property
+    def config(self) -> ExecutorConfig: ...
+
+    @property
+    def job_dir(self) -> Path: ...
+
+    def poll(self, handle: Handle) -> Status: ...
+
+    def refused(self, exc: SubmitRejected, script: str, plain: str | None = None) -> ExecutorError: ...
+
+
+def probe_comment(prefix: str) -> str:
+    return f"{prefix}:probe:uid={os.getuid()}:owner={socket.gethostname()}:{os.getpid()}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stale_probes(queue: Iterable[SlurmJob], prefix: str, now: float) -> list[SlurmJob]:
+    """This user's probes of ``prefix`` still queued or running whose daemon is gone (see the module's
+    docstring); this daemon's own are never among them."""
+    out = []
+    me = f"{socket.gethostname()}:{os.getpid()}"
+    for job in queue:
+        if job.name != f"{prefix}-probe" or job.finished:
+            continue
+        head, _, rest = job.comment.partition(":probe:")
+        fields = dict(part.split("=", 1) for part in rest.split(":") if "=" in part)
+        if head != prefix or fields.get("uid") != str(os.getuid()):
+            continue
+        owner = rest.partition("owner=")[2]
+        host, _, pid = owner.rpartition(":")
+        if owner == me:
+            continue
+        dead = host == socket.gethostname() and pid.isdigit() and not _alive(int(pid))
+        old = job.submit_time is not None and now - job.submit_time > STALE_PROBE_SECS
+        if dead or old:
+            out.append(job)
+    return out
+
+
+def cancel_stale_probes(executor: SlurmExecutor) -> list[str]:
+    """Cancel the probes :func:`stale_probes` finds; their Slurm ids. A controller that does not answer
+    leaves them for the next time."""
+    try:
+        queue = executor.cli.queue()
+    except SlurmError:
+        return []
+    cancelled = []
+    for job in stale_probes(queue, executor.config.name_prefix, time.time()):
+        with contextlib.suppress(SlurmError):
+            executor.cli.cancel(job.job_id)
+            cancelled.append(job.job_id)
+            log.info("slurm.stale_probe_cancelled", slurm_job_id=job.job_id, comment=job.comment)
+    return cancelled
+
+
+def submit_probe(executor: SlurmExecutor) -> Handle:
+    """Submit a job that reads back a token written here into ``job_dir`` (a dead daemon's probes
+    cancelled first)."""
+    cancel_stale_probes(executor)
+    folder = executor.job_dir / f".probe-{uuid.uuid4().hex[:12]}"
+    folder.mkdir()
+    token = uuid.uuid4().hex
+    (folder / "token").write_text(token, encoding="utf-8")
+    script = slurm_script.probe_script(executor.config, folder, probe_comment(executor.config.name_prefix))
+    (folder / "probe.sbatch").write_text(script, encoding="utf-8")
+    try:
+        slurm_id = executor.cli.submit(folder / "probe.sbatch")
+    except SubmitRejected as exc:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise executor.refused(exc, script) from exc
+    except SlurmError as exc:
+        raise ExecutorUnavailable(f"cannot submit the job folder probe: {exc.message}") from exc
+    return Handle(executor.kind, 0, 0, folder, slurm_id)
+
+
+def probe_answer(executor: SlurmExecutor, probe: Handle) -> bool | None:
+    """True once the probe job read the token back (its folder is removed); None while it waits or runs;
+    False when it was cancelled before it could tell (no verdict); :class:`ExecutorError` naming the
+    folder and the node where the job did not see it."""
+    status = executor.poll(probe)
+    if isinstance(status, Active):
+        return None
+    token = ""
+    seen = ""
+    with contextlib.suppress(OSError):
+        token = (probe.job_dir / "token").read_text(encoding="utf-8")
+    with contextlib.suppress(OSError):
+        seen = (probe.job_dir / "seen").read_text(encoding="utf-8")
+    node = status.placement.nodes or "its node"
+    if token and seen.split(" ", 1)[0] == token:
+        shutil.rmtree(probe.job_dir, ignore_errors=True)
+        return True
+    if status.kind is EndKind.CANCELLED:
+        shutil.rmtree(probe.job_dir, ignore_errors=True)
+        return False
+    if status.kind is not EndKind.FAILED:
+        raise ExecutorError(f"the job folder probe did not run to its end: {status.detail}")
+    raise ExecutorError(
+        f"executor.job_dir {executor.job_dir} is not shared with the compute nodes: a job on {node} "
+        f"could not read {probe.job_dir / 'token'} (mount the folder there, or pick one that is)"
+    )
+
+
+def _last_write(folder: Path) -> float:
+    times = [folder.stat().st_mtime]
+    for name in (slurm_script.EXIT_NAME, slurm_script.LOG_NAME, "result.json", "seen"):
+        with contextlib.suppress(OSError):
+            times.append((folder / name).stat().st_mtime)
+    return max(times)
+
+
+def sweep(
+    job_dir: Path,
+    *,
+    busy: Collection[int],
+    keep: Collection[Path] = (),
+    keep_ok_secs: float,
+    keep_failed_secs: float,
+    now: float | None = None,
+) -> list[Path]:
+    """Remove the folders under ``job_dir`` whose retention is over (see the module's docstring);
+    ``busy``: job ids running anywhere or held by this daemon; ``keep``: folders never to remove (this
+    daemon's probe). Returns what was removed."""
+    now = time.time() if now is None else now
+    removed = []
+    try:
+        entries = list(job_dir.iterdir())
+    except OSError:
+        return []
+    kept = {Path(p).resolve() for p in keep}
+    for entry in entries:
+        match = _JOB_FOLDER.match(entry.name)
+        probe = entry.name.startswith(".probe-")
+        if not (match or probe) or not entry.is_dir() or entry.resolve() in kept:
+            continue
+        if match and int(match.group(1)) in busy:
+            continue
+        try:
+            age = now - _last_write(entry)
+        except OSError:
+            continue
+        succeeded = (
+            bool(match) and slurm_states.exit_code(entry) == 0 and slurm_states.result(entry) is not None
+        )
+        retention = keep_ok_secs if succeeded else keep_failed_secs
+        if not (entry / slurm_script.EXIT_NAME).exists():
+            # No end written: a folder just made for a submission under way is not an ended job's.
+            retention = max(retention, UNENDED_GRACE_SECS)
+        if age >= retention:
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    if removed:
+        log.info("slurm.job_dirs_removed", job_dir=str(job_dir), folders=len(removed))
+    return removed
