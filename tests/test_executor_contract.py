@@ -1,7 +1,8 @@
 """The executor contract (daemon/running/executors/base.py), one suite every executor passes.
 
-Each test runs against every executor: ``local`` (worker processes of this process's) and ``slurm`` (the
-tests' one-host cluster of tests/slurmcluster.py; skipped where it cannot start). A job handed over is
+Each test runs against every executor: ``local`` (worker processes of this process's), ``slurm`` (the
+tests' one-host cluster of tests/slurmcluster.py; skipped where it cannot start) and ``ray`` (the local
+Ray cluster of tests/raycluster.py). A job handed over is
 polled until it ends and its result is collected; a job cancelled ends ``cancelled``; a fresh executor
 (a daemon that restarted) re-attaches to a job by its handle and collects its result; a worker that dies
 is reported as a crash with the cause its log names. Only the first test loads the toy model: the others
@@ -19,17 +20,19 @@ from pathlib import Path
 import pytest
 
 from daemon.config import Config, DaemonConfig, ExecutorConfig, RunConfig, TaskConfig
-from daemon.running.dispatch import read_end, write_folder
 from daemon.running.executors.base import Active, Ended, EndKind, Executor, Handle, JobRef, Phase
 from daemon.running.executors.local import LocalExecutor
+from daemon.running.executors.ray import RayExecutor
 from daemon.running.executors.slurm import SlurmExecutor
+from daemon.running.handover import read_end, write_folder
 from inference.spec import JobSpec
 from inference.toy.problems import held_out_problems, write_jsonl
 from tests.conftest import SUBPROCESS_ENV, ToyRun
+from tests.raycluster import RayCluster, ray_cluster
 from tests.slurmcluster import PARTITION, SlurmCluster, slurm_cluster
 from tests.test_worker_group import group_spec
 
-__all__ = ["slurm_cluster"]
+__all__ = ["ray_cluster", "slurm_cluster"]
 
 pytestmark = pytest.mark.slow
 
@@ -70,7 +73,7 @@ def _stand_in(folder: Path, mode: str) -> str:
     return str(script)
 
 
-@pytest.fixture(params=["local", "slurm"])
+@pytest.fixture(params=["local", "slurm", "ray"])
 def make(request: pytest.FixtureRequest, tmp_path: Path, dataset: Path) -> Iterator[Make]:
     made: list[Executor] = []
     if request.param == "local":
@@ -86,7 +89,7 @@ def make(request: pytest.FixtureRequest, tmp_path: Path, dataset: Path) -> Itera
             return executor
 
         yield local
-    else:
+    elif request.param == "slurm":
         cluster: SlurmCluster = request.getfixturevalue("slurm_cluster")
         folder = tmp_path / "jobs"
         folder.mkdir()
@@ -109,11 +112,40 @@ def make(request: pytest.FixtureRequest, tmp_path: Path, dataset: Path) -> Itera
             return executor
 
         yield slurm
+    elif request.param == "ray":
+        ray_cluster: RayCluster = request.getfixturevalue("ray_cluster")
+        folder = tmp_path / "jobs"
+        folder.mkdir()
+        ray_settings = ExecutorConfig.model_validate(
+            {
+                "kind": "ray",
+                "job_dir": folder,
+                "name_prefix": f"c{uuid.uuid4().hex[:8]}",
+                "time_limit": "5",
+                "poll_secs": 1,
+                # The driver needs ray: the test's own interpreter, whatever runs the ranks.
+                "ray": {
+                    "address": ray_cluster.address,
+                    "driver_python": sys.executable,
+                    "env_vars": ["HF_HUB_OFFLINE"],
+                },
+            }
+        )
+
+        def on_ray(python: str | None) -> Executor:
+            executor = RayExecutor(ray_settings, python=python or sys.executable, env=SUBPROCESS_ENV)
+            made.append(executor)
+            return executor
+
+        yield on_ray
     # Nothing left queued or running: the node's CPUs are the next test's.
     for executor in made:
         if isinstance(executor, SlurmExecutor):
             for _, job in executor.active():
                 executor.cli.cancel(job.job_id)
+        if isinstance(executor, RayExecutor):
+            for _, ray_job in executor.active():
+                executor.jobs.stop(ray_job.submission_id)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,384 @@
+"""A local Ray cluster of the tests' own: a head and two worker nodes, each a ``ray start --block`` process.
+
+The head (``--num-cpus=1``, the dashboard and its Jobs API on loopback) and the workers ``a`` and ``b``
+(``--num-cpus=1`` each, told apart by the custom resources ``evald_node_a`` / ``evald_node_b``) all run
+on this host, on free ports, with small object stores. Each node is its own process group, started with
+``--block`` so that stopping it (SIGTERM to its ``ray start``) stops what it started, and killing it
+(SIGKILL to the group) is a node that dies. Nothing else of Ray on this machine is touched: no
+``ray stop`` (it stops every Ray process of the host).
+
+The cluster is shared by the test processes of one session (xdist workers): the first to need it starts
+it under a lock and records its ports and pids in ``<root>/cluster.json``; each process registers
+itself, and the last to leave stops it. Skipped where Ray is not installed, unless
+``EVALD_REQUIRE_RAY=1`` (CI): then it fails. Run as a script to start or stop it by hand::
+
+    python -m tests.raycluster start     # or: stop, status
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from filelock import FileLock
+
+REQUIRE_ENV = "EVALD_REQUIRE_RAY"
+ROOT_ENV = "EVALD_RAY_ROOT"
+DEFAULT_ROOT = Path("/tmp/evald-ray")
+START_TIMEOUT_S = 120.0
+#: Bytes of each node's object store: the jobs pass nothing through it.
+OBJECT_STORE_BYTES = 80 * 1024 * 1024
+WORKERS = ("a", "b")
+
+
+class RayUnavailable(RuntimeError):
+    """Ray is not installed, or a node would not start (the message says which)."""
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _ray_binary() -> str:
+    path = Path(sys.executable).with_name("ray")
+    if not path.exists():
+        raise RayUnavailable(f"no {path}: install the dev extra (pip install -e '.[dev]'), which brings ray")
+    return str(path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(OSError):
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return state != "Z"
+    return True
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and every process under it (Ray's workers start sessions of their own: not in its group)."""
+    import psutil
+
+    try:
+        return [pid, *(p.pid for p in psutil.Process(pid).children(recursive=True))]
+    except psutil.Error:
+        return [pid]
+
+
+def _kill_tree(pid: int, signum: int, known: Sequence[int] = ()) -> None:
+    """Signal the group of ``pid`` and each process of its tree (``known``: the tree as it was before)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signum)
+    for each in dict.fromkeys([*known, *_tree(pid)]):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(each, signum)
+
+
+@dataclass
+class RayCluster:
+    root: Path
+    gcs_port: int = 0
+    dashboard_port: int = 0
+    client_port: int = 0
+    #: Node name (``head``, ``a``, ``b``) → the pid (and process group) of its ``ray start --block``.
+    pids: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def address(self) -> str:
+        """The GCS address (``ray start --address``, and a valid ``[executor.ray] address``)."""
+        return f"127.0.0.1:{self.gcs_port}"
+
+    @property
+    def dashboard(self) -> str:
+        return f"http://127.0.0.1:{self.dashboard_port}"
+
+    @property
+    def client_address(self) -> str:
+        return f"ray://127.0.0.1:{self.client_port}"
+
+    # --- state shared between the session's processes ----------------------------------------------
+
+    @property
+    def _record(self) -> Path:
+        return self.root / "cluster.json"
+
+    def save(self) -> None:
+        data = {
+            "gcs": self.gcs_port,
+            "dashboard": self.dashboard_port,
+            "client": self.client_port,
+            "pids": self.pids,
+        }
+        self._record.write_text(json.dumps(data), encoding="utf-8")
+
+    def load(self) -> bool:
+        try:
+            data = json.loads(self._record.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return False
+        self.gcs_port, self.dashboard_port, self.client_port = data["gcs"], data["dashboard"], data["client"]
+        self.pids = {k: int(v) for k, v in data["pids"].items()}
+        return True
+
+    # --- nodes -----------------------------------------------------------------------------------
+
+    def _spawn(self, name: str, args: Sequence[str]) -> None:
+        logs = self.root / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        env = {
+            **os.environ,
+            "HF_HUB_OFFLINE": "1",
+            "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+            "RAY_USAGE_STATS_ENABLED": "0",
+            # A worker node whose head is gone gives up soon (a head restart in the tests).
+            "RAY_gcs_rpc_server_reconnect_timeout_s": "20",
+        }
+        env.pop("RAY_ADDRESS", None)
+        with (logs / f"{name}.out").open("ab") as out:
+            process = subprocess.Popen(
+                [
+                    _ray_binary(),
+                    "start",
+                    "--block",
+                    "--disable-usage-stats",
+                    "--node-ip-address=127.0.0.1",
+                    *args,
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                start_new_session=True,
+                env=env,
+            )
+        self.pids[name] = process.pid
+
+    def start_head(self) -> None:
+        if not self.gcs_port:
+            self.gcs_port, self.dashboard_port, self.client_port = _free_port(), _free_port(), _free_port()
+        self._spawn(
+            "head",
+            [
+                "--head",
+                f"--port={self.gcs_port}",
+                "--num-cpus=1",
+                "--include-dashboard=true",
+                "--dashboard-host=127.0.0.1",
+                f"--dashboard-port={self.dashboard_port}",
+                f"--ray-client-server-port={self.client_port}",
+                f"--dashboard-agent-listen-port={_free_port()}",
+                f"--object-store-memory={OBJECT_STORE_BYTES}",
+                f"--temp-dir={self.root / 'head'}",
+                '--resources={"evald_head": 1}',
+            ],
+        )
+        self.save()
+        self._wait(self.jobs_api_answers, "the head's Jobs API", "head")
+
+    def start_worker(self, name: str) -> None:
+        self._spawn(
+            name,
+            [
+                f"--address={self.address}",
+                "--num-cpus=1",
+                # evald_worker: what a test's ranks ask for to land on worker nodes only.
+                f'--resources={{"evald_node_{name}": 1, "evald_worker": 1}}',
+                f"--dashboard-agent-listen-port={_free_port()}",
+                f"--object-store-memory={OBJECT_STORE_BYTES}",
+            ],
+        )
+        self.save()
+        self._wait(lambda: name in self.live_nodes(), f"worker node {name} to join", name)
+
+    def start(self) -> None:
+        self.start_head()
+        for name in WORKERS:
+            self.start_worker(name)
+
+    def kill_node(self, name: str) -> None:
+        """SIGKILL the node's whole process group: a node that dies (its raylet, agents and workers)."""
+        pid = self.pids.pop(name, None)
+        if pid is not None:
+            _kill_tree(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+        self.save()
+
+    def stop_node(self, name: str) -> None:
+        """Stop a node as ``systemctl stop`` would (SIGTERM to its ``ray start --block``), then its group."""
+        pid = self.pids.pop(name, None)
+        if pid is None:
+            return
+        tree = _tree(pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        _kill_tree(pid, signal.SIGKILL, tree)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+        self.save()
+
+    def stop(self) -> None:
+        for name in [*WORKERS, "head"]:
+            self.stop_node(name)
+
+    def restart(self) -> None:
+        """The head restarted (a new cluster: Ray without an external GCS store forgets its jobs), and
+        the worker nodes with it."""
+        for name in [*WORKERS, "head"]:
+            self.kill_node(name)
+        self.start()
+
+    # --- questions ---------------------------------------------------------------------------------
+
+    def jobs_api_answers(self) -> bool:
+        import requests
+
+        try:
+            return requests.get(f"{self.dashboard}/api/version", timeout=5).status_code == 200
+        except requests.exceptions.RequestException:
+            return False
+
+    def live_nodes(self) -> set[str]:
+        return set(self.node_ids())
+
+    def node_ids(self) -> dict[str, str]:
+        """Each live node's name → its Ray node id (from Ray's state API; the name from its resource)."""
+        from ray.util.state import list_nodes
+
+        try:
+            nodes = list_nodes(address=self.dashboard, timeout=10, raise_on_missing_output=False)
+        except Exception:  # the state API's errors are many (connection, timeout, a head restarting)
+            return {}
+        names = {}
+        for node in nodes:
+            if node.state != "ALIVE":
+                continue
+            for resource in node.resources_total or {}:
+                if resource.startswith("evald_node_"):
+                    names[resource.removeprefix("evald_node_")] = node.node_id
+                elif resource == "evald_head":
+                    names["head"] = node.node_id
+        return names
+
+    def _wait(self, ready: object, what: str, node: str) -> None:
+        assert callable(ready)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if ready():
+                return
+            pid = self.pids.get(node)
+            if pid is not None and not _alive(pid):
+                break
+            time.sleep(0.3)
+        tail = ""
+        with contextlib.suppress(OSError):
+            tail = (self.root / "logs" / f"{node}.out").read_text(errors="replace")[-1500:]
+        raise RayUnavailable(f"timed out waiting for {what}; its `ray start` output ends: {tail}")
+
+
+def required() -> bool:
+    return os.environ.get(REQUIRE_ENV) == "1"
+
+
+def _root() -> Path:
+    return Path(os.environ.get(ROOT_ENV) or DEFAULT_ROOT)
+
+
+def ensure_cluster(root: Path | None = None) -> RayCluster:
+    """The session's cluster: the running one recorded under ``root``, else a new one started."""
+    try:
+        import ray  # noqa: F401
+    except ImportError as exc:
+        raise RayUnavailable(f"ray is not installed ({exc}): pip install -e '.[dev]'") from exc
+    folder = root or _root()
+    folder.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder / ".start.lock"), timeout=START_TIMEOUT_S * 3):
+        cluster = RayCluster(folder)
+        if cluster.load() and cluster.jobs_api_answers() and cluster.live_nodes() >= {"head", *WORKERS}:
+            return cluster
+        if cluster.pids:
+            cluster.stop()
+        cluster = RayCluster(folder)
+        cluster.start()
+        return cluster
+
+
+def _users(folder: Path) -> Path:
+    users = folder / "users"
+    users.mkdir(parents=True, exist_ok=True)
+    return users
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[RayCluster]:
+    """The local Ray cluster (see the module's docstring); stopped when its last user's session ends.
+
+    A test that kills or stops a node must start it again (``start_worker``, ``restart``); this fixture
+    checks at the end of the session only.
+    """
+    folder = _root()
+    try:
+        cluster = ensure_cluster(folder)
+    except (RayUnavailable, OSError) as exc:
+        message = f"no Ray cluster: {exc}"
+        if required():
+            pytest.fail(message)
+        pytest.skip(message)
+    me = _users(folder) / str(os.getpid())
+    me.touch()
+    yield cluster
+    me.unlink(missing_ok=True)
+    with FileLock(str(folder / ".start.lock"), timeout=START_TIMEOUT_S * 3):
+        others = [p for p in _users(folder).iterdir() if p.name.isdigit() and _alive(int(p.name))]
+        if not others:
+            running = RayCluster(folder)
+            if running.load():
+                running.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    command = args[0] if args else "start"
+    try:
+        if command == "start":
+            cluster = ensure_cluster()
+            print(f"Ray cluster up: address {cluster.address}, dashboard {cluster.dashboard}")
+        elif command == "stop":
+            cluster = RayCluster(_root())
+            if cluster.load():
+                cluster.stop()
+        elif command == "status":
+            cluster = RayCluster(_root())
+            print(
+                "up" if cluster.load() and cluster.jobs_api_answers() else "down",
+                sorted(cluster.live_nodes()),
+            )
+        else:
+            print("usage: python -m tests.raycluster [start|stop|status]", file=sys.stderr)
+            return 2
+    except RayUnavailable as exc:
+        print(f"raycluster: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,256 @@
+"""The Ray executor (daemon/running/executors/ray.py) on the tests' local Ray cluster (tests/raycluster.py).
+
+Beside the contract suite (tests/test_executor_contract.py runs on Ray too): the ``[executor.ray]``
+section's checks; a job that waits for resources says so with what it waits for, is found by its name,
+is adopted rather than submitted twice, and is cancelled; a head that does not answer is
+"unavailable", not an error of the job; a driver interpreter that does not exist fails the job with a
+line naming it; and a tp=2 job runs its ranks on the two worker nodes (gloo across Ray nodes) with the
+single process's results.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from daemon.config import ExecutorConfig
+from daemon.running.executors.base import Active, Ended, EndKind, ExecutorUnavailable, Handle, JobRef, Phase
+from daemon.running.executors.local import LocalExecutor
+from daemon.running.executors.ray import RayExecutor
+from daemon.running.handover import read_end, write_folder
+from inference.spec import JobSpec
+from inference.toy.problems import held_out_problems, write_jsonl
+from tests.conftest import SUBPROCESS_ENV, ToyRun
+from tests.raycluster import RayCluster, ray_cluster
+from tests.test_worker_group import group_spec
+
+__all__ = ["ray_cluster"]
+
+WAIT_S = 240.0
+
+
+def _settings(job_dir: Path, address: str, **ray: object) -> ExecutorConfig:
+    return ExecutorConfig.model_validate(
+        {
+            "kind": "ray",
+            "job_dir": job_dir,
+            "name_prefix": f"r{uuid.uuid4().hex[:8]}",
+            "time_limit": "5",
+            "ray": {
+                "address": address,
+                "driver_python": sys.executable,
+                "env_vars": ["HF_HUB_OFFLINE"],
+                **ray,
+            },
+        }
+    )
+
+
+def _start(executor: RayExecutor, spec: JobSpec, job_id: int, attempt: int = 1) -> tuple[JobSpec, Handle]:
+    ref = JobRef(job_id, attempt, "toy", "arith")
+    folder = executor.job_folder(ref)
+    spec = spec.model_copy(update={"job_id": job_id, "result_path": folder / "result.json"})
+    return spec, executor.start(write_folder(spec), ref)
+
+
+def _until(executor: RayExecutor, handle: Handle, done: Callable[[object], bool], what: str) -> object:
+    deadline = time.monotonic() + WAIT_S
+    status: object = None
+    while time.monotonic() < deadline:
+        status = executor.poll(handle)
+        if done(status):
+            return status
+        time.sleep(0.5)
+    said = executor.jobs.logs(handle.external_id)[-2000:]
+    raise AssertionError(f"Ray job {handle.external_id} never {what}; last: {status}; its log: {said}")
+
+
+def _prefix_jobs(cluster: RayCluster, prefix: str) -> list[str]:
+    """The Ray jobs of ``prefix``, counted with Ray's state API."""
+    from ray.util.state import list_jobs
+
+    return [
+        j.submission_id
+        for j in list_jobs(address=cluster.dashboard, detail=True)
+        if (j.metadata or {}).get("evald") == prefix
+    ]
+
+
+# --- the section (no cluster) -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"kind": "ray"}, 'job_dir\n  Value error, required when kind = "ray"'),
+        ({"kind": "ray", "partition": "gpu"}, 'partition\n  Value error, applies only to kind = "slurm"'),
+        ({"kind": "local", "ray": {"namespace": "x"}}, 'ray\n  Value error, applies only to kind = "ray"'),
+        ({"kind": "ray", "ray": {"resources": {"GPU": 1}}}, "'GPU' is Ray's own: set num_cpus / num_gpus"),
+        ({"kind": "ray", "ray": {"pip": ["x"], "conda": "y"}}, "pip or conda in one runtime_env"),
+        ({"kind": "ray", "ray": {"address": "ftp://head"}}, "a Ray address is auto, ray://"),
+        ({"kind": "ray", "ray": {"env_vars": ["A B"]}}, "not variable names: 'A B'"),
+        ({"kind": "ray", "ray": {"placement_strategy": "ANYWHERE"}}, "ray.placement_strategy"),
+    ],
+)
+def test_a_bad_ray_section_names_the_field(settings: dict[str, object], message: str, tmp_path: Path) -> None:
+    if settings.get("kind") == "ray" and "job_dir" not in settings and settings != {"kind": "ray"}:
+        settings = {**settings, "job_dir": tmp_path}
+    with pytest.raises(ValidationError) as caught:
+        ExecutorConfig.model_validate(settings)
+    assert message in str(caught.value)
+    # The good section beside it is taken.
+    good = ExecutorConfig.model_validate(
+        {"kind": "ray", "job_dir": tmp_path, "ray": {"address": "ray://h:10001"}}
+    )
+    assert good.ray.address == "ray://h:10001" and good.ray.placement_strategy == "STRICT_PACK"
+
+
+def test_a_head_that_does_not_answer_is_unavailable_not_an_error_of_the_job(tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    executor = RayExecutor(_settings(tmp_path, f"http://127.0.0.1:{port}"), python=sys.executable)
+    with pytest.raises(ExecutorUnavailable, match=f"127.0.0.1:{port}"):
+        executor.check()
+    with pytest.raises(ExecutorUnavailable):
+        executor.poll(Handle("ray", 1, 1, tmp_path / "1-1", "x-1-1"))
+
+
+# --- on the cluster -------------------------------------------------------------------------------------
+
+
+def test_a_job_waiting_for_resources_says_what_it_waits_for_is_found_adopted_and_cancelled(
+    ray_cluster: RayCluster, tmp_path: Path
+) -> None:
+    settings = _settings(tmp_path, ray_cluster.address, resources={"evald_nowhere": 1})
+    executor = RayExecutor(settings, python=sys.executable, env=SUBPROCESS_ENV)
+    spec = group_spec(tmp_path / "ckpt", tmp_path / "data.jsonl", tmp_path / "unused", tp=1, dp=1)
+    spec, handle = _start(executor, spec, 201)
+
+    status = _until(
+        executor,
+        handle,
+        lambda s: isinstance(s, Active) and "placement group" in (s.reason or ""),
+        "waited for its bundle",
+    )
+    assert isinstance(status, Active) and status.phase is Phase.PENDING
+    assert status.reason is not None
+    assert status.reason.startswith("waiting for resources: 1 bundle {CPU: 1, evald_nowhere: 1} (STRICT_PACK")
+    # A daemon that never recorded the handle finds it by name; one that starts it again adopts it.
+    restarted = RayExecutor(settings, python=sys.executable, env=SUBPROCESS_ENV)
+    found = restarted.find(JobRef(201, 1))
+    again = restarted.start(spec.result_path.parent / "spec.json", JobRef(201, 1))
+    assert found is not None and found.external_id == handle.external_id == again.external_id
+    assert _prefix_jobs(ray_cluster, settings.name_prefix) == [handle.external_id]
+
+    executor.cancel(handle)
+    ended = _until(executor, handle, lambda s: isinstance(s, Ended), "ended")
+    assert isinstance(ended, Ended) and ended.kind is EndKind.CANCELLED and "by evald" in ended.detail
+    assert not spec.result_path.exists()
+    # Ended before a later claim began: an earlier claim's, not found for it.
+    assert restarted.find(JobRef(201, 1), since=time.time() + 60) is None
+
+
+def test_a_driver_interpreter_that_does_not_exist_fails_the_job_with_a_line_naming_it(
+    ray_cluster: RayCluster, tmp_path: Path
+) -> None:
+    settings = _settings(tmp_path, ray_cluster.address, driver_python="/nonexistent/python3")
+    executor = RayExecutor(settings, python=sys.executable, env=SUBPROCESS_ENV)
+    spec = group_spec(tmp_path / "ckpt", tmp_path / "data.jsonl", tmp_path / "unused", tp=1, dp=1)
+    spec, handle = _start(executor, spec, 202)
+
+    ended = _until(executor, handle, lambda s: isinstance(s, Ended), "ended")
+    assert isinstance(ended, Ended)
+    outcome = read_end(spec, ended, detached=True)
+
+    assert ended.kind is EndKind.FAILED
+    assert "before its driver wrote an end" in ended.detail
+    assert "/nonexistent/python3" in ended.log_tail
+    assert outcome.error_kind == "crash" and "/nonexistent/python3" in (outcome.error or "")
+
+
+@pytest.mark.long  # two toy evaluations (Ray tp=2 and local tp=1), ~40 s on 2 cores
+def test_a_tp2_job_runs_a_rank_on_each_worker_node_with_the_single_process_results(
+    ray_cluster: RayCluster, toy_run: ToyRun, tmp_path: Path
+) -> None:
+    dataset = tmp_path / "heldout.jsonl"
+    write_jsonl(held_out_problems(4, seed=3), dataset)
+    (tmp_path / "jobs").mkdir()
+    # One rank a worker node: STRICT_SPREAD over bundles only the worker nodes hold.
+    settings = _settings(
+        tmp_path / "jobs",
+        ray_cluster.address,
+        placement_strategy="STRICT_SPREAD",
+        resources={"evald_worker": 1},
+    )
+    executor = RayExecutor(settings, python=sys.executable, env=SUBPROCESS_ENV)
+    spec, handle = _start(
+        executor, group_spec(toy_run.last_checkpoint, dataset, tmp_path / "x", tp=2, dp=1), 203
+    )
+    ended = _until(executor, handle, lambda s: isinstance(s, Ended), "ended")
+    assert isinstance(ended, Ended) and ended.kind is EndKind.SUCCEEDED, ended
+    outcome = read_end(spec, ended, detached=True)
+    assert outcome.result is not None, outcome.error
+
+    record = json.loads((handle.job_dir / "exit.json").read_text())
+    ids = ray_cluster.node_ids()
+    workers = {ids["a"], ids["b"]}
+    assert len(set(record["node_ids"])) == 2 and set(record["node_ids"]) <= workers
+    assert (handle.job_dir / "rank-0.log").exists() and (handle.job_dir / "rank-1.log").exists()
+
+    local_config_dir = tmp_path / "local"
+    from daemon.config import Config, DaemonConfig, RunConfig, TaskConfig
+
+    config = Config(
+        runs=(RunConfig(name="toy", root=local_config_dir / "run"),),
+        tasks=(TaskConfig(name="arith", dataset=dataset),),
+        daemon=DaemonConfig(state_dir=local_config_dir / "state"),
+    )
+    local = LocalExecutor(config, python=sys.executable)
+    ref = JobRef(203, 1)
+    one = group_spec(toy_run.last_checkpoint, dataset, tmp_path / "y", tp=1, dp=1)
+    one = one.model_copy(update={"job_id": 203, "result_path": local.job_folder(ref) / "result.json"})
+    local_handle = local.start(write_folder(one), ref)
+    deadline = time.monotonic() + WAIT_S
+    while isinstance(status := local.poll(local_handle), Active) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert isinstance(status, Ended) and status.kind is EndKind.SUCCEEDED
+    single = read_end(one, status, detached=False).result
+    assert single is not None
+    assert [s.response for s in outcome.result.samples] == [s.response for s in single.samples]
+    assert {m.name: m.value for m in outcome.result.metrics if m.name == "accuracy"} == {
+        m.name: m.value for m in single.metrics if m.name == "accuracy"
+    }
+
+
+def test_a_placement_group_past_its_timeout_ends_the_job_timeout_with_what_it_waited_for(
+    ray_cluster: RayCluster, tmp_path: Path
+) -> None:
+    settings = _settings(
+        tmp_path, ray_cluster.address, resources={"evald_nowhere": 1}, placement_timeout_secs=2
+    )
+    executor = RayExecutor(settings, python=sys.executable, env=SUBPROCESS_ENV)
+    spec = group_spec(tmp_path / "ckpt", tmp_path / "data.jsonl", tmp_path / "unused", tp=1, dp=1)
+    _, handle = _start(executor, spec, 204)
+
+    ended = _until(executor, handle, lambda s: isinstance(s, Ended), "ended")
+
+    assert isinstance(ended, Ended) and ended.kind is EndKind.TIMEOUT and ended.retryable
+    assert "not placed within 2 s: 1 bundle {CPU: 1, evald_nowhere: 1} (STRICT_PACK" in ended.detail
+
+
+def test_the_ray_client_address_and_the_dashboard_address_reach_the_same_cluster(
+    ray_cluster: RayCluster, tmp_path: Path
+) -> None:
+    for address in (ray_cluster.client_address, ray_cluster.dashboard):
+        executor = RayExecutor(_settings(tmp_path, address), python=sys.executable, env=SUBPROCESS_ENV)
+        executor.check()
+        assert executor.jobs.dashboard_url == ray_cluster.dashboard
