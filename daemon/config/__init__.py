@@ -24,6 +24,7 @@ from daemon.config.loader import (
     parse_executor,
 )
 from daemon.config.model import ENV_SECTIONS, Config
+from daemon.config.object_store import S3Config
 from daemon.config.runs import AdaptiveConfig, Backlog, RunConfig
 from daemon.config.scheduling import (
     Frequency,
@@ -64,6 +65,7 @@ __all__ = [
     "InferenceConfig",
     "ResourcesConfig",
     "RunConfig",
+    "S3Config",
     "SchedulingConfig",
     "Secret",
     "SecretError",

@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import errno
+import importlib.util
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from daemon.config.base import Section, base_dir, resolve_path
+from daemon.config.object_store import S3Config, is_object_url, split_url
 from inference import layouts
 
 Backlog = Literal["newest_first", "oldest_first", "newest_only"]
@@ -46,8 +55,12 @@ class RunConfig(Section):
     #: under it, so a new name starts a new history.
     name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     #: The folder the trainer saves this run's checkpoints in (one folder per checkpoint below it); it need
-    #: not exist yet.
+    #: not exist yet. Or ``s3://bucket/prefix`` on an S3-compatible store, reached as ``[runs.s3]`` says:
+    #: the prefix is listed, judged from the objects' metadata and a few small reads, and a due
+    #: checkpoint is downloaded into ``[runs.s3] cache_dir`` for the worker.
     root: Path
+    #: The S3-compatible store of an ``s3://`` root (endpoint, credentials by variable name, local cache).
+    s3: S3Config | None = None
     #: "auto" detects each checkpoint's layout; or one of :data:`inference.layouts.REGISTRY`.
     layout: str = "auto"
     #: A file the trainer writes last; when set, a checkpoint is ready as soon as it exists.
@@ -89,6 +102,40 @@ class RunConfig(Section):
     prefer: tuple[layouts.Shape, ...] = Field(
         default=(layouts.Shape.HF_EXPORT, layouts.Shape.RESUMABLE), min_length=1
     )
+
+    #: The ``s3://`` URL ``root`` was given as (``root`` is then the local mirror of its listing).
+    _url: str | None = PrivateAttr(default=None)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _object_root(
+        cls, data: Any, handler: ModelWrapValidatorHandler[RunConfig], info: ValidationInfo
+    ) -> RunConfig:
+        """An ``s3://`` root is watched through its local mirror (see :class:`S3Config`), which becomes
+        ``root``: what discovery judges and what checkpoints are recorded under."""
+        if not isinstance(data, dict) or not is_object_url(data.get("root")):
+            if isinstance(data, dict) and data.get("s3") is not None:
+                raise ValueError("s3 is set but root is not an s3://bucket/prefix URL")
+            return handler(data)
+        url = str(data["root"])
+        split_url(url)  # a ValueError naming what is wrong with it
+        if importlib.util.find_spec("boto3") is None:
+            raise ValueError(f"root {url}: reading object storage needs boto3: pip install 'evald[s3]'")
+        if data.get("watch_mode", "poll") != "poll":
+            raise ValueError(
+                f'watch_mode {data["watch_mode"]!r}: an s3:// root is listed (watch_mode = "poll")'
+            )
+        # Validated with the rest (errors keep their path, runs.N.s3.FIELD), then pointed at the mirror.
+        config = handler({**data, "root": ".", "s3": data.get("s3") or {}, "watch_mode": "poll"})
+        store = config.s3 if config.s3 is not None else S3Config()
+        config = config.model_copy(update={"root": store.mirror_root(url), "s3": store})
+        config._url = url.rstrip("/")
+        return config
+
+    @property
+    def url(self) -> str | None:
+        """The ``s3://bucket/prefix`` this run's checkpoints are uploaded to; ``None`` for a local root."""
+        return self._url
 
     @field_validator("root")
     @classmethod

@@ -38,6 +38,7 @@ from daemon.watching.folders import (
     trainer_state_step,
 )
 from daemon.watching.ledger import Ledger
+from daemon.watching.object_runs import ObjectRuns
 from daemon.watching.readiness import Decision, Outcome, decide
 from daemon.watching.runs import Candidate, RunState, WatchedRun, ignored_key, link_problem
 from inference import layouts
@@ -67,6 +68,9 @@ class Discovery:
         #: Jobs created since the caller last reset it: the queue only needs a look when this moved.
         self.enqueued = 0
         self._ledger = Ledger(database, look=self._look)
+        runs = list(runs)
+        #: Runs whose root is ``s3://``: listed into their local mirror before each scan of it.
+        self._objects = ObjectRuns(runs)
         for run in runs:
             with database.session() as session:
                 states = queries.checkpoint_states(session, run.run_id)
@@ -101,7 +105,9 @@ class Discovery:
             self._scan()
 
     def _scan(self) -> None:
-        for state in self._runs.values():
+        for name, state in self._runs.items():
+            if name in self._objects and not self._objects.sync(name):
+                continue  # the store away or refusing: judged again after a pass that completes
             root = state.run.config.root
             problem = root_problem(root)
             if problem is not None:
@@ -181,7 +187,9 @@ class Discovery:
         now = self._clock()
         quiet = self._scheduling.quiet_secs
         limit = self._scheduling.invalid_after_secs
-        for state in self._runs.values():
+        for name, state in self._runs.items():
+            if not self._objects.judged(name):
+                continue  # its mirror is not in step with the store: judged after the next complete pass
             for key, candidate in list(state.candidates.items()):
                 if key in state.waiting:
                     continue  # looked at again when what it waits for settles, or by a rescan

@@ -1,0 +1,67 @@
+"""``evald run`` with a run root in object storage: the toy trainer's checkpoints uploaded to a real S3 API
+server on loopback give the same results as the same checkpoints on local disk, in one daemon."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from storage import queries
+from tests.conftest import ToyRun
+from tests.harness import all_jobs_done, running_daemon, upgraded, wait_for, write_config, write_dataset
+from tests.s3server import ACCESS_ENV, SECRET_ENV, S3Server, s3_server, upload
+
+__all__ = ["s3_server"]  # the session fixture, bound here
+
+pytestmark = [pytest.mark.slow, pytest.mark.long]
+
+#: Metrics that measure the machine rather than the model: they differ between any two runs.
+TIMING = frozenset({"tokens_per_s", "wall_s", "load_s", "latency_p50_s", "latency_p95_s", "peak_memory_mb"})
+
+
+def test_results_from_the_store_equal_those_from_local_disk(
+    s3_server: S3Server, sqlite_url: str, toy_run: ToyRun, tmp_path: Path
+) -> None:
+    dataset = write_dataset(tmp_path / "arith.jsonl", 20)
+    bucket = s3_server.bucket()
+    client = s3_server.client()
+    steps = [toy_run.last_checkpoint.name]
+    for name in steps:
+        upload(client, bucket, toy_run.path / name, f"toy/{name}")
+    run_extra = f"""
+[[runs]]
+name = "cloud"
+root = "s3://{bucket}/toy"
+[runs.s3]
+endpoint_url = "{s3_server.endpoint}"
+access_key_env = "{ACCESS_ENV}"
+secret_key_env = "{SECRET_ENV}"
+cache_dir = "{tmp_path / "cache"}"
+chunk_mb = 1
+"""
+    config = write_config(tmp_path, sqlite_url, dataset=dataset, run_extra=run_extra)
+    for name in steps:
+        shutil.copytree(toy_run.path / name, tmp_path / "run" / name)
+    database = upgraded(sqlite_url)
+    with running_daemon(config, tmp_path / "daemon.log", env=s3_server.env) as daemon:
+        rows = wait_for(
+            lambda: all_jobs_done(database, 2 * len(steps)), 240, "every job done", daemon.process
+        )
+        assert daemon.stop() == 0
+    assert {(j.run, j.step, j.state) for j in rows} == {
+        (run, int(name.removeprefix("step_")), "succeeded") for run in ("toy", "cloud") for name in steps
+    }
+    with database.session() as session:
+        results = queries.result_rows(session)
+    by_run: dict[str, dict[tuple[str, str], float]] = {"toy": {}, "cloud": {}}
+    for row in results:
+        if row.metric not in TIMING:
+            by_run[row.run][(row.checkpoint, row.metric)] = row.value
+    assert by_run["cloud"] == by_run["toy"]
+    assert len(by_run["toy"]) >= 2 * len(steps)
+    log = (tmp_path / "daemon.log").read_text()
+    # Each checkpoint downloaded once, from the store's copy in the cache.
+    assert log.count('"objects.copied"') == len(steps)
+    database.dispose()
