@@ -30,8 +30,9 @@ from typing import Literal
 from pydantic import Field, ValidationInfo, field_validator
 
 from daemon.config.base import Section, existing_file, resolve_path
+from daemon.config.executor_ray import RayConfig
 
-ExecutorKind = Literal["local", "slurm"]
+ExecutorKind = Literal["local", "slurm", "ray"]
 
 #: Slurm's time formats: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
 #: days-hours:minutes, days-hours:minutes:seconds.
@@ -82,6 +83,26 @@ RESERVED_SBATCH: dict[str, str] = {
     "--exclude": "is set by evald (it adds nodes that failed a job): set executor.exclude instead",
     "-x": "is set by evald (it adds nodes that failed a job): set executor.exclude instead",
 }
+
+
+#: What evald's srun sets for every rank; a ``srun_options`` line may not set it again.
+RESERVED_SRUN: dict[str, str] = {
+    "--ntasks": "is set by evald from [inference] tp × dp (one task a rank)",
+    "-n": "is set by evald from [inference] tp × dp (one task a rank)",
+    "--ntasks-per-node": "is set by evald from [inference] tp × dp and executor.nodes",
+    "--cpus-per-task": "is set by evald: set executor.cpus_per_task instead",
+    "-c": "is set by evald: set executor.cpus_per_task instead",
+    "--kill-on-bad-exit": "is set by evald (a rank that fails ends the others)",
+    "-K": "is set by evald (a rank that fails ends the others)",
+    "--nodes": "is set by the allocation: set executor.nodes instead",
+    "-N": "is set by the allocation: set executor.nodes instead",
+}
+
+#: pyxis's options on ``sbatch`` run the batch script itself in the container, where ``srun`` is not.
+_CONTAINER = (
+    "runs the batch script itself in the container (pyxis), where srun cannot start the ranks: "
+    "put it in executor.srun_options (evald starts every rank, a single one too, with srun)"
+)
 
 
 def sbatch_option(line: str) -> str:
@@ -157,11 +178,31 @@ _SLURM_ONLY = (
     "slurm_conf",
     "max_time_limit",
     "exclude",
+    "srun_options",
+    "rendezvous_interface",
+)
+
+
+#: Settings of Slurm's alone; set under ``kind = "ray"`` they are a mistake to report (``job_dir``,
+#: ``python``, the time limits, ``name_prefix`` and the queue limits serve both).
+_SLURM_ONLY_UNDER_RAY = (
+    "partition",
+    "account",
+    "qos",
+    "mem",
+    "cpus_per_task",
+    "extra_sbatch",
+    "setup_script",
+    "slurm_conf",
+    "exclude",
+    "srun_options",
+    "rendezvous_interface",
 )
 
 
 class ExecutorConfig(Section):
-    #: ``local``: process groups on the daemon's node (today's behaviour); ``slurm``: one ``sbatch`` a job.
+    #: ``local``: process groups on the daemon's node (today's behaviour); ``slurm``: one ``sbatch`` a job;
+    #: ``ray``: one Ray job a job, its ranks in a placement group (``[executor.ray]``).
     kind: ExecutorKind = "local"
     #: The partition jobs are submitted to (required for ``slurm``).
     partition: str | None = Field(default=None, validate_default=True)
@@ -191,7 +232,12 @@ class ExecutorConfig(Section):
     #: (``--time``, ``--partition``, ``--nodes``, ``--cpus-per-task``, ``--export``, ``--requeue``, ...)
     #: are refused, with the setting to use instead.
     extra_sbatch: tuple[str, ...] = ()
-    #: A shell script sourced in the batch script before the worker starts (modules, a virtualenv).
+    #: Options of the ``srun`` that starts every rank (a single one too), each one option: a container
+    #: (pyxis: ``--container-image=...``, ``--container-mounts=...``), ``--mpi=pmix``, ``--gpu-bind``.
+    #: The options evald's srun sets (``--ntasks``, ``--cpus-per-task``, ...) are refused.
+    srun_options: tuple[str, ...] = ()
+    #: A shell script sourced in the batch script before the worker starts (``module load``, a
+    #: virtualenv); it runs on the job's first node, outside any ``srun_options`` container.
     setup_script: Path | None = None
     #: The interpreter on the compute nodes; None: the inference section's ``python``, else the daemon's.
     python: Path | None = None
@@ -217,12 +263,57 @@ class ExecutorConfig(Section):
     #: only proof that the compute nodes see the folder. Jobs are submitted meanwhile; a probe that fails
     #: stops submission with one ``executor.unusable`` line naming the folder and the node.
     probe_job_dir: bool = True
+    #: Seconds a Slurm job's folder (``<job_dir>/<job>-<attempt>``: spec, result, logs) is kept after the
+    #: job succeeded (its results are in the database by then); 0 removes it at the next clean-up.
+    keep_job_dirs_secs: float = Field(default=3600.0, ge=0)
+    #: Seconds the folder of a job that failed, was cancelled or left no result is kept, for its logs
+    #: (and a job folder probe's ``.probe-*`` folder that did not answer).
+    keep_failed_job_dirs_secs: float = Field(default=7 * 86400.0, ge=0)
+    #: The network interface the ranks of a multi-node job meet on (``ib0``, ``eth0``): exported as
+    #: ``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME``, and ``MASTER_ADDR`` is that interface's address
+    #: on the job's first node. Unset: the first node's hostname, and the libraries' own choice.
+    rendezvous_interface: str | None = None
+
+    #: The Ray cluster and what each rank asks of it (read when ``kind = "ray"``).
+    ray: RayConfig = RayConfig()
+
+    @field_validator("rendezvous_interface")
+    @classmethod
+    def _interface_name(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z0-9_.\-]{1,15}", value):
+            raise ValueError(
+                f"{value!r} is not a network interface name (like ib0 or eth0: up to 15 letters, digits, "
+                "'.', '_' or '-'; `ip -br link` on a compute node lists them)"
+            )
+        return value
 
     @field_validator("partition", "job_dir", mode="after")
     @classmethod
     def _required_for_slurm(cls, value: object, info: ValidationInfo) -> object:
         if info.data.get("kind") == "slurm" and value is None:
             raise ValueError('required when kind = "slurm"')
+        return value
+
+    @field_validator("job_dir", mode="after")
+    @classmethod
+    def _required_for_ray(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if info.data.get("kind") == "ray" and value is None:
+            raise ValueError('required when kind = "ray" (a folder the daemon and the Ray nodes share)')
+        return value
+
+    @field_validator(*_SLURM_ONLY_UNDER_RAY, mode="after")
+    @classmethod
+    def _slurm_not_ray(cls, value: object, info: ValidationInfo) -> object:
+        empty = value is None or value == ()
+        if info.data.get("kind") == "ray" and not empty:
+            raise ValueError('applies only to kind = "slurm" (for Ray see [executor.ray])')
+        return value
+
+    @field_validator("ray", mode="after")
+    @classmethod
+    def _ray_only(cls, value: RayConfig, info: ValidationInfo) -> RayConfig:
+        if info.data.get("kind") != "ray" and value != RayConfig():
+            raise ValueError('applies only to kind = "ray"')
         return value
 
     @field_validator("partition", "account", "qos", "mem", "exclude")
@@ -275,6 +366,22 @@ class ExecutorConfig(Section):
                 problems.append(f'[{i}] {line!r} is not one sbatch option (like "--constraint=a100")')
             elif (why := reserved_sbatch(option)) is not None:
                 problems.append(f"[{i}] {option} {why}")
+            elif option.startswith("--container-"):
+                problems.append(f"[{i}] {option} {_CONTAINER}")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return tuple(line.strip() for line in value)
+
+    @field_validator("srun_options")
+    @classmethod
+    def _srun_options(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        problems = []
+        for i, line in enumerate(value):
+            option = sbatch_option(line)
+            if not line.strip().startswith("-") or "\n" in line:
+                problems.append(f'[{i}] {line!r} is not one srun option (like "--container-image=IMAGE")')
+            elif option in RESERVED_SRUN:
+                problems.append(f"[{i}] {option} {RESERVED_SRUN[option]}")
         if problems:
             raise ValueError("; ".join(problems))
         return tuple(line.strip() for line in value)

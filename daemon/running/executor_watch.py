@@ -5,12 +5,18 @@ refused for a setting: a feature, GRES, account or QoS the cluster does not have
 what is wrong (``executor.unusable``) and checked again every :data:`EXECUTOR_RECHECK_SECS` (a refused
 job by ``sbatch --test-only`` of its script) and at every reload; one whose
 controller does not answer pauses claiming with one ``executor.unreachable`` line (polling goes on) and
-``executor.reachable`` says when it is back. With ``probe_job_dir`` a first job checks that the compute
-nodes see ``job_dir``. The local executor has nothing to watch.
+``executor.reachable`` says when it is back (``down_secs`` from its last answer before). With
+``probe_job_dir`` a first job checks that the compute nodes see ``job_dir``. The local executor has nothing
+to watch.
+
+The checks and the probe run on the watch's :class:`~daemon.running.executors.calls.Calls` threads (the
+dispatcher's Slurm calls too), their answers applied by the loop's next pass: a controller that does not
+answer holds no pass. Until a new executor's first check has answered, nothing is claimed for it.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from collections.abc import Callable
@@ -26,10 +32,16 @@ from daemon.running.executors.base import (
     ExecutorUnavailable,
     Handle,
 )
+from daemon.running.executors.calls import Apply, Calls
 from daemon.running.executors.local import LocalExecutor
+from daemon.running.executors.ray import RayExecutor, make_ray_executor
 from daemon.running.executors.slurm import SlurmExecutor
 
 log = structlog.get_logger("evald.runner")
+
+#: How often ended jobs' folders past their retention are looked for (more often for a short retention).
+TIDY_SECS = 600.0
+MIN_TIDY_SECS = 5.0
 
 #: How often an executor found unusable (no such partition, a job folder not writable) is checked again.
 EXECUTOR_RECHECK_SECS = 60.0
@@ -42,16 +54,25 @@ class ExecutorWatch:
         #: How many jobs the runner holds (``executor.reachable`` says).
         self._jobs = jobs
         self._config = config
+        #: The threads the executor's tools run on (the dispatcher's calls too).
+        self.calls = Calls()
+        #: A new executor whose first check has not answered yet: no claim for it meanwhile.
+        self._checking: Executor | None = None
         self.executor: Executor = self._local(config)
         #: Why the executor cannot take jobs (no such partition, ...), and when that is checked again.
         self._unusable: str | None = None
         self._recheck_at = 0.0
-        #: Since when (monotonic) the executor's controller does not answer; None while it does.
+        #: Since when (monotonic) the executor's controller does not answer: its last answer before the
+        #: question it left unanswered (the outage began after it); None while it answers.
         self.unreachable_since: float | None = None
+        #: When the controller last answered (monotonic); None before it ever did.
+        self.answered_at: float | None = None
         #: When a controller away is asked next while no job is due to be polled (monotonic).
         self.next_probe = 0.0
         #: The job checking that the compute nodes see ``job_dir`` (``probe_job_dir``), until it answers.
         self._folder_probe: Handle | None = None
+        #: When ``job_dir`` is cleaned up next (monotonic).
+        self._tidy_at = 0.0
         self._set(config)
 
     @staticmethod
@@ -81,7 +102,9 @@ class ExecutorWatch:
         """Make the executor ``[executor]`` asks for and check it; with ``probe``, and
         ``probe_job_dir``, submit the job folder probe."""
         try:
-            made: SlurmExecutor | None = remote.make_executor(config)
+            made: SlurmExecutor | RayExecutor | None = (
+                make_ray_executor(config) if config.executor.kind == "ray" else remote.make_executor(config)
+            )
         except ExecutorError as exc:
             # No claim is made while it is unusable; what runs here meanwhile are the local rules.
             self.executor = self._local(config)
@@ -95,14 +118,16 @@ class ExecutorWatch:
             self._unusable = None
             return
         self.executor = made
-        if self.check() and probe and config.executor.probe_job_dir:
-            self._probe_job_dir(made)
+        self._checking = made
+        self._check_soon(probe=probe and config.executor.probe_job_dir)
 
     @property
     def unusable(self) -> str | None:
         """Why the executor takes no job now (None: it does, or jobs run here)."""
         if self._unusable is not None:
             return self._unusable
+        if self._checking is not None:
+            return "the executor is being checked"
         if self.unreachable_since is not None:
             return "the Slurm controller does not answer"
         return None
@@ -111,12 +136,35 @@ class ExecutorWatch:
         """Whether the executor can take jobs (partition there, job folder writable); an unusable one is
         logged once with what is wrong and checked again every :data:`EXECUTOR_RECHECK_SECS`."""
         self._recheck_at = time.monotonic() + EXECUTOR_RECHECK_SECS
-        try:
-            self.executor.check()
-        except ExecutorUnavailable as exc:
-            self.away(str(exc))
+        return self._checked(self.executor, _asked(self.executor))
+
+    def _check_soon(self, *, probe: bool = False) -> None:
+        """:meth:`check` on a thread, its answer applied by a later pass; with ``probe``, once the check
+        passes, the job folder probe is submitted."""
+        executor = self.executor
+
+        def work() -> Apply:
+            error = _asked(executor)
+            return lambda: self._answered(executor, error, probe)
+
+        if self.calls.start(("check", id(executor)), work):
+            self._recheck_at = time.monotonic() + EXECUTOR_RECHECK_SECS
+
+    def _answered(self, executor: Executor, error: Exception | None, probe: bool) -> None:
+        if executor is not self.executor:
+            return  # a reload replaced it meanwhile
+        if self._checked(executor, error) and probe and isinstance(executor, SlurmExecutor | RayExecutor):
+            self._probe_job_dir(executor)
+
+    def _checked(self, executor: Executor, error: Exception | None) -> bool:
+        """What a check's answer (``error``: None when it passed) means for claiming."""
+        if self._checking is executor:
+            self._checking = None
+        if isinstance(error, ExecutorUnavailable):
+            self.away(str(error))
             return False
-        except ExecutorError as exc:
+        if error is not None:
+            exc = error
             self.back()
             if str(exc) != self._unusable:
                 log.error(
@@ -148,16 +196,20 @@ class ExecutorWatch:
     def away(self, error: str) -> None:
         """The executor's controller did not answer: one line, claiming pauses, polling goes on."""
         if self.unreachable_since is None:
-            self.unreachable_since = time.monotonic()
+            now = time.monotonic()
+            self.unreachable_since = now if self.answered_at is None else self.answered_at
             log.warning(
                 "executor.unreachable",
                 error=error,
+                unanswered_secs=round(now - self.unreachable_since, 1),
                 action="claiming paused; queued and running jobs are polled until it answers",
             )
 
     def back(self) -> None:
+        """The controller answered: an outage ends, ``down_secs`` counted from its last answer before."""
+        self.answered_at = time.monotonic()
         if self.unreachable_since is not None:
-            down = time.monotonic() - self.unreachable_since
+            down = self.answered_at - self.unreachable_since
             self.unreachable_since = None
             log.info("executor.reachable", down_secs=round(down, 1), jobs=self._jobs())
 
@@ -168,7 +220,7 @@ class ExecutorWatch:
         if not self.detached:
             return True
         if self._unusable is not None and now >= self._recheck_at:
-            self.check()
+            self._check_soon()
         poll_secs = self._config.executor.poll_secs
         if self._folder_probe is not None and self.unreachable_since is None and now >= self.next_probe:
             self.next_probe = now + poll_secs
@@ -176,30 +228,62 @@ class ExecutorWatch:
         if not jobs_due and self.unreachable_since is not None:
             # No job to ask about: the controller is asked whether it is back every poll_secs all the same.
             if now >= self.next_probe:
-                self.check()
+                self._check_soon()
                 self.next_probe = time.monotonic() + poll_secs
             return False
         return True
 
-    def _probe_job_dir(self, executor: SlurmExecutor) -> None:
-        try:
-            self._folder_probe = executor.probe_job_dir()
-        except ExecutorMisconfigured as exc:
+    def _probe_job_dir(self, executor: SlurmExecutor | RayExecutor) -> None:
+        """Submit the job folder probe (on a thread; its handle kept by a later pass)."""
+
+        def work() -> Apply:
+            try:
+                probe = executor.probe_job_dir()
+            except (ExecutorError, ExecutorUnavailable, OSError) as exc:
+                return functools.partial(self._probe_refused, executor, exc)
+            return lambda: self._probe_submitted(executor, probe)
+
+        self.calls.start(("probe", id(executor)), work)
+
+    def _probe_submitted(self, executor: Executor, probe: Handle) -> None:
+        if executor is self.executor:
+            self._folder_probe = probe
+        else:
+            self.calls.start(("cancel", probe.external_id), lambda: _cancelled(executor, probe))
+
+    def _probe_refused(self, executor: SlurmExecutor | RayExecutor, exc: Exception) -> None:
+        if executor is not self.executor:
+            return
+        if isinstance(exc, ExecutorMisconfigured):
             # Refused as any job would be (its options are the config's): nothing is claimed for it.
             self.refused(str(exc))
-        except (ExecutorError, ExecutorUnavailable, OSError) as exc:
+        else:
             # Not a verdict on the folder: the jobs themselves will tell.
             log.warning("executor.job_dir_unchecked", job_dir=str(executor.job_dir), error=str(exc))
 
     def _read_folder_probe(self) -> None:
+        """Ask for the folder probe's answer (on a thread; applied by a later pass)."""
+        executor, probe = self.executor, self._folder_probe
+        assert isinstance(executor, SlurmExecutor | RayExecutor) and probe is not None
+
+        def work() -> Apply:
+            try:
+                seen = executor.probe_result(probe)
+            except (ExecutorError, ExecutorUnavailable) as exc:
+                return functools.partial(self._folder_probe_said, probe, None, exc)
+            return lambda: self._folder_probe_said(probe, seen, None)
+
+        self.calls.start(("probe", id(executor)), work)
+
+    def _folder_probe_said(self, probe: Handle, seen: bool | None, error: Exception | None) -> None:
         """The folder probe's answer, once its job ended: shared (one line), or not (unusable)."""
         executor = self.executor
-        assert isinstance(executor, SlurmExecutor) and self._folder_probe is not None
-        try:
-            seen = executor.probe_result(self._folder_probe)
-        except ExecutorUnavailable:
+        if probe is not self._folder_probe or not isinstance(executor, SlurmExecutor | RayExecutor):
             return
-        except ExecutorError as exc:
+        if isinstance(error, ExecutorUnavailable):
+            return
+        if error is not None:
+            exc = error
             self._folder_probe = None
             self._unusable = str(exc)
             self._recheck_at = float("inf")  # only a reload with another job_dir clears it
@@ -208,3 +292,48 @@ class ExecutorWatch:
         if seen:
             log.info("executor.job_dir_shared", job_dir=str(executor.job_dir))
             self._folder_probe = None
+        elif seen is False:
+            # Cancelled before it could tell (by someone, or by a daemon taking it for a dead one's).
+            log.warning("executor.job_dir_unchecked", job_dir=str(executor.job_dir), error="probe cancelled")
+            self._folder_probe = None
+
+    def tidy_due(self) -> bool:
+        """Whether ``job_dir`` is to be cleaned up now (a Slurm executor's, every :data:`TIDY_SECS` or
+        half the shorter retention)."""
+        return isinstance(self.executor, SlurmExecutor) and time.monotonic() >= self._tidy_at
+
+    def tidy(self, busy: set[int]) -> None:
+        """Clean ``job_dir`` up on a thread (see :mod:`.executors.slurm_upkeep`); ``busy``: the ids of
+        the jobs running anywhere, whose folders stay."""
+        executor = self.executor
+        if not isinstance(executor, SlurmExecutor):
+            return
+        settings = executor.config
+        shortest = min(settings.keep_job_dirs_secs, settings.keep_failed_job_dirs_secs)
+        self._tidy_at = time.monotonic() + min(TIDY_SECS, max(MIN_TIDY_SECS, shortest / 2))
+        keep = [self._folder_probe.job_dir] if self._folder_probe is not None else []
+
+        def work() -> Apply:
+            executor.tidy(busy, keep)
+            return lambda: None
+
+        self.calls.start(("tidy", id(executor)), work)
+
+
+def _asked(executor: Executor) -> Exception | None:
+    """The executor's :meth:`~Executor.check` (on a thread): None when it passed, else what it raised."""
+    try:
+        executor.check()
+    except (ExecutorError, ExecutorUnavailable) as exc:
+        return exc
+    return None
+
+
+def _cancelled(executor: Executor, handle: Handle) -> Apply:
+    """Cancel a submission nobody follows any more (on a thread)."""
+    try:
+        executor.cancel(handle)
+    except ExecutorUnavailable as exc:
+        error = str(exc)
+        return lambda: log.warning("slurm.not_cancelled", slurm_job_id=handle.external_id, error=error)
+    return lambda: None

@@ -23,6 +23,7 @@ from daemon.errors import JobSetupError
 from daemon.scheduling import stages
 from daemon.scheduling.planner import Planner
 from daemon.scheduling.resources import ResourceProbe
+from daemon.watching import object_cache
 from inference.spec import JobSpec
 from storage import queries
 from storage import scheduling as store
@@ -47,9 +48,13 @@ def build_spec(config: Config, job: queries.ClaimedJob, job_dir: Path) -> JobSpe
             raise JobSetupError(f"task {job.task!r} has a quick job but no [scheduling.two_stage.{job.task}]")
         subset = two_stage.subset()
     run = config.run(job.run)
+    checkpoint = Path(job.checkpoint_path)
+    if run is not None and run.url is not None:
+        # Recorded under the run's mirror of its s3:// root; the worker loads a downloaded copy.
+        checkpoint = object_cache.local_copy(run, checkpoint)
     return JobSpec(
         job_id=job.id,
-        checkpoint_path=Path(job.checkpoint_path),
+        checkpoint_path=checkpoint,
         layout=job.layout,
         hf_config=run.hf_config if run is not None else None,
         run_root=run.root if run is not None else None,
@@ -88,6 +93,8 @@ class JobQueue:
         #: The state folder was full (ENOSPC): no claim before this moment; how many times in a row.
         self.paused_until = 0.0
         self.scratch_failures = 0
+        #: The pending jobs say ``max_queued`` is reached (:meth:`say_full`), until the next claim.
+        self._full_said = False
 
     def reconfigure(
         self,
@@ -183,6 +190,9 @@ class JobQueue:
         oldest_first = self._planner.oldest_first if self._planner is not None else frozenset()
         with self._db.session() as session:
             full = self._full_runs(session, list(own_per_run)) if detached else frozenset()
+            if detached:
+                self._say_held(session, full)
+                self._full_said = full is None
             if full is None:
                 return None
             return queries.claim_next_job(
@@ -194,6 +204,32 @@ class JobQueue:
                 exclude_runs=full,
                 newest_first=detached and self._config.executor.priority == "newest",
             )
+
+    def say_full(self) -> None:
+        """This daemon holds ``max_queued`` jobs in the scheduler: the pending ones say so (once, until
+        the next claim)."""
+        if self._full_said:
+            return
+        with self._db.session() as session:
+            self._say_held(session, None)
+        self._full_said = True
+
+    def _say_held(self, session: Session, full: frozenset[int] | None) -> None:
+        """Record on the pending jobs why the executor's queue limits hold them back (``evald status``
+        shows it); a claim clears it."""
+        limits = self._config.executor
+        if full is None:
+            store.hold_pending(session, {}, f"{store.HELD_PREFIX}max_queued {limits.max_queued} reached")
+            return
+        names = store.run_names(session, full)
+        store.hold_pending(
+            session,
+            {
+                run_id: f"{store.HELD_PREFIX}max_queued_per_run {limits.max_queued_per_run} reached for "
+                f"run {names.get(run_id, run_id)!r}"
+                for run_id in full
+            },
+        )
 
     def _full_runs(self, session: Session, own_runs: list[int]) -> frozenset[int] | None:
         """Runs at ``max_queued_per_run`` jobs queued or running in Slurm; None when all are at

@@ -49,6 +49,7 @@ from daemon.running.recording import Recorder
 from daemon.running.workers import Outcome
 from daemon.scheduling.planner import Planner
 from daemon.scheduling.resources import ResourceProbe
+from daemon.watching import object_cache
 from inference.spec import JobSpec
 from storage import queries
 from storage.database import Database
@@ -128,14 +129,17 @@ class JobRunner:
     @property
     def paused(self) -> bool:
         """Claiming waits for room in the state folder (see :meth:`_scratch_full`), or for the executor
-        (its controller away, or unusable as configured)."""
-        return self._queue.out_of_room or self.executor_unusable is not None
+        (its controller away, or unusable as configured), or for a submission's ``sbatch`` to answer."""
+        return self._queue.out_of_room or self.executor_unusable is not None or self._dispatch.submitting
 
     def has_capacity(self) -> bool:
         if self.paused:
             return False
         if self._watch.detached:
-            return len(self.running) < self._config.executor.max_queued
+            if len(self.running) < self._config.executor.max_queued:
+                return True
+            self._queue.say_full()
+            return False
         return len(self.running) < self._config.scheduling.max_concurrent
 
     def resources_met(self) -> bool:
@@ -180,12 +184,34 @@ class JobRunner:
         except JobSetupError as exc:
             self._recorder.fail(job, "setup", f"could not start worker: {exc}", None)
             return True
+        except object_cache.CopyFailed as exc:
+            self._copy_failed(job, exc)
+            return not exc.transient
         except Exception as exc:
             # A spec the config cannot build for this job (a bug, a value no check foresaw): this job's.
             self._recorder.setup_failed(job, exc)
             return True
         self._dispatch.launch(job, spec, self._config, executor, None)
         return True
+
+    def _copy_failed(self, job: queries.ClaimedJob, exc: object_cache.CopyFailed) -> None:
+        """An ``s3://`` checkpoint that could not be downloaded: with the store away (or an object replaced
+        mid-download) the job goes back to the queue without spending an attempt and claiming pauses, as
+        for a full state folder; deleted from the store, it ends as vanished; too large, it fails."""
+        if exc.transient:
+            self._recorder.requeue(job, error_kind="store_unavailable", error=str(exc))
+            pause = self._queue.pause_for_room()
+            log.warning(
+                "objects.copy_deferred",
+                job_id=job.id,
+                run=job.run,
+                step=job.step,
+                error=str(exc),
+                retry_secs=pause,
+            )
+            return
+        kind = "checkpoint_vanished" if exc.vanished else "setup"
+        self._recorder.fail(job, kind, f"could not download the checkpoint: {exc}", None)
 
     def _scratch_full(self, job: queries.ClaimedJob, exc: OSError) -> None:
         """The state folder cannot take a job's files: the job goes back to the queue without spending an
@@ -373,6 +399,13 @@ class JobRunner:
         self._recorder.record(attempt, "fenced", Outcome(error_kind="lost_lease", error=note))
         log.warning("job.lost_lease", job_id=job.id, run=job.run, step=job.step, attempt=job.attempts)
 
+    def settle(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for the executor's calls under way (``sbatch``, a poll, a check) and
+        apply their answers, storing what they make known (a handle, a state): for a caller that needs
+        the answers now, as a test does; the loop takes them at its next pass."""
+        self._watch.calls.settle(timeout_s)
+        self._dispatch.bookkeeping()
+
     def shutdown(self, grace_secs: float) -> None:
         """Let running jobs finish within ``grace_secs``, then kill and requeue the rest.
 
@@ -408,3 +441,4 @@ class JobRunner:
                 reason="the database did not answer before the daemon stopped",
             )
         self._finished.clear()
+        self._watch.calls.close()
