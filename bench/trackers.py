@@ -7,13 +7,20 @@ result's transaction queues the tracker message), the tracker relay's thread sen
 1. Latency: ``--results`` results stored one at a time; for each, the seconds from its commit until
    MLflow's client reads its value back at its step. Measured both ways in one process: the relay woken
    at the commit (what the daemon does), and the baseline, a relay that only polls the outbox.
-2. Backlog: the server unreachable (its port closed by a gate) while ``--backlog`` results are stored
+2. First result after start: a fresh process (nothing of MLflow's loaded) starts the relay, stores one
+   result ``--first-after`` seconds later (a first evaluation takes at least that: the model loads), and
+   times it until the server's REST API answers it at its step (read with httpx, so the reading does not
+   load MLflow for the relay). Both ways, each in ``--first-repeats`` fresh processes: the relay opening
+   each sink as its thread starts (what the daemon does), and the baseline, opening it at the first
+   message (as it did).
+3. Backlog: the server unreachable (its port closed by a gate) while ``--backlog`` results are stored
    (spread over ``--runs`` evald runs evaluated side by side, each result to the next run in turn), then
    reachable again: seconds until all are delivered, and duplicates in MLflow (must be 0). Measured in
    one process for ``--baseline-backlog`` results both ways, the baseline one message per claim
    (``batch = 1``, as before batching) and batched (``batch = --batch``), then for ``--backlog`` batched.
 
     python -m bench.trackers [--results 20] [--backlog 10000] [--runs 10] [--baseline-backlog 500]
+        [--first-repeats 3] [--first-after 10]
 """
 
 from __future__ import annotations
@@ -163,6 +170,56 @@ def latency(folder: Path, uri: str, results: int, *, woken: bool) -> list[float]
     return seconds
 
 
+def first_result(folder: Path, uri: str, *, warm: bool, after_s: float) -> float:
+    """In this process (a fresh one): seconds from the first result's commit until MLflow serves it."""
+    import httpx
+
+    experiment = f"first-{'warm' if warm else 'lazy'}-{time.time_ns()}"
+    database = Database(f"sqlite:///{folder / 'evald.db'}")
+    migrations.upgrade(database)
+    cfg = config(folder, database.url, uri, experiment)
+    store = Store(database, cfg)
+    relay = Relay(database, tracker_routes(cfg.trackers, {}), warm=warm).start()
+    store.alerter._wake = relay.wake
+    api = f"{uri}/api/2.0/mlflow"
+    try:
+        time.sleep(after_s)
+        store.result(10)
+        committed = time.perf_counter()
+        while True:
+            found = httpx.get(f"{api}/experiments/get-by-name", params={"experiment_name": experiment})
+            if found.status_code == 200:
+                experiment_id = found.json()["experiment"]["experiment_id"]
+                runs = httpx.post(f"{api}/runs/search", json={"experiment_ids": [experiment_id]}).json()
+                for run in runs.get("runs", []):
+                    history = httpx.get(
+                        f"{api}/metrics/get-history",
+                        params={"run_id": run["info"]["run_id"], "metric_key": "eval/arith/accuracy"},
+                    ).json()
+                    if any(int(m["step"]) == 10 for m in history.get("metrics", [])):
+                        return time.perf_counter() - committed
+            time.sleep(0.01)
+    finally:
+        relay.stop()
+        database.dispose()
+
+
+def first_results(root: Path, uri: str, *, warm: bool, repeats: int, after_s: float) -> list[float]:
+    import subprocess
+    import sys
+
+    seconds = []
+    for i in range(repeats):
+        folder = root / f"first-{'warm' if warm else 'lazy'}-{i}"
+        folder.mkdir()
+        args = ["--first-child", str(folder), uri, "1" if warm else "0", str(after_s)]
+        done = subprocess.run(
+            [sys.executable, "-m", "bench.trackers", *args], capture_output=True, text=True, check=True
+        )
+        seconds.append(float(done.stdout.split()[-1]))
+    return seconds
+
+
 @dataclass(frozen=True)
 class Drained:
     stored_s: float
@@ -228,8 +285,15 @@ def main(argv: list[str] | None = None) -> int:
         default=500,
         help="a smaller backlog drained both ways, one message per claim and batched (0: skip)",
     )
+    parser.add_argument("--first-repeats", type=int, default=3, help="fresh processes per way (0: skip)")
+    parser.add_argument("--first-after", type=float, default=10.0, help="seconds from start to the result")
+    parser.add_argument("--first-child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
+    if args.first_child:
+        folder, uri, warm, after = args.first_child
+        print(first_result(Path(folder), uri, warm=warm == "1", after_s=float(after)))
+        return 0
     with tempfile.TemporaryDirectory(prefix="evald-bench-trackers-") as tmp:
         root = Path(tmp)
         server = start_server(root / "server")
@@ -244,6 +308,17 @@ def main(argv: list[str] | None = None) -> int:
                 f"{statistics.median(polled):.3f} s, p95 {p95(polled):.3f} s; p95 ratio "
                 f"{p95(polled) / p95(woken):.1f}x"
             )
+            if args.first_repeats:
+                kw = {"repeats": args.first_repeats, "after_s": args.first_after}
+                lazy = first_results(root, server.uri, warm=False, **kw)
+                warm = first_results(root, server.uri, warm=True, **kw)
+                print(
+                    f"first result after start ({args.first_after:g} s after, {args.first_repeats} fresh "
+                    f"processes each): sink opened at the first message (baseline) median "
+                    f"{statistics.median(lazy):.3f} s (max {max(lazy):.3f}); opened as the relay starts "
+                    f"median {statistics.median(warm):.3f} s (max {max(warm):.3f}); "
+                    f"{statistics.median(lazy) / statistics.median(warm):.1f}x"
+                )
             if args.baseline_backlog:
                 n = args.baseline_backlog
                 one = backlog(root / "one", server.port, n, runs=args.runs, batch=1)
@@ -256,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"{many.duplicates}, missing {one.missing} and {many.missing}"
                 )
             n = args.backlog
+            if not n:
+                return 0
             big = backlog(root / "big", server.port, n, runs=args.runs, batch=args.batch)
             print(
                 f"backlog of {n} results over {args.runs} runs stored during an outage "

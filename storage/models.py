@@ -421,13 +421,20 @@ class OutboxMessage(Base):
     it until the endpoint takes it. ``event_id`` is its ``webhook-id``, the same on every retry."""
 
     __tablename__ = "alert_outbox"
-    __table_args__ = (Index("ix_alert_outbox_state_next", "state", "next_attempt_at"),)
+    __table_args__ = (
+        Index("ix_alert_outbox_state_next", "state", "next_attempt_at"),
+        Index("ix_alert_outbox_endpoint_target", "endpoint", "target"),
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     #: None: a tracker's message (endpoint ``tracker:<name>``), which belongs to no alert.
     alert_id: Mapped[int | None] = mapped_column(ForeignKey("alerts.id", ondelete="CASCADE"), index=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
     endpoint: Mapped[str] = mapped_column(String(200))
+    #: A tracker's message: the key of where it goes (``TrackerConfig.target``: the server and experiment,
+    #: the W&B project, the TensorBoard folder); only the rows of the tracker's current target are sent.
+    #: None: a webhook's, or a tracker's queued before targets were kept (taken by its tracker's target).
+    target: Mapped[str | None] = mapped_column(String(64))
     event_id: Mapped[str] = mapped_column(String(64), unique=True)
     state: Mapped[OutboxState] = mapped_column(
         _enum(OutboxState, "outbox_state"), default=OutboxState.PENDING

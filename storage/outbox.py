@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, func, select, update
+from sqlalchemy import and_, func, or_, select, true, update
 from sqlalchemy.orm import Session, aliased
 
 from storage.models import Alert, Delivery, OutboxMessage, OutboxState, WebhookEndpoint, utcnow
@@ -39,18 +39,38 @@ def enqueue(
     session.flush()
 
 
-def enqueue_message(session: Session, *, run_id: int, endpoint: str, event_id: str, body: str) -> bool:
-    """A message that belongs to no alert (a tracker's: endpoint ``tracker:<name>``), keyed by a stable
-    ``event_id``: one already queued (a backfill of what was sent live) is not queued twice. Returns
-    whether it was queued."""
+def enqueue_message(
+    session: Session,
+    *,
+    run_id: int,
+    endpoint: str,
+    event_id: str,
+    body: str,
+    target: str | None = None,
+    legacy_id: str | None = None,
+) -> bool:
+    """A message that belongs to no alert (a tracker's: endpoint ``tracker:<name>``, for its ``target``),
+    keyed by a stable ``event_id``: one already queued (a backfill of what was sent live) is not queued
+    twice, nor one queued under ``legacy_id`` (its id before targets were kept) for this target or for
+    none. Returns whether it was queued."""
     if session.scalar(select(OutboxMessage.id).where(OutboxMessage.event_id == event_id)) is not None:
         return False
+    if legacy_id is not None:
+        found = session.scalar(
+            select(OutboxMessage.id).where(
+                OutboxMessage.event_id == legacy_id,
+                or_(OutboxMessage.target.is_(None), OutboxMessage.target == target),
+            )
+        )
+        if found is not None:
+            return False
     now = utcnow()
     session.add(
         OutboxMessage(
             alert_id=None,
             run_id=run_id,
             endpoint=endpoint,
+            target=target,
             event_id=event_id,
             body=body,
             next_attempt_at=now,
@@ -59,6 +79,43 @@ def enqueue_message(session: Session, *, run_id: int, endpoint: str, event_id: s
     )
     session.flush()
     return True
+
+
+def adopt(session: Session, *, endpoint: str, target: str) -> int:
+    """``endpoint``'s rows queued before targets were kept become ``target``'s (the tracker's target at
+    its first start since); returns how many."""
+    result = session.execute(
+        update(OutboxMessage)
+        .where(OutboxMessage.endpoint == endpoint, OutboxMessage.target.is_(None))
+        .values(target=target)
+    )
+    return int(getattr(result, "rowcount", 0))
+
+
+def other_targets(session: Session, *, endpoint: str, target: str) -> list[str]:
+    """The targets other than ``target`` that ``endpoint`` has rows of (it pointed there before)."""
+    return list(
+        session.scalars(
+            select(OutboxMessage.target)
+            .where(
+                OutboxMessage.endpoint == endpoint,
+                OutboxMessage.target.is_not(None),
+                OutboxMessage.target != target,
+            )
+            .distinct()
+        )
+    )
+
+
+def known_ids(session: Session, event_ids: Sequence[str], *, target: str | None = None) -> set[str]:
+    """Those of ``event_ids`` that are queued (for ``target``, or for none, when given)."""
+    found: set[str] = set()
+    for i in range(0, len(event_ids), 500):
+        query = select(OutboxMessage.event_id).where(OutboxMessage.event_id.in_(event_ids[i : i + 500]))
+        if target is not None:
+            query = query.where(or_(OutboxMessage.target.is_(None), OutboxMessage.target == target))
+        found.update(session.scalars(query))
+    return found
 
 
 @dataclass(frozen=True)
@@ -77,6 +134,7 @@ def due(
     now: datetime,
     lease: timedelta = timedelta(seconds=60),
     limit: int = 20,
+    target: str | None = None,
 ) -> list[Due]:
     """Claim the pending messages for ``endpoint`` that may be sent now, in order per run: a run's message
     waits while an older one of the same run is still pending (its receiver sees a run's alerts in order).
@@ -92,7 +150,7 @@ def due(
             .values(state=OutboxState.DISABLED, last_error=reason)
         )
         return []
-    oldest = _heads(endpoint)
+    oldest = _heads(endpoint, target)
     rows = session.scalars(
         select(OutboxMessage)
         .join(oldest, and_(OutboxMessage.id == oldest.c.first))
@@ -113,16 +171,18 @@ def due_many(
     now: datetime,
     lease: timedelta,
     limit: int,
+    target: str | None = None,
 ) -> list[Due]:
     """Claim up to ``limit`` pending messages for ``endpoint`` in one transaction, several of a run at once
     (a tracker's batch), each run's in the order queued: a run takes part only while its oldest pending
     message is due, so one claimed by another relay, or backing off, holds back the run's later ones.
 
     Claimed as ``due`` claims (moved ``lease`` into the future, rows locked, others skip them). The
-    webhooks' relay keeps to ``due``: one message per run in flight."""
+    webhooks' relay keeps to ``due``: one message per run in flight. ``target``: only its rows (a tracker's
+    rows for where it pointed before wait for it to point there again)."""
     if disabled(session, endpoint) is not None:
-        return due(session, endpoint=endpoint, now=now, lease=lease, limit=limit)
-    heads = _heads(endpoint)
+        return due(session, endpoint=endpoint, now=now, lease=lease, limit=limit, target=target)
+    heads = _heads(endpoint, target)
     head = aliased(OutboxMessage)
     rows = session.scalars(
         select(OutboxMessage)
@@ -130,6 +190,7 @@ def due_many(
         .join(head, head.id == heads.c.first)
         .where(
             OutboxMessage.endpoint == endpoint,
+            _of_target(target),
             OutboxMessage.state == OutboxState.PENDING,
             OutboxMessage.next_attempt_at <= now,
             head.next_attempt_at <= now,
@@ -146,21 +207,30 @@ def due_many(
     return [Due(r.id, endpoint, r.event_id, r.body, r.attempts) for r in rows]
 
 
-def _heads(endpoint: str) -> Any:
-    """Each run's oldest pending message for ``endpoint``: the only one of the run that may be sent."""
+def _of_target(target: str | None) -> Any:
+    return true() if target is None else OutboxMessage.target == target
+
+
+def _heads(endpoint: str, target: str | None = None) -> Any:
+    """Each run's oldest pending message for ``endpoint`` (and ``target``): the only one of the run that
+    may be sent."""
     return (
         select(OutboxMessage.run_id, func.min(OutboxMessage.id).label("first"))
-        .where(OutboxMessage.endpoint == endpoint, OutboxMessage.state == OutboxState.PENDING)
+        .where(
+            OutboxMessage.endpoint == endpoint,
+            _of_target(target),
+            OutboxMessage.state == OutboxState.PENDING,
+        )
         .group_by(OutboxMessage.run_id)
         .subquery()
     )
 
 
-def next_due_at(session: Session, *, endpoint: str) -> datetime | None:
+def next_due_at(session: Session, *, endpoint: str, target: str | None = None) -> datetime | None:
     """When the next message ``due`` would hand out becomes due (None: nothing to send)."""
     if disabled(session, endpoint) is not None:
         return None
-    heads = _heads(endpoint)
+    heads = _heads(endpoint, target)
     return session.scalar(
         select(func.min(OutboxMessage.next_attempt_at)).join(heads, OutboxMessage.id == heads.c.first)
     )

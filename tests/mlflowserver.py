@@ -171,6 +171,10 @@ class Gate:
             try:
                 client, _ = listener.accept()
             except OSError:
+                if self._listener is listener:
+                    # Out of file descriptors for a moment (many uploads at once): accept again.
+                    time.sleep(0.05)
+                    continue
                 return
             try:
                 upstream = socket.create_connection(("127.0.0.1", self.target_port))
@@ -182,8 +186,7 @@ class Gate:
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
 
-    @staticmethod
-    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
         try:
             while chunk := source.recv(65536):
                 sink.sendall(chunk)
@@ -193,6 +196,13 @@ class Gate:
             for s in (source, sink):
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
+            # Both ends closed once a direction ends: a long bench (thousands of connections) would run
+            # out of file descriptors with them kept open until the gate closes.
+            with self._lock:
+                for s in (source, sink):
+                    if s in self._conns:
+                        self._conns.remove(s)
+                        s.close()
 
 
 class StallingProxy:
@@ -227,6 +237,10 @@ class StallingProxy:
                 self._forward()
 
             def do_POST(self) -> None:
+                self._forward()
+
+            def do_PUT(self) -> None:
+                # The artifact proxy's uploads (each evaluation's file).
                 self._forward()
 
             def log_message(self, format: str, *args: Any) -> None:

@@ -9,6 +9,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -42,9 +43,10 @@ def all_sent(database: Database, evaluations: int) -> bool | None:
 
 
 def assert_run_equals_results(client: Any, run: Any, rows: list[dict[str, Any]]) -> None:
-    """MLflow's run holds every value ``evald results --format json`` printed (with stderr and n), at its
-    step, once each, and nothing else under ``eval/``."""
+    """MLflow's run holds every value ``evald results --format json`` printed, at its step, once each,
+    and nothing else under ``eval/``; its stderr and n in the evaluation's file."""
     expected: dict[str, list[tuple[int, float]]] = {}
+    spread: dict[tuple[str, int], tuple[float | None, int | None]] = {}
     for row in rows:
         if row["n"] == 0:
             # A mean over no samples has no value to plot: not sent (daemon/delivery/messages.py).
@@ -52,11 +54,13 @@ def assert_run_equals_results(client: Any, run: Any, rows: list[dict[str, Any]])
         base = f"eval/{row['task']}" if row["stage"] == "full" else f"eval/{row['task']}/{row['stage']}"
         key = f"{base}/{row['metric']}"
         expected.setdefault(key, []).append((row["step"], row["value"]))
-        if row["stderr"] is not None:
-            expected.setdefault(f"{key}/stderr", []).append((row["step"], row["stderr"]))
-        if row["n"] is not None:
-            expected.setdefault(f"{key}/n", []).append((row["step"], float(row["n"])))
+        spread[(key, row["step"])] = (row["stderr"], row["n"])
     assert set(run.data.metrics) == set(expected)
+    with tempfile.TemporaryDirectory() as folder:
+        got = Path(client.download_artifacts(run.info.run_id, "evald/evaluations", folder))
+        files = [json.loads(p.read_text()) for p in got.rglob("*.json")]
+    in_files = {(m["key"], f["step"]): (m["stderr"], m["n"]) for f in files for m in f["metrics"].values()}
+    assert {k: v for k, v in in_files.items() if k[0] in expected} == spread
     for key, points in expected.items():
         history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
         # Once each: the same steps (no step twice), each value as evald printed it.
@@ -143,4 +147,11 @@ def test_the_demo_sends_its_results_to_mlflow_and_says_where(
     assert found is not None
     (run,) = client.search_runs([found.experiment_id])
     assert_run_equals_results(client, run, rows)
-    assert any(k.startswith("evald.alert.") for k in run.data.tags), run.data.tags
+    assert client.list_artifacts(run.info.run_id, "evald/alerts"), "the alert's file"
+    assert {k for k in run.data.tags if k.startswith("evald.")} == {
+        "evald.run",
+        "evald.root",
+        "evald.last_step",
+        "evald.alerts.firing",
+        "evald.results",
+    }

@@ -197,25 +197,74 @@ def mlflow_run(setup: Setup) -> Any:
     return client, runs[0]
 
 
+def evaluation_files(setup: Setup) -> list[dict[str, Any]]:
+    """Every evaluation's file on the run (``evald/evaluations/``), read back through MLflow's client."""
+    import tempfile
+
+    import mlflow.artifacts
+
+    _, run = mlflow_run(setup)
+    with tempfile.TemporaryDirectory() as folder:
+        got = Path(
+            mlflow.artifacts.download_artifacts(
+                run_id=run.info.run_id,
+                artifact_path="evald/evaluations",
+                tracking_uri=setup.uri,
+                dst_path=folder,
+            )
+        )
+        return [json.loads(p.read_text()) for p in sorted(got.rglob("*.json"))]
+
+
+def alert_files(setup: Setup) -> dict[int, dict[str, Any]]:
+    """Each alert's file on the run (``evald/alerts/``: its latest event), by alert id."""
+    import tempfile
+
+    import mlflow.artifacts
+
+    _, run = mlflow_run(setup)
+    with tempfile.TemporaryDirectory() as folder:
+        got = Path(
+            mlflow.artifacts.download_artifacts(
+                run_id=run.info.run_id, artifact_path="evald/alerts", tracking_uri=setup.uri, dst_path=folder
+            )
+        )
+        return {int(p.stem.split("_")[1]): json.loads(p.read_text()) for p in got.glob("alert_*.json")}
+
+
+#: The tags evald sets on a run, whatever the number of evaluations and alerts (an own run's also says
+#: which run root it is of).
+EVALD_TAGS = {"evald.run", "evald.root", "evald.last_step", "evald.alerts.firing", "evald.results"}
+
+
 def assert_equal_to_results(setup: Setup) -> int:
-    """Every value ``evald results`` lists (and its stderr and n) in MLflow at its step, exactly once."""
+    """Every value ``evald results`` lists in MLflow at its step, exactly once, one metric key per metric
+    (stderr and n in the evaluation's file, with its checkpoint); a bounded set of evald's tags."""
     client, run = mlflow_run(setup)
     with setup.database.session() as s:
         rows = queries.result_rows(s, run=RUN)
     assert rows
     expected: dict[str, list[tuple[int, float]]] = {}
+    records: dict[tuple[str, str, int], list[tuple[float, float | None, int | None]]] = {}
     for row in rows:
         assert row.step is not None
         base = f"eval/{row.task}" if row.stage == "full" else f"eval/{row.task}/{row.stage}"
         expected.setdefault(f"{base}/{row.metric}", []).append((row.step, row.value))
-        if row.stderr is not None:
-            expected.setdefault(f"{base}/{row.metric}/stderr", []).append((row.step, row.stderr))
-        if row.n is not None:
-            expected.setdefault(f"{base}/{row.metric}/n", []).append((row.step, float(row.n)))
+        records.setdefault((row.task, row.stage, row.step), []).append((row.value, row.stderr, row.n))
     assert set(run.data.metrics) == set(expected)
     for key, points in expected.items():
         history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
         assert history == sorted(points), key
+    files = evaluation_files(setup)
+    found: dict[tuple[str, str, int], list[tuple[float, float | None, int | None]]] = {}
+    for f in files:
+        assert f["checkpoint_path"].endswith(f"step_{f['step']}"), f
+        found.setdefault((f["task"], f["stage"], f["step"]), []).extend(
+            (m["value"], m["stderr"], m["n"]) for m in f["metrics"].values()
+        )
+    assert {k: sorted(v) for k, v in found.items()} == {k: sorted(v) for k, v in records.items()}
+    assert {k for k in run.data.tags if k.startswith("evald.")} <= EVALD_TAGS
+    assert run.data.tags["evald.last_step"] == str(max(row.step for row in rows if row.step is not None))
     return len(rows)
 
 
@@ -248,9 +297,10 @@ def test_results_read_back_equal_evald_results_once_each(
     wait_for(lambda: delivered(setup.database, 5), 60, "5 tracker messages delivered")
     assert assert_equal_to_results(setup) == 9
     _, run = mlflow_run(setup)
-    tags = {k: json.loads(v) for k, v in run.data.tags.items() if k.startswith("evald.job.")}
-    assert sorted(t["step"] for t in tags.values()) == [10, 20, 30, 40, 40]
-    assert all(t["checkpoint"].endswith(f"step_{t['step']}") for t in tags.values())
+    # One file per evaluation, a bounded set of tags (not one per evaluation).
+    assert sorted(f["step"] for f in evaluation_files(setup)) == [10, 20, 30, 40, 40]
+    assert {k for k in run.data.tags if k.startswith("evald.")} == EVALD_TAGS
+    assert json.loads(run.data.tags["evald.alerts.firing"]) == {"count": 0, "alerts": {}}
     assert run.data.tags["evald.run"] == RUN
     assert run.info.run_name == f"evald-{RUN}"
     # What the demo prints when a tracker is configured.
@@ -441,7 +491,7 @@ def test_sample_tables_are_mlflow_tables_beside_the_trainers_own_once_each(
         ),
     ], listed
     assert table("rollouts/step_1.json") == [["p", "0.5"]]
-    assert sorted(p.name for p in artifacts.rglob("step_*.json")) == [
+    assert sorted(p.name for p in artifacts.rglob("step_*.json") if "evaluations" not in p.parts) == [
         "step_000000010.json",
         "step_000000020.json",
         "step_000000020.json",
@@ -609,7 +659,13 @@ def test_wrong_credentials_pause_the_sink_with_one_line_and_evaluation_goes_on(
         _, run = mlflow_run(direct)
         assert run.info.artifact_uri.startswith(str(direct_artifacts)), run.info.artifact_uri
         written = sorted(p.name for p in direct_artifacts.rglob("step_*.json"))
-        assert written == ["step_000000010.json", "step_000000020.json"], written
+        # The sample tables and each evaluation's file, written to the folder store itself.
+        assert written == [
+            "step_000000010.json",
+            "step_000000010_job_1.json",
+            "step_000000020.json",
+            "step_000000020_job_2.json",
+        ], written
 
 
 def test_an_unset_token_pauses_the_sink_with_its_name_and_results_wait(
@@ -654,7 +710,7 @@ def test_a_backlog_goes_in_batches_once_each(
         with structlog.testing.capture_logs() as logs:
             gate.open()
             wait_for(lambda: delivered(setup.database, 121), 60, "the backlog delivered")
-        # 120 claimed in one transaction, in two log_batch calls (MLflow takes 100 tags a call), marked
+        # 120 claimed in one transaction, in one log_batch call (240 values and evald's 3 tags), marked
         # delivered in one: a line for the lot.
         sent = [e for e in logs if e["event"] == "tracker.delivered"]
         assert [e["messages"] for e in sent] == [120], sent
@@ -663,12 +719,12 @@ def test_a_backlog_goes_in_batches_once_each(
         gate.close()
 
 
-def test_values_taken_without_their_delivery_tag_are_not_logged_twice(
+def test_values_taken_without_their_tags_and_files_are_not_logged_twice(
     tmp_path: Path, mlflow_server: MlflowServer, relay_for: Any
 ) -> None:
-    # MLflow's SQL store commits a batch's metrics and its tags in two transactions: a server that died
-    # between them kept the values but not the tag that says they were delivered. Sent again, the values
-    # carry the evaluation's own timestamp, so the store keeps each once.
+    # MLflow's SQL store commits a batch's metrics and its tags in two transactions, and the files go
+    # after: a server that died between them kept the values only. Sent again, the values carry the
+    # evaluation's own timestamp, so the store keeps each once; tags and files are written again.
     setup = _setup(tmp_path, mlflow_server.uri, extra='attach = "own"')
     relay = relay_for(setup)
     for step in (10, 20, 30):
@@ -676,16 +732,12 @@ def test_values_taken_without_their_delivery_tag_are_not_logged_twice(
     wait_for(lambda: delivered(setup.database, 3), 60, "3 delivered")
     relay.stop()
     client, run = mlflow_run(setup)
-    for key in [k for k in run.data.tags if k.startswith("evald.job.")]:
-        client.delete_tag(run.info.run_id, key)
+    client.delete_tag(run.info.run_id, "evald.last_step")
     redeliver(setup.database)
-    with structlog.testing.capture_logs() as logs:
-        relay_for(setup)
-        wait_for(lambda: delivered(setup.database, 3), 60, "3 delivered again")
-    assert sum(e["messages"] - e["already_there"] for e in logs if e["event"] == "tracker.delivered") == 3
+    relay_for(setup)
+    wait_for(lambda: delivered(setup.database, 3), 60, "3 delivered again")
     assert assert_equal_to_results(setup) == 6
-    _, run = mlflow_run(setup)
-    assert len([k for k in run.data.tags if k.startswith("evald.job.")]) == 3
+    assert len(evaluation_files(setup)) == 3
 
 
 def test_a_message_mlflow_rejects_is_given_up_and_the_rest_of_its_batch_delivered(
@@ -725,7 +777,13 @@ def enqueue_raw(session: Any, setup: Setup, message: Any) -> bool:
 ALERT_ON_ACCURACY = "[alerts.thresholds.accuracy]\nmin = 0.05\n"
 
 
-def test_alerts_go_to_mlflow_as_tags_with_their_state(
+def firing_tag(setup: Setup) -> dict[str, Any]:
+    _, run = mlflow_run(setup)
+    value: dict[str, Any] = json.loads(run.data.tags["evald.alerts.firing"])
+    return value
+
+
+def test_alerts_go_to_mlflow_as_files_and_the_firing_tag(
     tmp_path: Path, mlflow_server: MlflowServer, relay_for: Any
 ) -> None:
     setup = _setup(tmp_path, mlflow_server.uri, extra='attach = "own"', after=ALERT_ON_ACCURACY)
@@ -733,29 +791,31 @@ def test_alerts_go_to_mlflow_as_tags_with_their_state(
     # Accuracy 0.01 at step 10: the threshold fires; 0.1 at step 100: it resolves.
     store_result(setup, 10, metrics_at(10))
     wait_for(lambda: outbox(setup.database).get("pending", 0) == 0 or None, 60, "sent")
-    _, run = mlflow_run(setup)
     with setup.database.session() as s:
         (alert,) = [a for a in alerting.alert_rows(s, run=RUN) if a.rule == "threshold"]
-    fired = json.loads(run.data.tags[f"evald.alert.{alert.id}"])
-    assert (fired["state"], fired["rule"], fired["metric"], fired["step"]) == (
+    fired = alert_files(setup)[alert.id]
+    assert (fired["state"], fired["rule"], fired["metric"], fired["step"], fired["severity"]) == (
         "firing",
         "threshold",
         "accuracy",
         10,
+        "critical",
     )
-    assert run.data.tags[f"evald.alert.{alert.id}.state"] == "firing"
-    assert run.data.tags[f"evald.alert.{alert.id}.severity"] == "critical"
+    firing = firing_tag(setup)
+    assert (
+        firing["count"] == 1 and "threshold on arith/accuracy at step 10" in firing["alerts"][str(alert.id)]
+    )
     store_result(setup, 100, metrics_at(100))
     wait_for(lambda: outbox(setup.database).get("pending", 0) == 0 or None, 60, "sent")
-    _, run = mlflow_run(setup)
     with setup.database.session() as s:
         rows = alerting.alert_rows(s, run=RUN)
     assert rows
+    files = alert_files(setup)
     for row in rows:
         # Every alert evald stored, in MLflow with the state evald says.
-        assert json.loads(run.data.tags[f"evald.alert.{row.id}"])["state"] == row.state, row
-    resolved = json.loads(run.data.tags[f"evald.alert.{alert.id}"])
-    assert (resolved["state"], resolved["step"]) == ("resolved", 100)
+        assert files[row.id]["state"] == row.state, row
+    assert (files[alert.id]["state"], files[alert.id]["step"]) == ("resolved", 100)
+    assert firing_tag(setup) == {"count": 0, "alerts": {}}
     assert assert_equal_to_results(setup) == 4
 
 
@@ -765,13 +825,11 @@ TWO_ALERTS = ALERT_ON_ACCURACY + "[alerts.thresholds.response_length]\nmax = 50\
 
 
 def alert_tags(setup: Setup) -> dict[int, dict[str, Any]]:
-    """Each alert's tag in MLflow (its latest event), by alert id."""
-    _, run = mlflow_run(setup)
-    found: dict[int, dict[str, Any]] = {}
-    for key, value in run.data.tags.items():
-        if key.startswith("evald.alert.") and key.count(".") == 2:
-            found[int(key.rsplit(".", 1)[1])] = json.loads(value)
-            assert run.data.tags[f"{key}.state"] == found[int(key.rsplit(".", 1)[1])]["state"]
+    """Each alert's latest event in MLflow (its file), by alert id; the firing tag agrees with them."""
+    found = alert_files(setup)
+    firing = firing_tag(setup)
+    assert {int(k) for k in firing["alerts"]} == {i for i, f in found.items() if f["state"] == "firing"}
+    assert firing["count"] == len(firing["alerts"])
     return found
 
 
@@ -842,8 +900,8 @@ def test_an_evaluation_of_more_values_than_one_log_batch_takes_is_delivered_whol
 ) -> None:
     # A 1,000-value batch takes the server seconds on two busy cores: a timeout that lets it answer.
     setup = _setup(tmp_path, mlflow_server.uri, extra='attach = "own"', timeout_secs=60)
-    # 400 metrics, each with stderr and n: 1,200 values, past MLflow's 1,000 a call.
-    wide = [queries.MetricRow(f"m{i:03d}", i / 400, 10, 0.01) for i in range(400)]
+    # 1,200 metrics: past MLflow's 1,000 a call.
+    wide = [queries.MetricRow(f"m{i:04d}", i / 1200, 10, 0.01) for i in range(1200)]
     store_result(setup, 10, metrics_at(10))
     store_result(setup, 20, wide)
     store_result(setup, 30, metrics_at(30))
@@ -862,7 +920,12 @@ def test_an_evaluation_of_more_values_than_one_log_batch_takes_is_delivered_whol
         assert row.step is not None and row.stderr is not None and row.n is not None
         key = f"eval/{row.task}/{row.metric}"
         expected[(key, row.step)] = [row.value]
-        expected[(f"{key}/stderr", row.step)] = [row.stderr]
-        expected[(f"{key}/n", row.step)] = [float(row.n)]
-    assert len(expected) == 404 * 3
+    assert len(expected) == 1204
     assert stored_points(mlflow_server, run.info.run_id) == expected
+    (wide_file,) = [f for f in evaluation_files(setup) if f["step"] == 20]
+    assert wide_file["metrics"]["m1199"] == {
+        "key": "eval/arith/m1199",
+        "value": 1199 / 1200,
+        "stderr": 0.01,
+        "n": 10,
+    }

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import struct
+import subprocess
+import sys
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -93,7 +96,7 @@ def history(run_files: list[Path]) -> list[dict[str, Any]]:
     ]
 
 
-def expected_values(setup: Setup) -> dict[tuple[str, int], float]:
+def expected_values(setup: Setup, *, n: bool = True) -> dict[tuple[str, int], float]:
     with setup.database.session() as s:
         rows = queries.result_rows(s, run=RUN)
     out: dict[tuple[str, int], float] = {}
@@ -103,9 +106,17 @@ def expected_values(setup: Setup) -> dict[tuple[str, int], float]:
         out[(f"{base}/{row.metric}", row.step)] = row.value
         if row.stderr is not None:
             out[(f"{base}/{row.metric}/stderr", row.step)] = row.stderr
-        if row.n is not None:
+        if n and row.n is not None:
             out[(f"{base}/{row.metric}/n", row.step)] = float(row.n)
     return out
+
+
+def summary_of(files: list[Path]) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for update in records(files, "summary"):
+        for item in update.update:
+            found[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
+    return found
 
 
 @pytest.fixture
@@ -177,11 +188,66 @@ def test_wandb_offline_every_value_at_its_step_once(
     for row in rows:
         for key, value in row.items():
             numeric = isinstance(value, int | float) and key.startswith("eval/")
-            if numeric and key != "eval/step" and not key.endswith("/job_id"):
+            if numeric and key != "eval/step":
                 logged.setdefault((key, int(row["eval/step"])), []).append(float(value))
-    expected = expected_values(setup)
+    # One curve per metric and its stderr; n is the summary's (a number per task, not a curve).
+    expected = expected_values(setup, n=False)
     assert logged == {k: [v] for k, v in expected.items()}
     assert [int(r["eval/step"]) for r in rows] == [10, 30, 20, 40]
+    # W&B's own `_step` goes on across the two starts (offline, W&B would start the resumed run's at 0,
+    # and `wandb sync` would drop the second start's rows as going backwards).
+    assert [int(r["_step"]) for r in rows] == [0, 1, 2, 3]
+    summary = summary_of(_run_files(tmp_path))
+    assert summary["eval/arith/accuracy/n"] == 100 and summary["eval/arith/response_length/n"] == 100
+
+
+#: A trainer that logged 960 rows to its own offline W&B run in the run root (W&B's `_step` 0..959).
+TRAINER_960 = """
+import sys, wandb
+run = wandb.init(project="grpo", dir=sys.argv[1], mode="offline", settings=wandb.Settings(silent=True))
+for step in range(960):
+    run.log({"train/loss": 1.0 / (step + 1)})
+run.finish()
+print(run.id)
+"""
+
+
+def test_wandb_offline_rows_are_never_below_the_trainers_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, relays: list[Relay]
+) -> None:
+    """Offline, the trainer's run (found by its latest-run link) is not appended to: W&B would number the
+    rows from `_step` 0, and `wandb sync` would drop them below the trainer's 959. An own run takes them,
+    each at its checkpoint's step on the `eval/step` axis."""
+    _needs("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    setup = _wandb_setup(tmp_path)  # attach = "trainer", the default
+    root = Path(setup.config.runs[0].root)
+    root.mkdir(parents=True, exist_ok=True)
+    trainer = subprocess.run(
+        [sys.executable, "-c", TRAINER_960, str(root)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "WANDB_SILENT": "true"},
+    ).stdout.split()[-1]
+    assert trainer_run_on_disk(root) == trainer
+    (trainer_file,) = root.glob(f"wandb/offline-run-*-{trainer}/run-{trainer}.wandb")
+    assert int(history([trainer_file])[-1]["_step"]) == 959
+    with structlog.testing.capture_logs() as logs:
+        relay = _relay(setup, relays)
+        for step in (300, 600, 900):
+            store_result(setup, step, metrics_at(step))
+        wait_for(lambda: delivered(setup.database, 3), 120, "3 delivered to W&B")
+        relay.stop(30)
+    said = [e for e in logs if e["event"] == "tracker.wandb_offline_own_run"]
+    assert len(said) == 1 and said[0]["trainer_run"] == trainer, logs
+    assert not list((tmp_path / "wb").rglob(f"*{trainer}*"))
+    rows = wait_for(lambda: history(_run_files(tmp_path)) or None, 30, "the rows in W&B's run file")
+    assert [(int(r["eval/step"]), int(r["_step"])) for r in rows] == [(300, 0), (600, 1), (900, 2)]
+    assert {r["eval/arith/accuracy"] for r in rows} == {0.3, 0.6, 0.9}
+    # The trainer's own file is as the trainer left it.
+    assert int(history([trainer_file])[-1]["_step"]) == 959
 
 
 def test_wandb_attaches_to_the_trainers_latest_run(tmp_path: Path) -> None:
@@ -247,13 +313,6 @@ def test_wandb_backfill_records_stored_alerts_without_alerting(
     assert "0 sent" in again and "3 already there" in again, again
     with setup.database.session() as s:
         (alert,) = alerting.alert_rows(s, run=RUN)
-
-    def summary_of(files: list[Path]) -> dict[str, Any]:
-        found: dict[str, Any] = {}
-        for update in records(files, "summary"):
-            for item in update.update:
-                found[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
-        return found
 
     summary = wait_for(
         lambda: summary_of(_run_files(tmp_path)).get(f"evald/alerts/{alert.id}"), 30, "the alert's summary"

@@ -80,3 +80,46 @@ def test_two_relays_claiming_at_once_share_no_message(database: Database) -> Non
         thread.join(60)
     every = [d.event_id for got in claimed for d in got]
     assert len(every) == 120 and len(set(every)) == 120
+
+
+def test_rows_of_another_target_wait_and_rows_from_before_targets_are_adopted(database: Database) -> None:
+    with database.session() as s:
+        run_id = queries.ensure_run(s, "a", "/a")
+        # Queued before targets were kept (no target), under the id it had then.
+        assert outbox.enqueue_message(s, run_id=run_id, endpoint=ENDPOINT, event_id="trk_old", body="{}")
+        assert outbox.enqueue_message(
+            s, run_id=run_id, endpoint=ENDPOINT, event_id="trk_b1", body="{}", target="mlflow:b"
+        )
+        # The same message for target a, its old id known: not queued again (adopted instead).
+        assert not outbox.enqueue_message(
+            s,
+            run_id=run_id,
+            endpoint=ENDPOINT,
+            event_id="trk_a1",
+            body="{}",
+            target="mlflow:a",
+            legacy_id="trk_old",
+        )
+        # For target b the old row is no proof: b never had it.
+        assert outbox.adopt(s, endpoint=ENDPOINT, target="mlflow:a") == 1
+        assert outbox.enqueue_message(
+            s,
+            run_id=run_id,
+            endpoint=ENDPOINT,
+            event_id="trk_b0",
+            body="{}",
+            target="mlflow:b",
+            legacy_id="trk_old",
+        )
+        assert outbox.other_targets(s, endpoint=ENDPOINT, target="mlflow:a") == ["mlflow:b"]
+        assert outbox.known_ids(s, ["trk_old", "trk_b1"], target="mlflow:a") == {"trk_old"}
+
+    def claim_for(target: str) -> list[str]:
+        with database.session() as s:
+            got = outbox.due_many(s, endpoint=ENDPOINT, now=utcnow(), lease=LEASE, limit=10, target=target)
+            return [d.event_id for d in got]
+
+    # Each target's own rows only, each run's in order within it (b's head is not held back by a's).
+    assert claim_for("mlflow:b") == ["trk_b1", "trk_b0"]
+    assert claim_for("mlflow:a") == ["trk_old"]
+    assert claim_for("mlflow:c") == []

@@ -6,6 +6,7 @@ sink at delivery, never logged nor given to a worker.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 from pathlib import Path
 from typing import Any, Literal
@@ -130,6 +131,26 @@ class TrackerConfig(Section):
     def endpoint(self) -> str:
         """The outbox's endpoint name for this tracker (webhooks have plain names: no clash)."""
         return f"{ENDPOINT_PREFIX}{self.name}"
+
+    @property
+    def where(self) -> str:
+        """Where the data goes, in the settings that decide it (what ``target`` is made of)."""
+        if self.kind == "mlflow":
+            uri = (self.tracking_uri or "").rstrip("/")
+            return f"MLflow {uri} experiment {self.experiment!r} (attach = {self.attach!r})"
+        if self.kind == "wandb":
+            server = (self.tracking_uri or "https://api.wandb.ai").rstrip("/")
+            return f"W&B {server} project {self.project!r} (attach = {self.attach!r})"
+        folder = str(self.dir) if self.dir is not None else "<run root>/evald_tensorboard"
+        return f"TensorBoard folder {folder}"
+
+    @property
+    def target(self) -> str:
+        """A stable key of where the data goes (``where``): what the outbox's delivery records are kept by,
+        so a tracker pointed at another server, experiment, project or folder sends its runs' history there
+        instead of finding it delivered; timeouts, batches or credentials do not change it."""
+        digest = hashlib.sha256(self.where.encode()).hexdigest()[:32]
+        return f"{self.kind}:{digest}"
 
     @property
     def entity(self) -> str | None:

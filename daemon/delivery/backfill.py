@@ -22,6 +22,7 @@ from daemon.delivery.outbox import Lane
 from daemon.delivery.queue import TrackerQueue
 from daemon.delivery.trackers import TrackerRoute
 from daemon.errors import EvaldError
+from storage import outbox
 from storage.database import Database
 from storage.models import OutboxMessage, OutboxState, Run
 
@@ -69,16 +70,23 @@ def backfill(
         if run_id is None:
             known = ", ".join(sorted(session.scalars(select(Run.name)))) or "none"
             raise EvaldError(f"no run named {run!r} in the database (runs: {known})")
+        # Rows queued before targets were kept are this target's (as the daemon's relay takes them).
+        outbox.adopt(session, endpoint=tracker.endpoint, target=tracker.target)
         jobs = succeeded_jobs(session, run)
-        ids = [event_id(tracker.endpoint, job) for job in jobs]
-        before = _delivered(session, ids)
-        queue = TrackerQueue([tracker])
-        queued = sum(queue.queue(session, job_id=job, run=run, run_id=run_id) for job in jobs)
         events = TrackerQueue.stored_alert_events(session, run_id=run_id)
-        # Each alert's latest event delivered live counts as already there: what the backfill would send.
-        before_alerts = _delivered(session, [alert_event_id(tracker.endpoint, e) for e in events])
-        queued += queue.queue_alerts(session, events, run=run, run_id=run_id)
-    lane = Lane(database, TrackerRoute(tracker, environ))
+        ids = [
+            *(event_id(tracker.endpoint, job, target) for job in jobs for target in (tracker.target, None)),
+            *(
+                alert_event_id(tracker.endpoint, e, target)
+                for e in events
+                for target in (tracker.target, None)
+            ),
+        ]
+        # Delivered live, by an earlier backfill, or (each alert's latest event) what it would send.
+        before = _delivered(session, ids, tracker.target)
+        _, _, queued = TrackerQueue([tracker]).history(session, run=run, run_id=run_id)
+    # Only this run's: the other runs' history for a new target is the daemon's relay's to queue.
+    lane = Lane(database, TrackerRoute(tracker, environ), prepare=False)
     sent = already = 0
     try:
         while dues := lane.claim():
@@ -96,23 +104,29 @@ def backfill(
             session.scalar(
                 select(func.count())
                 .select_from(OutboxMessage)
-                .where(OutboxMessage.endpoint == tracker.endpoint, OutboxMessage.state == OutboxState.PENDING)
+                .where(
+                    OutboxMessage.endpoint == tracker.endpoint,
+                    OutboxMessage.target == tracker.target,
+                    OutboxMessage.state == OutboxState.PENDING,
+                )
             )
             or 0
         )
-    return Backfilled(
-        tracker.name, len(jobs), len(events), queued, sent, before + before_alerts + already, pending, where
-    )
+    return Backfilled(tracker.name, len(jobs), len(events), queued, sent, before + already, pending, where)
 
 
-def _delivered(session: Session, ids: list[str]) -> int:
+def _delivered(session: Session, ids: list[str], target: str) -> int:
     if not ids:
         return 0
     return int(
         session.scalar(
             select(func.count())
             .select_from(OutboxMessage)
-            .where(OutboxMessage.event_id.in_(ids), OutboxMessage.state == OutboxState.DELIVERED)
+            .where(
+                OutboxMessage.event_id.in_(ids),
+                OutboxMessage.target == target,
+                OutboxMessage.state == OutboxState.DELIVERED,
+            )
         )
         or 0
     )

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 from daemon.delivery.errors import SinkError, SinkRejected
 
 if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
     from daemon.outage import Outage
     from storage.outbox import Due
 
@@ -113,6 +115,8 @@ class Route(ABC, Generic[M]):
     one_per_run: bool = False
     #: The outbox row's last error when its stored body cannot be read: ``<unreadable>: <why>``.
     unreadable: str = "cannot be read"
+    #: Only the endpoint's rows of this target are sent (a tracker's: where it points now); None: all.
+    target: str | None = None
 
     def __init__(
         self,
@@ -144,6 +148,10 @@ class Route(ABC, Generic[M]):
     def read(self, event_id: str, body: str) -> M:
         """The stored body as the sink takes it; ValueError, KeyError or TypeError: it never will (the
         message is given up)."""
+
+    def prepare(self, session: Session) -> None:
+        """Before the lane's first claim, in its transaction (a tracker queues its runs' history for a
+        target it did not point at before)."""
 
     def arrange(self, items: list[tuple[Due, M]]) -> list[tuple[Due, M]]:
         """The order ``deliver_many`` gets ``items`` in (as claimed, unless a route groups them)."""

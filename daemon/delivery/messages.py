@@ -2,8 +2,9 @@
 event (fired, notified again, resolved).
 
 A result message is built in the transaction that stores the result (or, for a backfill, from what is
-stored) and queued in the outbox under a stable id: ``tracker:<name>`` and the job id give the same id every
-time, so a backfill of what was already sent live queues nothing, and a sink that records delivered ids logs
+stored) and queued in the outbox under a stable id: ``tracker:<name>``, its target (where it points: the
+server and experiment, project, folder) and the job id give the same id every time, so a backfill of what
+was already sent live queues nothing, and a sink that records delivered ids logs
 nothing twice. An alert event is built in the transaction that stores the alert's change (or, for a
 backfill, from the stored alert), under an id made of the alert, its state, its episode's start and end and
 its severity: the notice that fired an episode and a backfill of that firing alert have one id, so neither
@@ -69,14 +70,15 @@ class ResultMessage:
         base = f"eval/{self.task}" if self.stage == FULL_STAGE else f"eval/{self.task}/{self.stage}"
         return f"{base}/{metric}" if part is None else f"{base}/{metric}/{part}"
 
-    def scalars(self) -> list[tuple[str, float]]:
-        """Every value this message logs, by key: each metric, its stderr and n where known."""
+    def scalars(self, *, stderr: bool = True, n: bool = True) -> list[tuple[str, float]]:
+        """The values this message logs, by key: each metric, its stderr and n where known (and asked
+        for)."""
         out: list[tuple[str, float]] = []
         for m in self.metrics:
             out.append((self.key(m.name), m.value))
-            if m.stderr is not None and math.isfinite(m.stderr):
+            if stderr and m.stderr is not None and math.isfinite(m.stderr):
                 out.append((self.key(m.name, "stderr"), m.stderr))
-            if m.n is not None:
+            if n and m.n is not None:
                 out.append((self.key(m.name, "n"), float(m.n)))
         return out
 
@@ -193,12 +195,14 @@ def parse(body: str) -> Message:
 ALERT_PREFIX = "trka_"
 
 
-def alert_event_id(endpoint: str, event: AlertEvent) -> str:
-    """The id of ``event`` to ``endpoint``: the same for the live notice and a backfill of it (see the
-    module's docstring); the times in ms, so an ISO string with or without its zone gives one id."""
+def alert_event_id(endpoint: str, event: AlertEvent, target: str | None = None) -> str:
+    """The id of ``event`` to ``endpoint``'s ``target``: the same for the live notice and a backfill of it
+    (see the module's docstring); the times in ms, so an ISO string with or without its zone gives one
+    id. ``target`` None: the id it had before targets were kept (a row queued then)."""
     starts = _iso_ms(event.starts_at)
     ends = _iso_ms(event.ends_at) if event.ends_at else ""
-    key = f"{endpoint}|alert|{event.alert_id}|{event.state}|{starts}|{ends}|{event.severity}"
+    where = endpoint if target is None else f"{endpoint}|{target}"
+    key = f"{where}|alert|{event.alert_id}|{event.state}|{starts}|{ends}|{event.severity}"
     return f"{ALERT_PREFIX}{hashlib.sha256(key.encode()).hexdigest()[:40]}"
 
 
@@ -215,9 +219,11 @@ def epoch_ms(when: datetime) -> int:
     return int(aware.timestamp() * 1000)
 
 
-def event_id(endpoint: str, job_id: int) -> str:
-    """The outbox id of job ``job_id``'s message to ``endpoint``: the same live and in a backfill."""
-    digest = hashlib.sha256(f"{endpoint}|result|{job_id}".encode()).hexdigest()[:40]
+def event_id(endpoint: str, job_id: int, target: str | None = None) -> str:
+    """The outbox id of job ``job_id``'s message to ``endpoint``'s ``target``: the same live and in a
+    backfill; another target, another id. ``target`` None: the id it had before targets were kept."""
+    where = endpoint if target is None else f"{endpoint}|{target}"
+    digest = hashlib.sha256(f"{where}|result|{job_id}".encode()).hexdigest()[:40]
     return f"trk_{digest}"
 
 

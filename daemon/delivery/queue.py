@@ -13,7 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from daemon.config import TrackerConfig
-from daemon.delivery.messages import AlertEvent, alert_event_id, event_id, result_message
+from daemon.delivery.messages import AlertEvent, alert_event_id, event_id, result_message, succeeded_jobs
 from daemon.delivery.notice import notice_body
 from storage import outbox
 from storage.models import Alert, AlertState, Run
@@ -42,11 +42,34 @@ class TrackerQueue:
                 session,
                 run_id=run_id,
                 endpoint=tracker.endpoint,
-                event_id=event_id(tracker.endpoint, job_id),
+                event_id=event_id(tracker.endpoint, job_id, tracker.target),
                 body=message.to_json(),
+                target=tracker.target,
+                legacy_id=event_id(tracker.endpoint, job_id),
             ):
                 queued += 1
         return queued
+
+    def history(self, session: Session, *, run: str, run_id: int) -> tuple[int, int, int]:
+        """Every stored evaluation of ``run`` and each of its alerts' latest event, queued for each tracker
+        that takes it where not queued for its target yet (a backfill; a tracker pointed somewhere new).
+        Returns (evaluations, alert events, queued)."""
+        jobs = succeeded_jobs(session, run)
+        events = self.stored_alert_events(session, run_id=run_id)
+        queued = 0
+        for tracker in self._trackers:
+            if not tracker.takes(run):
+                continue
+            ids = {job: event_id(tracker.endpoint, job, tracker.target) for job in jobs}
+            legacy = {job: event_id(tracker.endpoint, job) for job in jobs}
+            known = outbox.known_ids(session, [*ids.values(), *legacy.values()], target=tracker.target)
+            missing = [job for job in jobs if ids[job] not in known and legacy[job] not in known]
+            queued += TrackerQueue([tracker]).queue_many(session, missing, run=run, run_id=run_id)
+            queued += sum(self._queue_alert(session, tracker, event, run_id) for event in events)
+        return len(jobs), len(events), queued
+
+    def queue_many(self, session: Session, jobs: Sequence[int], *, run: str, run_id: int) -> int:
+        return sum(self.queue(session, job_id=job, run=run, run_id=run_id) for job in jobs)
 
     def after_result(self, session: Session, *, job_id: int, run: str, run_id: int) -> int:
         """``queue`` in a savepoint: a failure is logged and undone, and the result still commits (the
@@ -114,7 +137,9 @@ class TrackerQueue:
                 session,
                 run_id=run_id,
                 endpoint=tracker.endpoint,
-                event_id=alert_event_id(tracker.endpoint, event),
+                event_id=alert_event_id(tracker.endpoint, event, tracker.target),
                 body=event.to_json(),
+                target=tracker.target,
+                legacy_id=alert_event_id(tracker.endpoint, event),
             )
         )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 
 from daemon.config import TrackerConfig
 from daemon.delivery.messages import ALERT_PREFIX
@@ -29,7 +29,11 @@ def destinations(database: Database, trackers: tuple[TrackerConfig, ...]) -> lis
             counts: dict[tuple[bool, OutboxState], int] = {}
             for is_alert, state, n in session.execute(
                 select(OutboxMessage.event_id.startswith(ALERT_PREFIX), OutboxMessage.state, func.count())
-                .where(OutboxMessage.endpoint == tracker.endpoint)
+                .where(
+                    OutboxMessage.endpoint == tracker.endpoint,
+                    # Where it points now (a row from before targets were kept is its too).
+                    or_(OutboxMessage.target == tracker.target, OutboxMessage.target.is_(None)),
+                )
                 .group_by(OutboxMessage.event_id.startswith(ALERT_PREFIX), OutboxMessage.state)
             ).all():
                 counts[(bool(is_alert), state)] = int(n)

@@ -9,13 +9,19 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import structlog
+from sqlalchemy import select
 
 from daemon.config import TrackerConfig
 from daemon.delivery.base import Route, Sink, Voice
 from daemon.delivery.errors import SinkError, SinkRejected
 from daemon.delivery.messages import AlertEvent, Message, parse
+from daemon.delivery.queue import TrackerQueue
+from storage import outbox
+from storage.models import Run
 
 if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
     from daemon.outage import Outage
     from storage.outbox import Due
 
@@ -131,6 +137,7 @@ class TrackerRoute(Route[Message]):
             pause_secs=config.pause_secs,
         )
         self.config = config
+        self.target = config.target
         self._environ = environ
         self._factory = sink_factory
 
@@ -138,6 +145,33 @@ class TrackerRoute(Route[Message]):
     def lease(self) -> timedelta:
         calls = math.ceil(self.config.batch / CALL_MESSAGES)
         return timedelta(seconds=self.config.timeout_secs * (2 + calls) + CLAIM_MARGIN_SECS)
+
+    def prepare(self, session: Session) -> None:
+        """Rows queued before targets were kept become this target's; pointed somewhere it had not
+        delivered to (another experiment, project, folder) while it has delivered elsewhere, it queues its
+        runs' whole history there (what is queued for this target already is not queued again)."""
+        endpoint, target = self.config.endpoint, self.target
+        assert target is not None
+        outbox.adopt(session, endpoint=endpoint, target=target)
+        before = outbox.other_targets(session, endpoint=endpoint, target=target)
+        if not before:
+            return
+        queue = TrackerQueue([self.config])
+        evaluations = alerts = queued = 0
+        for run_id, run in session.execute(select(Run.id, Run.name).order_by(Run.id)).all():
+            if self.config.takes(run):
+                jobs, events, new = queue.history(session, run=run, run_id=run_id)
+                evaluations, alerts, queued = evaluations + jobs, alerts + events, queued + new
+        if queued:
+            log.info(
+                "tracker.target_changed",
+                tracker=self.name,
+                target=self.config.where,
+                evaluations=evaluations,
+                alerts=alerts,
+                queued=queued,
+                detail="the runs' history is sent to the new target; what it has already is not sent again",
+            )
 
     def read(self, event_id: str, body: str) -> Message:
         return parse(body)

@@ -76,7 +76,8 @@ def register_runs(config: Config, database: Database) -> list[WatchedRun]:
     watched = []
     with database.session() as session:
         for run in config.runs:
-            run_id = queries.ensure_run(session, run.name, str(run.root))
+            # What the user configured: an s3:// run's root is its local mirror, not where it lives.
+            run_id = queries.ensure_run(session, run.name, run.url or str(run.root))
             watched.append(WatchedRun(run, run_id, tuple(t.name for t in config.tasks_for(run))))
     return watched
 

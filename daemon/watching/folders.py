@@ -42,11 +42,39 @@ def subdirs(folder: Path, passed_over: list[Path] | None = None) -> list[Path]:
     found = []
     for path in sorted(entries):
         if not layouts.is_ignored_name(path.name):
-            if _is_dir(path):
+            if _is_dir(path) and not is_tracker_folder(path):
                 found.append(path)
         elif passed_over is not None and layouts.parse_step(path.name) != (None, None) and _is_dir(path):
             passed_over.append(path)
     return found
+
+
+#: Folders experiment trackers write under a run root (W&B's ``wandb/``, MLflow's ``mlruns/``, evald's own
+#: TensorBoard folder): known, never checkpoints, passed over without a word.
+TRACKER_FOLDERS = frozenset({"wandb", "mlruns", "evald_tensorboard"})
+#: TensorBoard's usual folder names (HF Trainer's ``runs/``, verl's ``tensorboard_log/``): passed over
+#: only when they hold event files, since a folder of that name may also hold checkpoints.
+_EVENT_FOLDERS = frozenset({"runs", "tensorboard", "tensorboard_log", "tb_logs", "logs"})
+_EVENT_FILE = "events.out.tfevents."
+
+
+def is_tracker_folder(path: Path) -> bool:
+    """Whether ``path`` is a tracker's folder (:data:`TRACKER_FOLDERS`, or a TensorBoard one holding event
+    files, in it or one folder down, and no model), not a checkpoint nor a folder of them."""
+    if path.name in TRACKER_FOLDERS:
+        return True
+    if path.name not in _EVENT_FOLDERS:
+        return False
+    events = False
+    try:
+        for entry in path.iterdir():
+            inside = list(entry.iterdir()) if entry.is_dir() else [entry]
+            if any(OWN_CHECKPOINT_FILE.fullmatch(f.name) for f in inside):
+                return False
+            events = events or any(f.name.startswith(_EVENT_FILE) for f in inside)
+    except OSError:
+        return False  # looked at as a folder of its own, which records why it cannot be read
+    return events
 
 
 def _is_dir(path: Path) -> bool:
@@ -113,7 +141,7 @@ def top_level_child(root: Path, path: Path) -> Path | None:
         parts = path.relative_to(root).parts
     except ValueError:
         return None
-    if not parts or layouts.is_ignored_name(parts[0]):
+    if not parts or layouts.is_ignored_name(parts[0]) or is_tracker_folder(root / parts[0]):
         return None
     return root / parts[0]
 

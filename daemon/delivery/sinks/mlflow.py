@@ -1,16 +1,17 @@
-"""The MLflow sink: each evaluation's values logged at the checkpoint's training step.
+"""The MLflow sink: each evaluation's values logged at the checkpoint's training step, the run kept
+readable.
 
-Keys ``eval/<task>/<metric>`` with ``/stderr`` and ``/n`` beside them, all of one evaluation in one
-``log_batch`` together with the tag ``evald.job.<job id>`` (its task, stage, step and checkpoint path);
-consecutive evaluations of one run share the call, up to 100 (MLflow's limit of 100 tags per batch).
-MLflow's ``log_metric`` with a step is not idempotent (the same value at a new timestamp is a second
-history entry), so delivery is made idempotent twice over: that tag is the record of what was delivered
-(a message whose tag is on the run is not logged again), and each value carries the evaluation's own
-finish time as its timestamp, so a batch sent again after the server took it (a crash before the
-outbox's mark, or a server that died between writing the batch's metrics and its tags, which MLflow's
-SQL store commits separately) repeats the same (key, step, timestamp, value), which the store keeps once.
+Metrics are the plotted values only, ``eval/<task>/<metric>`` (a quick subset's under
+``eval/<task>/quick/``); stderr and n, the checkpoint's path and the ids are in the evaluation's file
+``evald/evaluations/<task>/step_<step>_job_<id>.json``, and the run gets a bounded set of tags, whatever the
+number of evaluations and alerts (``mlflow_record``). Consecutive evaluations of one run share one
+``log_batch``. Delivery is idempotent: each value carries the evaluation's own finish time as its
+timestamp, so a batch sent again (a crash before the outbox's mark) repeats the same (key, step, timestamp,
+value), which MLflow's store keeps once; files are written again at the same path and tags set to the same
+value. The evaluation's file is written after its values, so its presence says they are there.
 
-An alert event sets the tags ``evald.alert.<id>`` (the event as JSON), ``.state`` and ``.severity``.
+An alert event is its file ``evald/alerts/alert_<id>.json`` (its latest event) and its place in the tag
+``evald.alerts.firing``.
 
 The samples go as one table per evaluation (``sample_path``, MLflow's table format, the checkpoint in each
 row), every call with the sink's own credentials.
@@ -39,6 +40,13 @@ from daemon.delivery.base import Batch, Sink
 from daemon.delivery.errors import SinkError, SinkRefused, SinkRejected, SinkUnavailable
 from daemon.delivery.messages import AlertEvent, Message, ResultMessage
 from daemon.delivery.sinks.mlflow_attach import on_disk, search_filter
+from daemon.delivery.sinks.mlflow_record import (
+    RUN_TAG,
+    RunRecord,
+    alert_path,
+    evaluation_path,
+    evaluation_record,
+)
 from daemon.delivery.sinks.mlflow_tables import (
     LOGGED_ARTIFACTS,
     listed_tables,
@@ -49,34 +57,26 @@ from daemon.delivery.sinks.mlflow_tables import (
 
 log = structlog.get_logger("daemon.delivery.sinks.mlflow")
 
-#: The per-job delivery tag's prefix: its presence on the run means the job's values are there.
-JOB_TAG = "evald.job."
-RUN_TAG = "evald.run"
-#: An alert's tags: ``evald.alert.<id>`` (its latest event as JSON, with the event id), ``.state``,
-#: ``.severity`` beside it (so ``tags."evald.alert.7.state" = 'firing'`` finds the runs).
-ALERT_TAG = "evald.alert."
 #: MLflow's limit on a tag's value.
 TAG_CHARS = 5000
-#: MLflow's ``log_batch`` limits: 1,000 metrics, params and tags together, 100 tags.
+#: MLflow's ``log_batch`` limits: 1,000 metrics, params and tags together.
 MAX_ENTITIES = 1000
-MAX_TAGS = 100
+#: The tags each ``log_batch`` sets (``RunRecord.tags``).
+EVALD_TAGS = 3
 
 
 @dataclass(frozen=True)
 class _Entry:
-    """One message's share of a ``log_batch``."""
+    """One message's share of a ``log_batch`` and the files written with it."""
 
     message: Message
     metrics: tuple[Any, ...]
-    tags: tuple[Any, ...]
-    #: Already on the run (its delivery tag there): nothing to send.
-    already: bool = False
-    #: The delivery tag and event id remembered once the batch is taken.
-    mark: tuple[str, str] | None = None
+    #: The evaluation's or alert's file: (path, JSON).
+    record: tuple[str, bytes]
 
     @property
     def size(self) -> int:
-        return len(self.metrics) + len(self.tags)
+        return len(self.metrics)
 
 
 def _classify(exc: Exception, doing: str) -> Exception:
@@ -117,9 +117,9 @@ class MlflowSink(Sink[Message]):
         #: Each run's artifact location (``_artifact_location``).
         self._artifact_roots: dict[str, tuple[bool, str]] = {}
         self._store = self._make_store(self._token, self._user)
-        #: evald run -> MLflow run id, and each MLflow run's delivery tags (``_delivered_tags``).
+        #: evald run -> MLflow run id, and what each MLflow run's evald tags say (``RunRecord``).
         self._runs: dict[str, str] = {}
-        self._delivered: dict[str, dict[str, str]] = {}
+        self._records: dict[str, RunRecord] = {}
         self._experiment_id: str | None = None
 
     def _make_store(self, token: str | None, user: str | None) -> Any:
@@ -148,7 +148,7 @@ class MlflowSink(Sink[Message]):
 
     def close(self) -> None:
         self._runs.clear()
-        self._delivered.clear()
+        self._records.clear()
 
     def run_id(self, message: Message) -> str:
         """The MLflow run ``message``'s evald run logs into (found or created once per sink)."""
@@ -161,10 +161,13 @@ class MlflowSink(Sink[Message]):
         if run_id is None:
             run_id = self._own_run(message)
         # Read before the run is remembered: a read that fails (a timeout) is retried with the lookup,
-        # never left as a known run without its delivery tags.
-        delivered = self._delivered_tags(run_id)
+        # never left as a known run without its tags.
+        try:
+            tags = dict(self._store.get_run(run_id).data.tags)
+        except Exception as exc:
+            raise _classify(exc, f"read run {run_id}") from exc
         self._runs[message.run] = run_id
-        self._delivered[run_id] = delivered
+        self._records[run_id] = RunRecord.from_tags(tags)
         return run_id
 
     def _trainer_run(self, message: Message) -> str | None:
@@ -291,38 +294,18 @@ class MlflowSink(Sink[Message]):
         log.info("tracker.own_run", tracker=self.name, run=message.run, mlflow_run=run.info.run_id)
         return str(run.info.run_id)
 
-    def _delivered_tags(self, run_id: str) -> dict[str, str]:
-        """The run's delivery tags: each evaluation's (its value unused), each alert's latest event id."""
-        try:
-            run = self._store.get_run(run_id)
-        except Exception as exc:
-            raise _classify(exc, f"read run {run_id}") from exc
-        found: dict[str, str] = {}
-        for key, value in run.data.tags.items():
-            if key.startswith(JOB_TAG):
-                found[key] = ""
-            elif key.startswith(ALERT_TAG) and key.count(".") == 2:
-                try:
-                    found[key] = str(json.loads(value).get("event_id", ""))
-                except (ValueError, AttributeError):
-                    continue
-        return found
-
     def deliver_many(self, items: Sequence[tuple[str, Message]]) -> Batch:
         """Consecutive messages of one MLflow run go in one ``log_batch`` while it stays within MLflow's
-        limits (1,000 entities, 100 tags: one tag per evaluation); an evaluation of more values than one
-        call takes goes alone, in several (``_flush``)."""
+        limit (1,000 entities); an evaluation of more values than one call takes goes alone, in several
+        (``_flush``)."""
         fresh: list[bool] = []
         chunk: list[_Entry] = []
         chunk_run: str | None = None
         try:
             for event_id, message in items:
                 run_id = self.run_id(message)
-                entry = self._entry(run_id, event_id, message)
-                fits = (
-                    sum(len(e.tags) for e in chunk) + len(entry.tags) <= MAX_TAGS
-                    and sum(e.size for e in chunk) + entry.size <= MAX_ENTITIES
-                )
+                entry = self._entry(event_id, message)
+                fits = sum(e.size for e in chunk) + entry.size + EVALD_TAGS <= MAX_ENTITIES
                 if chunk and (run_id != chunk_run or not fits):
                     fresh += self._flush(chunk_run or run_id, chunk)
                     chunk = []
@@ -334,63 +317,50 @@ class MlflowSink(Sink[Message]):
             return Batch(tuple(fresh), exc)
         return Batch(tuple(fresh))
 
-    def _entry(self, run_id: str, event_id: str, message: Message) -> _Entry:
-        from mlflow.entities import Metric, RunTag
+    def _entry(self, event_id: str, message: Message) -> _Entry:
+        from mlflow.entities import Metric
 
-        delivered = self._delivered[run_id]
         if isinstance(message, AlertEvent):
-            key = f"{ALERT_TAG}{message.alert_id}"
-            if delivered.get(key) == event_id:
-                return _Entry(message, (), (), already=True)
-            event = json.dumps(message.facts(event_id), allow_nan=False, default=str)[:TAG_CHARS]
-            tags = (
-                RunTag(key, event),
-                RunTag(f"{key}.state", message.state),
-                RunTag(f"{key}.severity", message.severity),
-            )
-            return _Entry(message, (), tags, mark=(key, event_id))
-        tag = f"{JOB_TAG}{message.job_id}"
-        if tag in delivered:
-            return _Entry(message, (), (), already=True)
+            facts = json.dumps(message.facts(event_id), allow_nan=False, default=str, indent=1)
+            return _Entry(message, (), (alert_path(message), facts.encode()))
         # The evaluation's own time, not the sending time: a value sent again has the same key, value,
         # step and timestamp, which MLflow's store keeps once.
         stamp = message.finished_ms if message.finished_ms is not None else int(time.time() * 1000)
         metrics = tuple(
-            Metric(key=key, value=value, timestamp=stamp, step=message.step)
-            for key, value in message.scalars()
+            Metric(key=message.key(m.name), value=m.value, timestamp=stamp, step=message.step)
+            for m in message.metrics
         )
-        facts = {
-            "event_id": event_id,
-            "task": message.task,
-            "stage": message.stage,
-            "step": message.step,
-            "checkpoint": message.checkpoint_path,
-        }
-        return _Entry(message, metrics, (RunTag(tag, json.dumps(facts)[:TAG_CHARS]),), mark=(tag, event_id))
+        record = json.dumps(evaluation_record(event_id, message), allow_nan=False, indent=1)
+        return _Entry(message, metrics, (evaluation_path(message), record.encode()))
 
     def _flush(self, run_id: str, chunk: list[_Entry]) -> list[bool]:
-        """One ``log_batch`` for ``chunk`` (the sample tables first, one artifact each)."""
+        """The sample tables, one ``log_batch`` of the values and evald's tags, then the evaluations' and
+        alerts' files (written last: a file on the run says its values are there)."""
+        from mlflow.entities import RunTag
+
         metrics = [m for e in chunk for m in e.metrics]
-        tags = [t for e in chunk for t in e.tags]
+        record = self._records.setdefault(run_id, RunRecord())
+        after = RunRecord(record.last_step, dict(record.firing))
+        for entry in chunk:
+            after.apply(entry.message)
+        tags = [RunTag(key, value) for key, value in after.tags(TAG_CHARS).items()]
         try:
             self._log_samples(
                 run_id,
-                [
-                    e.message
-                    for e in chunk
-                    if isinstance(e.message, ResultMessage) and e.message.samples and not e.already
-                ],
+                [e.message for e in chunk if isinstance(e.message, ResultMessage) and e.message.samples],
             )
             # One call, unless one evaluation alone has more values than MLflow takes in a call: then its
-            # values in several, the delivery tags in the last (a crash between them sends the values
-            # again, which their timestamps make the same rows).
+            # values in several, the tags in the last (a crash between them sends the values again,
+            # which their timestamps make the same rows).
             parts = [metrics[i : i + MAX_ENTITIES] for i in range(0, len(metrics), MAX_ENTITIES)] or [[]]
             if len(parts[-1]) + len(tags) > MAX_ENTITIES:
                 parts.append([])
             for i, part in enumerate(parts):
                 last = i == len(parts) - 1
-                if part or (last and tags):
+                if part or last:
                     self._store.log_batch(run_id, metrics=part, params=[], tags=tags if last else [])
+            for entry in chunk:
+                self._upload(run_id, *entry.record)
         except SinkError as exc:
             self._forget_runs(chunk, exc)
             raise
@@ -398,10 +368,8 @@ class MlflowSink(Sink[Message]):
             error = _classify(exc, "log_batch")
             self._forget_runs(chunk, error)
             raise error from exc
-        for entry in chunk:
-            if entry.mark is not None:
-                self._delivered[run_id][entry.mark[0]] = entry.mark[1]
-        return [not e.already for e in chunk]
+        self._records[run_id] = after
+        return [True] * len(chunk)
 
     def _log_samples(self, run_id: str, messages: list[ResultMessage]) -> None:
         """Each message's sample table as an artifact in MLflow's table format (overwritten, not doubled,

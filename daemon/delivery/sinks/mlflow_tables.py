@@ -92,7 +92,14 @@ def put_artifact(root: str, path: str, data: bytes, *, user: str | None, token: 
     )
     try:
         status = int(answer.status_code)
-        said = answer.raw.read(MAX_ANSWER_BYTES, decode_content=False) if status >= 400 else b""
+        # Read to its end (the proxy answers a few bytes), so that the connection goes back to the pool
+        # for the next upload (an answer left unread closes it: one new connection per evaluation's file);
+        # one longer than the limit is cut, and its connection closed.
+        said = b""
+        for chunk in answer.iter_content(8192):
+            said += chunk
+            if len(said) > MAX_ANSWER_BYTES:
+                break
     finally:
         answer.close()
     if status in (401, 403):

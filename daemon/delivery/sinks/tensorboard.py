@@ -30,6 +30,9 @@ ALERTS_TAG = "eval/alerts"
 
 class TensorBoardSink(Sink[Message]):
     def __init__(self, config: TrackerConfig) -> None:
+        # Loaded here, in the lane's thread as it starts, not when the first result is sent.
+        import torch.utils.tensorboard  # noqa: F401
+
         self.name = config.name
         self._config = config
         self._writers: dict[str, tuple[Any, Path, set[str]]] = {}

@@ -2,17 +2,21 @@
 
 ``eval/step`` is the training step of the checkpoint, and every ``eval/*`` key is defined with it as its
 step metric (``define_metric``), so a late or out-of-order checkpoint still plots at its step, whatever
-W&B's own ``_step`` counter says. Values are ``eval/<task>/<metric>`` with ``/stderr`` and ``/n`` beside
-them, ``eval/<task>/job_id`` naming the evald job, and a bounded sample table ``eval/<task>/samples``
-(step, checkpoint path, prompt, response, reference, grade); the evaluations of one step that arrive
-together (a backlog, several tasks) go in one ``log``. An alert is a W&B alert (``run.alert``: W&B sends it
-on to Slack or e-mail where the user set that up) and its event in the summary, ``evald/alerts/<id>``.
+W&B's own ``_step`` counter says. Values are ``eval/<task>/<metric>`` with ``/stderr`` beside them (as
+lm-eval's W&B logger logs them); n and the job id, a number per task rather than a curve, go in the run's
+summary; and a bounded sample table ``eval/<task>/samples`` (step, checkpoint path, prompt, response,
+reference, grade); the evaluations of one step that arrive together (a backlog, several tasks) go in one
+``log``. An alert is a W&B alert (``run.alert``: W&B sends it on to Slack or e-mail where the user set
+that up) and its event in the summary, ``evald/alerts/<id>``.
 
 The run is the trainer's where its id is found (``run_ids`` in the tracker's config, else W&B's
 ``wandb/latest-run`` link under the run root or one folder below it), resumed by id; else one own run
-per evald run, its id derived from the run's name so a restart resumes it. W&B keeps no record a second
-process can read of what was logged, so delivered ids are kept in a ledger file beside W&B's files,
-appended once W&B took the row: a message sent again is not logged again.
+per evald run, its id derived from the run's name so a restart resumes it. Offline, always the own run
+(naming the trainer's in its config), each row given a ``_step`` one past the last this sink logged:
+offline, W&B starts a resumed run's ``_step`` at 0, and ``wandb sync`` sends each row with the ``_step``
+it was written with, which the server drops when it is below the run's last one. W&B keeps no record a
+second process can read of what was logged, so delivered ids (and offline, their ``_step``) are kept in a
+ledger file beside W&B's files, appended once W&B took the row: a message sent again is not logged again.
 ``wandb`` is imported here only: it is an optional extra.
 """
 
@@ -88,11 +92,16 @@ def _is_missing_run(error: Exception) -> bool:
 
 class WandbSink(Sink[Message]):
     def __init__(self, config: TrackerConfig, environ: Mapping[str, str]) -> None:
+        # Loaded here, in the lane's thread as it starts, not when the first result is sent.
+        import wandb  # noqa: F401
+
         self.name = config.name
         self._config = config
         self._api_key = (environ.get(config.token_env, "") if config.token_env else "") or None
         self._runs: dict[str, Any] = {}
         self._ledgers: dict[str, set[str]] = {}
+        #: Offline: each run's next W&B ``_step`` (the last one this sink logged, plus one).
+        self._steps: dict[str, int] = {}
 
     def _dir(self) -> Path:
         return self._config.dir if self._config.dir is not None else Path.cwd()
@@ -126,15 +135,28 @@ class WandbSink(Sink[Message]):
             return handle
         trainer = self._trainer_run(message) if self._config.attach == "trainer" else None
         handle = None
-        if trainer is not None:
+        if trainer is not None and self._config.mode == "offline":
+            # Offline, W&B's `_step` restarts at 0 in a resumed run, and `wandb sync` sends each row with
+            # the `_step` it was written with: the server drops those below the trainer's last step. So
+            # offline, an own run (which names the trainer's run in its config) whose steps go on.
+            log.info(
+                "tracker.wandb_offline_own_run",
+                tracker=self.name,
+                run=message.run,
+                trainer_run=trainer,
+                detail="offline: logged to an own run, since wandb sync would drop rows appended to the "
+                "trainer's run below its last _step",
+            )
+        elif trainer is not None:
             handle = self._init(message, trainer, attached=True)
         if handle is None:
-            handle = self._init(message, own_run_id(message.run), attached=False)
+            handle = self._init(message, own_run_id(message.run), attached=False, trainer=trainer)
         assert handle is not None
         handle.define_metric(STEP_KEY)
         handle.define_metric("eval/*", step_metric=STEP_KEY)
         self._runs[message.run] = handle
-        self._ledgers[handle.id] = self._read_ledger(handle.id)
+        self._ledgers[handle.id], last = self._read_ledger(handle.id)
+        self._steps[handle.id] = last + 1
         log.info(
             "tracker.wandb_run",
             tracker=self.name,
@@ -164,7 +186,7 @@ class WandbSink(Sink[Message]):
             **extra,
         )
 
-    def _init(self, message: Message, run_id: str, *, attached: bool) -> Any:
+    def _init(self, message: Message, run_id: str, *, attached: bool, trainer: str | None = None) -> Any:
         """``wandb.init`` of ``run_id``; None where the trainer's run (``attached``) does not exist on the
         server (online: ``resume = "must"`` refused), which is said once."""
         import wandb
@@ -192,7 +214,9 @@ class WandbSink(Sink[Message]):
                 dir=str(self._dir()),
                 name=None if attached else f"evald-{message.run}",
                 tags=None if attached else ["evald"],
-                config=None if attached else {"evald_run": message.run, "evald_root": message.run_root},
+                config=None
+                if attached
+                else {"evald_run": message.run, "evald_root": message.run_root, "trainer_run": trainer},
                 settings=settings,
                 reinit="create_new",
             )
@@ -209,11 +233,21 @@ class WandbSink(Sink[Message]):
             log.info("tracker.attached", tracker=self.name, run=message.run, trainer_run=run_id)
         return handle
 
-    def _read_ledger(self, run_id: str) -> set[str]:
+    def _read_ledger(self, run_id: str) -> tuple[set[str], int]:
+        """The ids logged to ``run_id`` and the highest W&B step this sink gave a row (-1: none); a line is
+        ``<event id> [<step>]``."""
         try:
-            return set(self._ledger_path(run_id).read_text(encoding="utf-8").split())
+            lines = self._ledger_path(run_id).read_text(encoding="utf-8").splitlines()
         except FileNotFoundError:
-            return set()
+            return set(), -1
+        ids, last = set(), -1
+        for line in lines:
+            parts = line.split()
+            if parts:
+                ids.add(parts[0])
+            if len(parts) > 1 and parts[1].isdigit():
+                last = max(last, int(parts[1]))
+        return ids, last
 
     def deliver_many(self, items: Sequence[tuple[str, Message]]) -> Batch:
         """One ``log`` per step: consecutive evaluations of one run at one step go in one row (the tasks'
@@ -258,9 +292,12 @@ class WandbSink(Sink[Message]):
 
         handle = self._open(group[0][1])
         row: dict[str, Any] = {STEP_KEY: group[0][1].step}
+        # n (the samples a value was computed over) and the job go in the summary, not a curve each.
+        summary: dict[str, Any] = {}
         for _, message in group:
-            row.update(message.scalars())
-            row[message.key("job_id")] = message.job_id
+            row.update(message.scalars(n=False))
+            summary[message.key("job_id")] = message.job_id
+            summary.update((message.key(m.name, "n"), m.n) for m in message.metrics if m.n is not None)
             if message.samples:
                 table = wandb.Table(
                     columns=["step", "checkpoint", "prompt", "response", "reference", "grade"]
@@ -271,11 +308,17 @@ class WandbSink(Sink[Message]):
                         message.step, message.checkpoint_path, s.prompt, s.response, s.reference, grade
                     )
                 row[message.key("samples")] = table
+        # Offline, each row's `_step` is given: one past the last this sink logged to the run, kept in the
+        # ledger, so a resumed offline run's rows go on from its earlier files' (W&B would start at 0).
+        step = self._steps[handle.id] if self._config.mode == "offline" else None
         try:
-            handle.log(row)
+            handle.log(row, step=step)
+            handle.summary.update(summary)
         except Exception as exc:
             raise SinkUnavailable(f"log: {type(exc).__name__}: {str(exc)[:300]}") from exc
-        self._remember(handle.id, [event_id for event_id, _ in group])
+        self._remember(handle.id, [event_id for event_id, _ in group], step)
+        if step is not None:
+            self._steps[handle.id] = step + 1
         return [True] * len(group)
 
     def _alert(self, handle: Any, event_id: str, message: AlertEvent) -> None:
@@ -295,12 +338,13 @@ class WandbSink(Sink[Message]):
             raise SinkUnavailable(f"alert: {type(exc).__name__}: {str(exc)[:300]}") from exc
         self._remember(handle.id, [event_id])
 
-    def _remember(self, run_id: str, event_ids: list[str]) -> None:
+    def _remember(self, run_id: str, event_ids: list[str], step: int | None = None) -> None:
         path = self._ledger_path(run_id)
+        at = "" if step is None else f" {step}"
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with path.open("a", encoding="utf-8") as out:
-                out.write("".join(f"{e}\n" for e in event_ids))
+                out.write("".join(f"{e}{at}\n" for e in event_ids))
         except OSError as exc:
             raise SinkUnavailable(f"ledger {path}: {exc.strerror or exc}") from exc
         self._ledgers[run_id].update(event_ids)
