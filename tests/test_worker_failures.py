@@ -179,8 +179,9 @@ def test_a_killed_rank_fails_the_job_with_its_stderr_tail(
     job = _job(database)
     assert (job.state, job.error_kind) == ("failed", "crash")
     assert job.error is not None
-    # Status shows the cause on one line; the rank's log tail is in the attempt's history.
-    assert job.error == "rank 1 failed (killed by SIGKILL), with no error in its log"
+    # The cause is the first line (what status shows); the rank's log tail follows it and is in the
+    # attempt's history.
+    assert job.error.splitlines()[0] == "rank 1 failed (killed by SIGKILL), with no error in its log"
     assert _history(database) == [("failed", "crash", 1)]
     with database.session() as s:
         (attempt,) = queries.job_history(s, job.id)
