@@ -50,7 +50,12 @@ def test_jobs_held_in_slurms_queue_are_pending_there_with_their_wait(
                 slurm = shown.get("slurm")
                 # The dispatcher stores Slurm's state at its next poll after the submission, and the
                 # hold on the third job at its next claim.
-                in_slurm = slurm == {"pending": 2, "running": 0, "reasons": {"JobHeldUser": 2}}
+                in_slurm = slurm == {
+                    "pending": 2,
+                    "running": 0,
+                    "reasons": {"JobHeldUser": 2},
+                    "executor": "slurm",
+                }
                 return shown if in_slurm and shown.get("held") else None
 
             shown = wait_for(status, 60, "two jobs held in Slurm, one in evald's queue", process.process)

@@ -247,7 +247,7 @@ def test_status_splits_slurm_queue_from_running_and_shows_held_errors_and_tracke
     toy = shown["runs"]["toy"]
     # The database's states stay as they are; Slurm's view is beside them.
     assert toy["jobs"]["running"] == 3 and toy["jobs"]["pending"] == 3 and toy["jobs"]["failed"] == 1
-    assert toy["slurm"] == {"pending": 2, "running": 1, "reasons": {"Resources": 2}}
+    assert toy["slurm"] == {"pending": 2, "running": 1, "reasons": {"Resources": 2}, "executor": "slurm"}
     by_step = {j["step"]: j for j in toy["running"]}
     assert [by_step[s]["in_slurm"] for s in (10, 20, 30)] == ["pending", "pending", "running"]
     assert [by_step[s]["slurm_job_id"] for s in (10, 20, 30)] == ["501", "502", "503"]
@@ -362,7 +362,7 @@ def test_api_status_and_a_steps_jobs(stored: Stored) -> None:
         client = TestClient(app, raise_server_exceptions=False)
         body = client.get("/api/v1/status").json()
         toy = body["runs"]["toy"]
-        assert toy["slurm"] == {"pending": 2, "running": 1, "reasons": {"Resources": 2}}
+        assert toy["slurm"] == {"pending": 2, "running": 1, "reasons": {"Resources": 2}, "executor": "slurm"}
         assert [h["step"] for h in toy["held"]] == [40, 50]
         assert [(t["name"], t["state"]) for t in body["trackers"]] == [
             ("mlflow", "failing"),
@@ -457,3 +457,38 @@ def test_history_keeps_a_short_multi_line_error_whole_on_one_line() -> None:
     text = report.history([short], "table", width=116)
     assert text.splitlines()[2].endswith("rank 0: out of memory at batch 16: (1 more line)")
     assert "errors are cut to their first line" in text
+
+
+def test_a_job_waiting_in_rays_queue_is_said_to_be_in_ray_with_its_reason() -> None:
+    """The executor's own name and reason, from the handle the runner recorded (a Ray job here)."""
+    now = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
+    handle = Handle(executor="ray", job_id=7, attempt=1, job_dir=Path("/jobs/7"), external_id="evald-7-1")
+    waiting = {
+        "job": 7,
+        "step": 10,
+        "task": "arith",
+        "stage": "full",
+        "attempt": 1,
+        "max_attempts": 3,
+        "held_by": OWNER,
+        "started_at": (now - timedelta(seconds=90)).isoformat(),
+        "heartbeat_at": None,
+    }
+    runs = {
+        "toy": {
+            "jobs": {"running": 1},
+            "checkpoints": {"ready": 1},
+            "last_evaluated_step": None,
+            "problems": [],
+        }
+    }
+    runs["toy"]["running"] = [waiting]
+    why = "waiting for resources: 1 bundle {CPU: 1} (STRICT_PACK)"
+    shown = report.with_scheduler(runs, {7: (handle.to_json(), f"PENDING ({why})")}, now)
+    assert shown["toy"]["slurm"] == {"pending": 1, "running": 0, "reasons": {why: 1}, "executor": "ray"}
+    (job,) = shown["toy"]["running"]
+    assert (job["executor"], job["slurm_job_id"], job["queue_wait_s"]) == ("ray", "evald-7-1", 90.0)
+    text = report.status_text(shown)
+    assert f"  jobs:        pending in Ray 1 ({why}), running 0" in text, text
+    assert f"  in Ray:      step 10 [arith/full] (job 7): Ray job evald-7-1 PENDING ({why}), waiting" in text
+    assert "Slurm" not in text

@@ -44,6 +44,11 @@ def _error(prefix: str, error: str | None, width: int | None, job: int | None = 
     return lines
 
 
+def scheduler_name(executor: str | None) -> str:
+    """How status names an executor's queue: ``Slurm``, ``Ray``."""
+    return {"slurm": "Slurm", "ray": "Ray"}.get(executor or "slurm", str(executor))
+
+
 def _jobs_line(info: Mapping[str, Any]) -> str:
     """Jobs by state, a running count split into those waiting in Slurm's queue and those running."""
     slurm = info.get("slurm")
@@ -52,7 +57,7 @@ def _jobs_line(info: Mapping[str, Any]) -> str:
         if state == "running" and slurm and slurm["pending"]:
             reasons = slurm["reasons"]
             why = ", ".join(r if len(reasons) == 1 else f"{r} {n}" for r, n in reasons.items())
-            parts.append(f"pending in Slurm {slurm['pending']} ({why})")
+            parts.append(f"pending in {scheduler_name(slurm.get('executor'))} {slurm['pending']} ({why})")
             parts.append(f"running {count - slurm['pending']}")
         else:
             parts.append(f"{state} {count}")
@@ -101,12 +106,14 @@ def status_text(summary: Mapping[str, Any], width: int | None = None) -> str:
             most = job.get("max_attempts")
             attempt = f"attempt {job['attempt']}" + (f" of {most}" if most is not None else "")
             if job.get("in_slurm") == "pending":
+                name = scheduler_name(job.get("executor"))
                 said = job.get("scheduler_state") or "submitted"
                 waited = (
                     "" if job.get("queue_wait_s") is None else f", waiting {duration(job['queue_wait_s'])}"
                 )
                 lines.append(
-                    f"  in Slurm:    {where}: Slurm job {cell(job.get('slurm_job_id'))} {said}{waited}; "
+                    f"  in {name}:{' ' * max(1, 9 - len(name))}{where}: {name} job "
+                    f"{cell(job.get('slurm_job_id'))} {said}{waited}; "
                     f"{attempt}, submitted by {job['held_by']}"
                 )
                 continue
@@ -115,8 +122,9 @@ def status_text(summary: Mapping[str, Any], width: int | None = None) -> str:
                 f"last heartbeat {cell(job['heartbeat_at'])}"
             )
             if job.get("slurm_job_id") is not None:
+                label = f"{job.get('executor') or 'slurm'}:"
                 lines.append(
-                    f"    slurm:     job {job['slurm_job_id']}: {job.get('scheduler_state') or 'submitted'}"
+                    f"    {label:<11}job {job['slurm_job_id']}: {job.get('scheduler_state') or 'submitted'}"
                 )
         for job in info.get("deferred", []):
             lines.append(

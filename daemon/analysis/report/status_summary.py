@@ -207,8 +207,11 @@ def with_scheduler(
                 running.append(job)
                 continue
             slurm_id = None
+            executor = "slurm"
             try:
-                slurm_id = json.loads(handle).get("external_id")
+                recorded = json.loads(handle)
+                slurm_id = recorded.get("external_id")
+                executor = str(recorded.get("executor") or executor)
             except (ValueError, AttributeError):
                 slurm_id = None
             where, reason = scheduler_phase(state)
@@ -223,6 +226,8 @@ def with_scheduler(
                     "slurm_job_id": slurm_id,
                     "scheduler_state": state,
                     "in_slurm": where,
+                    # The keys keep Slurm's name (the first remote executor); this says whose queue it is.
+                    "executor": executor,
                     "queue_wait_s": wait,
                 }
             )
@@ -232,6 +237,7 @@ def with_scheduler(
             shown["slurm"] = {
                 "pending": pending,
                 "running": len(handed) - pending,
+                "executor": handed[0]["executor"],
                 "reasons": dict(sorted(reasons.items(), key=lambda item: (-item[1], item[0]))),
             }
         out[run] = shown
