@@ -8,7 +8,9 @@ number of evaluations and alerts (``mlflow_record``). Consecutive evaluations of
 ``log_batch``. Delivery is idempotent: each value carries the evaluation's own finish time as its
 timestamp, so a batch sent again (a crash before the outbox's mark) repeats the same (key, step, timestamp,
 value), which MLflow's store keeps once; files are written again at the same path and tags set to the same
-value. The evaluation's file is written after its values, so its presence says they are there.
+value. The evaluation's file is written after its values, so its presence says they are there; a batch's
+files are written several at a time (``mlflow_uploads``) once its values are logged, and a message counts as
+delivered only when its files and those of every message before it are written.
 
 An alert event is its file ``evald/alerts/alert_<id>.json`` (its latest event) and its place in the tag
 ``evald.alerts.firing``.
@@ -29,6 +31,7 @@ import os
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -54,6 +57,7 @@ from daemon.delivery.sinks.mlflow_tables import (
     sample_path,
     sample_table,
 )
+from daemon.delivery.sinks.mlflow_uploads import Uploads
 
 log = structlog.get_logger("daemon.delivery.sinks.mlflow")
 
@@ -79,7 +83,16 @@ class _Entry:
         return len(self.metrics)
 
 
-def _classify(exc: Exception, doing: str) -> Exception:
+@dataclass(frozen=True)
+class _Logged:
+    """A chunk whose values and tags are logged: its files still to write, then its run's record to keep."""
+
+    run_id: str
+    chunk: list[_Entry]
+    after: RunRecord
+
+
+def _classify(exc: Exception, doing: str) -> SinkError:
     """MLflow's error as the relay's: refused credentials pause, a bad message is given up, the rest
     is tried again."""
     from mlflow.exceptions import MlflowException
@@ -121,6 +134,7 @@ class MlflowSink(Sink[Message]):
         self._runs: dict[str, str] = {}
         self._records: dict[str, RunRecord] = {}
         self._experiment_id: str | None = None
+        self._uploads = Uploads(self.name, self._upload, self._artifact_location)
 
     def _make_store(self, token: str | None, user: str | None) -> Any:
         if self._uri.startswith(("http://", "https://")):
@@ -149,6 +163,7 @@ class MlflowSink(Sink[Message]):
     def close(self) -> None:
         self._runs.clear()
         self._records.clear()
+        self._uploads.close()
 
     def run_id(self, message: Message) -> str:
         """The MLflow run ``message``'s evald run logs into (found or created once per sink)."""
@@ -297,8 +312,12 @@ class MlflowSink(Sink[Message]):
     def deliver_many(self, items: Sequence[tuple[str, Message]]) -> Batch:
         """Consecutive messages of one MLflow run go in one ``log_batch`` while it stays within MLflow's
         limit (1,000 entities); an evaluation of more values than one call takes goes alone, in several
-        (``_flush``)."""
-        fresh: list[bool] = []
+        (``_log``). Each chunk's files are begun once its values are logged, while the next chunks are
+        logged (``_write_files``)."""
+        logged: list[_Logged] = []
+        pending: dict[str, RunRecord] = {}
+        stopped: SinkError | None = None
+        started: list[list[Future[Exception | None] | Exception | None]] = []
         chunk: list[_Entry] = []
         chunk_run: str | None = None
         try:
@@ -307,15 +326,23 @@ class MlflowSink(Sink[Message]):
                 entry = self._entry(event_id, message)
                 fits = sum(e.size for e in chunk) + entry.size + EVALD_TAGS <= MAX_ENTITIES
                 if chunk and (run_id != chunk_run or not fits):
-                    fresh += self._flush(chunk_run or run_id, chunk)
+                    logged.append(self._log(chunk_run or run_id, chunk, pending))
+                    started.append(
+                        self._uploads.start([(logged[-1].run_id, *e.record) for e in logged[-1].chunk])
+                    )
                     chunk = []
                 chunk_run = run_id
                 chunk.append(entry)
             if chunk:
-                fresh += self._flush(chunk_run or "", chunk)
+                logged.append(self._log(chunk_run or "", chunk, pending))
+                started.append(
+                    self._uploads.start([(logged[-1].run_id, *e.record) for e in logged[-1].chunk])
+                )
         except SinkError as exc:
-            return Batch(tuple(fresh), exc)
-        return Batch(tuple(fresh))
+            stopped = exc
+        # The chunks logged before a failure are delivered too, once their files are written.
+        fresh, unwritten = self._write_files(logged, started)
+        return Batch(tuple(fresh), unwritten or stopped)
 
     def _entry(self, event_id: str, message: Message) -> _Entry:
         from mlflow.entities import Metric
@@ -333,13 +360,14 @@ class MlflowSink(Sink[Message]):
         record = json.dumps(evaluation_record(event_id, message), allow_nan=False, indent=1)
         return _Entry(message, metrics, (evaluation_path(message), record.encode()))
 
-    def _flush(self, run_id: str, chunk: list[_Entry]) -> list[bool]:
-        """The sample tables, one ``log_batch`` of the values and evald's tags, then the evaluations' and
-        alerts' files (written last: a file on the run says its values are there)."""
+    def _log(self, run_id: str, chunk: list[_Entry], pending: dict[str, RunRecord]) -> _Logged:
+        """The sample tables, then one ``log_batch`` of the values and evald's tags; the evaluations' and
+        alerts' files are left to ``_write_files`` (written after: a file on the run says its values are
+        there). ``pending``: each run's record as this batch's logged chunks leave it."""
         from mlflow.entities import RunTag
 
         metrics = [m for e in chunk for m in e.metrics]
-        record = self._records.setdefault(run_id, RunRecord())
+        record = pending.get(run_id) or self._records.setdefault(run_id, RunRecord())
         after = RunRecord(record.last_step, dict(record.firing))
         for entry in chunk:
             after.apply(entry.message)
@@ -359,8 +387,6 @@ class MlflowSink(Sink[Message]):
                 last = i == len(parts) - 1
                 if part or last:
                     self._store.log_batch(run_id, metrics=part, params=[], tags=tags if last else [])
-            for entry in chunk:
-                self._upload(run_id, *entry.record)
         except SinkError as exc:
             self._forget_runs(chunk, exc)
             raise
@@ -368,24 +394,46 @@ class MlflowSink(Sink[Message]):
             error = _classify(exc, "log_batch")
             self._forget_runs(chunk, error)
             raise error from exc
-        self._records[run_id] = after
-        return [True] * len(chunk)
+        pending[run_id] = after
+        return _Logged(run_id, chunk, after)
+
+    def _write_files(
+        self, logged: list[_Logged], started: list[list[Future[Exception | None] | Exception | None]]
+    ) -> tuple[list[bool], SinkError | None]:
+        """Waits for every logged chunk's evaluation and alert files (``started``: their uploads, begun
+        ``UPLOAD_WORKERS`` at a time): the chunks before the first one with a file not written are delivered
+        (their runs' records kept); that file's error stops the rest, which are sent again, files and all."""
+        fresh: list[bool] = []
+        error: SinkError | None = None
+        for item, uploads in zip(logged, started, strict=True):
+            for entry, exc in zip(item.chunk, self._uploads.wait(uploads), strict=True):
+                if exc is not None and error is None:
+                    error = (
+                        exc
+                        if isinstance(exc, SinkError)
+                        else _classify(exc, f"log the file {entry.record[0]}")
+                    )
+                    self._forget_runs(item.chunk, error)
+            if error is None:
+                self._records[item.run_id] = item.after
+                fresh += [True] * len(item.chunk)
+        return fresh, error
 
     def _log_samples(self, run_id: str, messages: list[ResultMessage]) -> None:
         """Each message's sample table as an artifact in MLflow's table format (overwritten, not doubled,
         when sent again), then listed in the run's ``mlflow.loggedArtifacts`` tag, MLflow's table view."""
+        paths = [sample_path(message) for message in messages]
+        tables = [json.dumps(sample_table(message)).encode() for message in messages]
+        for exc in self._uploads.run([(run_id, p, t) for p, t in zip(paths, tables, strict=True)]):
+            if isinstance(exc, SinkError):
+                raise exc
+            if exc is not None:
+                # Never "rejected": a table MLflow refuses is retried, not a reason to give the values up.
+                raise _classify(exc, "upload the sample tables") from exc
         try:
-            paths = []
-            for message in messages:
-                path = sample_path(message)
-                self._upload(run_id, path, json.dumps(sample_table(message)).encode())
-                paths.append(path)
             if paths:
                 self._list_tables(run_id, paths)
-        except SinkError:
-            raise
         except Exception as exc:
-            # Never "rejected": a table MLflow refuses is retried, not a reason to give the values up.
             raise _classify(exc, "upload the sample tables") from exc
 
     def _upload(self, run_id: str, path: str, data: bytes) -> None:
