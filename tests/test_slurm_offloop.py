@@ -163,20 +163,9 @@ def test_a_job_held_back_by_max_queued_per_run_says_why_until_it_is_submitted(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    for name, value in slurm_cluster.env.items():
-        monkeypatch.setenv(name, value)
-    daemon = slurm_config(
-        tmp_path,
-        sqlite_url,
-        slurm_cluster,
-        dataset=dataset,
-        executor_extra='extra_sbatch = ["--hold"]\nmax_queued_per_run = 1\nprobe_job_dir = false',
+    daemon, database, runner = _held_jobs(
+        slurm_cluster, sqlite_url, dataset, trained, tmp_path, monkeypatch, limit="max_queued_per_run = 1"
     )
-    monkeypatch.setenv("PATH", daemon.env["PATH"])
-    database = upgraded(sqlite_url)
-    for step in (10, 20):
-        _ready(database, tmp_path / "run", trained, step)
-    runner = JobRunner(load_config(daemon.config), database, "test:1")
     try:
         assert runner.claim_and_start()
         (first,) = runner.running
@@ -265,20 +254,9 @@ def test_jobs_held_back_by_max_queued_say_so(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    for name, value in slurm_cluster.env.items():
-        monkeypatch.setenv(name, value)
-    daemon = slurm_config(
-        tmp_path,
-        sqlite_url,
-        slurm_cluster,
-        dataset=dataset,
-        executor_extra='extra_sbatch = ["--hold"]\nmax_queued = 1\nprobe_job_dir = false',
+    daemon, database, runner = _held_jobs(
+        slurm_cluster, sqlite_url, dataset, trained, tmp_path, monkeypatch, limit="max_queued = 1"
     )
-    monkeypatch.setenv("PATH", daemon.env["PATH"])
-    database = upgraded(sqlite_url)
-    for step in (10, 20):
-        _ready(database, tmp_path / "run", trained, step)
-    runner = JobRunner(load_config(daemon.config), database, "test:1")
     try:
         runner.settle(60)
         assert runner.has_capacity() and runner.claim_and_start()
@@ -290,3 +268,30 @@ def test_jobs_held_back_by_max_queued_say_so(
         runner.shutdown(0)
         daemon.cancel_all()
         database.dispose()
+
+
+def _held_jobs(
+    slurm_cluster: SlurmCluster,
+    sqlite_url: str,
+    dataset: Path,
+    trained: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    limit: str,
+) -> tuple[SlurmDaemon, Database, JobRunner]:
+    """A runner whose Slurm jobs are submitted held (they stay queued) under ``limit``, two steps ready."""
+    for name, value in slurm_cluster.env.items():
+        monkeypatch.setenv(name, value)
+    daemon = slurm_config(
+        tmp_path,
+        sqlite_url,
+        slurm_cluster,
+        dataset=dataset,
+        executor_extra=f'extra_sbatch = ["--hold"]\n{limit}\nprobe_job_dir = false',
+    )
+    monkeypatch.setenv("PATH", daemon.env["PATH"])
+    database = upgraded(sqlite_url)
+    for step in (10, 20):
+        _ready(database, tmp_path / "run", trained, step)
+    return daemon, database, JobRunner(load_config(daemon.config), database, "test:1")
