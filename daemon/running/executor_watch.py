@@ -129,7 +129,8 @@ class ExecutorWatch:
         if self._checking is not None:
             return "the executor is being checked"
         if self.unreachable_since is not None:
-            return f"the {'Ray head' if isinstance(self.executor, RayExecutor) else 'Slurm controller'} does not answer"
+            away = "Ray head" if isinstance(self.executor, RayExecutor) else "Slurm controller"
+            return f"the {away} does not answer"
         return None
 
     def check(self) -> bool:
