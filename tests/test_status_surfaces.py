@@ -474,7 +474,7 @@ def test_a_job_waiting_in_rays_queue_is_said_to_be_in_ray_with_its_reason() -> N
         "started_at": (now - timedelta(seconds=90)).isoformat(),
         "heartbeat_at": None,
     }
-    runs = {
+    runs: dict[str, dict[str, Any]] = {
         "toy": {
             "jobs": {"running": 1},
             "checkpoints": {"ready": 1},
