@@ -18,15 +18,11 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from bench.slurm_overhead import CONFIG, enqueue, train_checkpoint
+from bench.slurm_overhead import CONFIG, timed_job, train_checkpoint
 from daemon.config import Config, load_config
-from daemon.running.runner import JobRunner
-from inference.spec import JobResult
 from inference.toy.problems import held_out_problems, write_jsonl
-from storage import queries
 from tests.raycluster import RayCluster, ensure_cluster
 
 EXECUTOR = """
@@ -70,25 +66,8 @@ def one_job(
 ) -> tuple[float, float]:
     """Seconds from claim to the stored result, and of those the ones outside the worker's own time."""
     config = write_config(work, checkpoint, dataset, kind, poll, cluster)
-    database = enqueue(config, checkpoint)
-    runner = JobRunner(config, database, f"bench:{os.getpid()}")
-    began = time.monotonic()
-    if not runner.claim_and_start():
-        raise SystemExit(f"{kind}: nothing claimed")
-    while runner.running or runner.unrecorded:
-        runner.poll()
-        time.sleep(0.02)
-    took = time.monotonic() - began
-    with database.session() as session:
-        (row,) = queries.job_rows(session)
-        if row.state != "succeeded":
-            raise SystemExit(f"{kind}: job {row.state}: {row.error}")
-    database.dispose()
-    (result_path,) = work.glob("**/1-1/result.json")
-    timing = JobResult.read(result_path).timing
-    if timing is None:
-        raise SystemExit(f"{kind}: the worker reported no timing")
-    return took, took - timing.total_s
+    took, worker_s, _ = timed_job(config, checkpoint, work, kind)
+    return took, took - worker_s
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -126,11 +126,11 @@ def enqueue(config: Config, checkpoint: Path) -> Database:
     return database
 
 
-def one_job(
-    work: Path, checkpoint: Path, dataset: Path, kind: str, poll: float
-) -> tuple[float, dict[str, float]]:
-    """Seconds from claim to the stored result; for Slurm, the queue wait and run time it reported."""
-    config = write_config(work, checkpoint, dataset, kind, poll)
+def timed_job(
+    config: Config, checkpoint: Path, work: Path, kind: str
+) -> tuple[float, float, queries.AttemptRow]:
+    """Run the one queued job through ``config``'s executor: seconds from claim to the stored result, the
+    worker's own seconds (start of its process to its result written) and the attempt's record."""
     database = enqueue(config, checkpoint)
     runner = JobRunner(config, database, f"bench:{os.getpid()}")
     began = time.monotonic()
@@ -150,9 +150,17 @@ def one_job(
     timing = JobResult.read(result_path).timing
     if timing is None:
         raise SystemExit(f"{kind}: the worker reported no timing")
-    # What is not the worker's own time (start of the process to its result written): starting it,
-    # the queue, watching it, storing the result.
-    extra = {"worker_s": timing.total_s, "overhead_s": took - timing.total_s}
+    return took, timing.total_s, attempt
+
+
+def one_job(
+    work: Path, checkpoint: Path, dataset: Path, kind: str, poll: float
+) -> tuple[float, dict[str, float]]:
+    """Seconds from claim to the stored result; for Slurm, the queue wait and run time it reported."""
+    config = write_config(work, checkpoint, dataset, kind, poll)
+    took, worker_s, attempt = timed_job(config, checkpoint, work, kind)
+    # What is not the worker's own time: starting it, the queue, watching it, storing the result.
+    extra = {"worker_s": worker_s, "overhead_s": took - worker_s}
     if attempt.queue_wait_s is not None and attempt.run_s is not None:
         extra |= {"queue_wait_s": attempt.queue_wait_s, "run_s": attempt.run_s}
     return took, extra
