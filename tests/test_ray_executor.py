@@ -25,6 +25,7 @@ from daemon.config import ExecutorConfig
 from daemon.running.executors.base import Active, Ended, EndKind, ExecutorUnavailable, Handle, JobRef, Phase
 from daemon.running.executors.local import LocalExecutor
 from daemon.running.executors.ray import RayExecutor
+from daemon.running.executors.ray_states import EXIT_NAME
 from daemon.running.handover import read_end, write_folder
 from inference.spec import JobSpec
 from inference.toy.problems import held_out_problems, write_jsonl
@@ -155,6 +156,13 @@ def test_a_job_waiting_for_resources_says_what_it_waits_for_is_found_adopted_and
     ended = _until(executor, handle, lambda s: isinstance(s, Ended), "ended")
     assert isinstance(ended, Ended) and ended.kind is EndKind.CANCELLED and "by evald" in ended.detail
     assert not spec.result_path.exists()
+    # The driver, stopped while Ray placed its group, says so itself (not a SystemError out of ray.wait).
+    record = spec.result_path.parent / EXIT_NAME
+    deadline = time.monotonic() + 30
+    while not record.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    said = json.loads(record.read_text())
+    assert (said["end"], said["detail"]) == ("cancelled", "stopped by SIGTERM (ray job stop)")
     # Ended before a later claim began: an earlier claim's, not found for it.
     assert restarted.find(JobRef(201, 1), since=time.time() + 60) is None
 

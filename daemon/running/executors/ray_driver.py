@@ -11,8 +11,9 @@ entrypoint, so it imports nothing but ``ray`` and the standard library. It
 2. asks bundle 0's node for a free port: the rendezvous (``MASTER_ADDR``, ``MASTER_PORT``) is there;
 3. starts one Ray task a rank in its bundle, each running ``python -m inference.worker spec.json`` as a
    child process (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` set for a group of more
-   than one; its output in ``rank-<N>.log``, or ``worker.log`` for a job of one rank), tied to the task by
-   ``EVALD_PARENT_PID``, and writes ``ray_state.json`` ``{"phase": "running"}``;
+   than one; its output in ``rank-<N>.log``, or ``worker.log`` for a job of one rank, after a first line
+   naming its node and, where set, its ``CUDA_VISIBLE_DEVICES``, ``LOCAL_RANK`` and Ray's GPU ids), tied
+   to the task by ``EVALD_PARENT_PID``, and writes ``ray_state.json`` ``{"phase": "running"}``;
 4. waits for them: the first rank that fails ends the others (as ``srun --kill-on-bad-exit``), as does
    the time limit, a SIGTERM (``ray job stop``) or a node that dies;
 5. writes ``exit.json``: ``exit_code``, ``end`` (succeeded, failed, node_fail, out_of_memory, timeout,
@@ -28,6 +29,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,13 @@ PARENT_PID_ENV = "EVALD_PARENT_PID"
 PLACING_POLL_S = 2.0
 #: Seconds of one wait for the ranks: a signal is handled between two.
 WAIT_SLICE_S = 0.5
+#: A rank's variables its log's first line shows, where set: they decide the GPU it computes on.
+DEVICE_VARS = ("CUDA_VISIBLE_DEVICES", "LOCAL_RANK")
+
+
+#: Set by a SIGTERM (``ray job stop``): the waits end the job as cancelled between two slices. Raising in
+#: the handler itself would surface inside Ray's own call under way, as a SystemError.
+STOPPED = threading.Event()
 
 
 class Ended(Exception):
@@ -87,6 +96,7 @@ def rendezvous() -> tuple[str, int]:
 def run_rank(command: list[str], env: dict[str, str], log_path: str, cwd: str) -> tuple[int, str]:
     """Run one rank's worker as a child of this task's process; its exit status and node."""
     child_env = {**os.environ, **env, PARENT_PID_ENV: str(os.getpid())}
+    mine: list[str] = []
     if "_GPU_LOCAL" in env:
         # The node's GPUs of this job in one list, each rank at its own index: ranks on one node see
         # each other's devices, as under torchrun.
@@ -98,9 +108,14 @@ def run_rank(command: list[str], env: dict[str, str], log_path: str, cwd: str) -
         child_env.pop("_GPU_LOCAL", None)
     node: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
     with Path(log_path).open("ab") as out:
-        # Where the rank runs, first in its log: a bundle may have moved since the driver looked.
+        # Where the rank runs, first in its log: a bundle may have moved since the driver looked; and the
+        # devices it was given, which decide the GPU it computes on.
         node_id = ray.get_runtime_context().get_node_id()
-        out.write(f"evald: rank {env.get('RANK', '0')} on Ray node {node_id} ({node})\n".encode())
+        shown = [f"{name}={child_env[name]}" for name in DEVICE_VARS if name in child_env]
+        if mine:
+            shown.append(f"ray_gpu_ids={','.join(mine)}")
+        where = f"evald: rank {env.get('RANK', '0')} on Ray node {node_id} ({node})"
+        out.write(f"{where}{', ' + ' '.join(shown) if shown else ''}\n".encode())
         out.flush()
         process = subprocess.Popen(
             command, env=child_env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd
@@ -131,6 +146,9 @@ def place(job: dict[str, Any], folder: Path) -> PlacementGroup:
     bundles = describe_bundles(job["bundles"])
     while True:
         ready, _ = ray.wait([group.ready()], timeout=PLACING_POLL_S)
+        if STOPPED.is_set():
+            ray.util.remove_placement_group(group)
+            raise cancelled()
         if ready:
             ray.get(ready[0])
             return group
@@ -210,6 +228,9 @@ def wait_ranks(refs: list[Any], time_limit: float | None) -> tuple[int, list[str
     while pending:
         # Short waits: a SIGTERM (ray job stop) is handled between them.
         done, pending = ray.wait(pending, num_returns=1, timeout=WAIT_SLICE_S)
+        if STOPPED.is_set():
+            stop(pending + done)
+            raise cancelled()
         if not done:
             if time_limit is not None and time.time() - started > time_limit:
                 stop(pending)
@@ -234,6 +255,10 @@ def wait_ranks(refs: list[Any], time_limit: float | None) -> tuple[int, list[str
             stop(pending)
             raise Ended("failed", f"rank {rank} on {node} exited {describe(code)}", code=code, rank=rank)
     return 0, where
+
+
+def cancelled() -> Ended:
+    return Ended("cancelled", "stopped by SIGTERM (ray job stop)")
 
 
 def stop(refs: list[Any]) -> None:
@@ -281,8 +306,8 @@ def main(argv: list[str]) -> int:
     begun = time.time()
     group: PlacementGroup | None = None
 
-    def terminated(signum: int, _frame: object) -> None:
-        raise Ended("cancelled", f"stopped by signal {signum} (ray job stop)")
+    def terminated(_signum: int, _frame: object) -> None:
+        STOPPED.set()
 
     record: dict[str, Any]
     try:
@@ -306,6 +331,9 @@ def main(argv: list[str]) -> int:
         record = {"end": ended.end, "exit_code": ended.code, "detail": ended.detail, "rank": ended.rank}
     except Exception as exc:  # whatever stops the driver is the job's end
         record = {"end": "lost", "exit_code": None, "detail": f"driver: {type(exc).__name__}: {first(exc)}"}
+        if STOPPED.is_set():
+            # Stopped inside a call no wait covers (starting the ranks): still a cancellation.
+            record.update(end="cancelled", detail=cancelled().detail)
         record["rank"] = None
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     record.update(
