@@ -5,7 +5,10 @@ The head (``--num-cpus=1``, the dashboard and its Jobs API on loopback) and the 
 on this host, on free ports, with small object stores. Each node is its own process group, started with
 ``--block`` so that stopping it (SIGTERM to its ``ray start``) stops what it started, and killing it
 (SIGKILL to the group) is a node that dies. Nothing else of Ray on this machine is touched: no
-``ray stop`` (it stops every Ray process of the host).
+``ray stop`` (it stops every Ray process of the host). A module's private cluster (a :class:`RayCluster`
+of its own root) may name other worker nodes, and nodes that declare GPUs this host does not have
+(``RayCluster(root, workers=("gpu",), gpus={"gpu": 2})``): :func:`private_cluster`; the shared one
+has none.
 
 The cluster is shared by the test processes of one session (xdist workers): the first to need it starts
 it under a lock and records its ports and pids in ``<root>/cluster.json``; each process registers
@@ -21,16 +24,15 @@ import contextlib
 import json
 import os
 import signal
-import socket
-import subprocess
 import sys
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 from filelock import FileLock
+
+from tests.processes import alive, free_port, kill_tree, spawn, tail, tree, wait_until
 
 REQUIRE_ENV = "EVALD_REQUIRE_RAY"
 ROOT_ENV = "EVALD_RAY_ROOT"
@@ -45,49 +47,11 @@ class RayUnavailable(RuntimeError):
     """Ray is not installed, or a node would not start (the message says which)."""
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _ray_binary() -> str:
     path = Path(sys.executable).with_name("ray")
     if not path.exists():
         raise RayUnavailable(f"no {path}: install the dev extra (pip install -e '.[dev]'), which brings ray")
     return str(path)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    with contextlib.suppress(OSError):
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        return state != "Z"
-    return True
-
-
-def _tree(pid: int) -> list[int]:
-    """``pid`` and every process under it (Ray's workers start sessions of their own: not in its group)."""
-    import psutil
-
-    try:
-        return [pid, *(p.pid for p in psutil.Process(pid).children(recursive=True))]
-    except psutil.Error:
-        return [pid]
-
-
-def _kill_tree(pid: int, signum: int, known: Sequence[int] = ()) -> None:
-    """Signal the group of ``pid`` and each process of its tree (``known``: the tree as it was before)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signum)
-    for each in dict.fromkeys([*known, *_tree(pid)]):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(each, signum)
 
 
 @dataclass
@@ -98,6 +62,13 @@ class RayCluster:
     client_port: int = 0
     #: Node name (``head``, ``a``, ``b``) → the pid (and process group) of its ``ray start --block``.
     pids: dict[str, int] = field(default_factory=dict)
+    #: The worker nodes :meth:`start` starts after the head.
+    workers: tuple[str, ...] = WORKERS
+    #: Node name → the GPUs it declares (``ray start --num-gpus``: Ray believes it and hands their ids
+    #: to tasks, whether or not the host has them; 0: none, whatever the host has), and as many CPUs
+    #: (one a GPU rank), at least 1. A node not named declares 1 CPU and leaves GPUs to Ray's own
+    #: detection, as the shared cluster's nodes do.
+    gpus: dict[str, int] = field(default_factory=dict)
 
     @property
     def address(self) -> str:
@@ -139,8 +110,7 @@ class RayCluster:
     # --- nodes -----------------------------------------------------------------------------------
 
     def _spawn(self, name: str, args: Sequence[str]) -> None:
-        logs = self.root / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
+        self._log(name).parent.mkdir(parents=True, exist_ok=True)
         env = {
             **os.environ,
             "HF_HUB_OFFLINE": "1",
@@ -150,38 +120,33 @@ class RayCluster:
             "RAY_gcs_rpc_server_reconnect_timeout_s": "20",
         }
         env.pop("RAY_ADDRESS", None)
-        with (logs / f"{name}.out").open("ab") as out:
-            process = subprocess.Popen(
-                [
-                    _ray_binary(),
-                    "start",
-                    "--block",
-                    "--disable-usage-stats",
-                    "--node-ip-address=127.0.0.1",
-                    *args,
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=out,
-                start_new_session=True,
-                env=env,
-            )
-        self.pids[name] = process.pid
+        command = [_ray_binary(), "start", "--block", "--disable-usage-stats", "--node-ip-address=127.0.0.1"]
+        self.pids[name] = spawn([*command, *args], self._log(name), env).pid
+
+    def _log(self, name: str) -> Path:
+        return self.root / "logs" / f"{name}.out"
+
+    def _shape(self, name: str) -> list[str]:
+        """What node ``name`` declares: its CPUs, and its GPUs where :attr:`gpus` names it."""
+        if name not in self.gpus:
+            return ["--num-cpus=1"]
+        gpus = self.gpus[name]
+        return [f"--num-cpus={max(1, gpus)}", f"--num-gpus={gpus}"]
 
     def start_head(self) -> None:
         if not self.gcs_port:
-            self.gcs_port, self.dashboard_port, self.client_port = _free_port(), _free_port(), _free_port()
+            self.gcs_port, self.dashboard_port, self.client_port = free_port(), free_port(), free_port()
         self._spawn(
             "head",
             [
                 "--head",
                 f"--port={self.gcs_port}",
-                "--num-cpus=1",
+                *self._shape("head"),
                 "--include-dashboard=true",
                 "--dashboard-host=127.0.0.1",
                 f"--dashboard-port={self.dashboard_port}",
                 f"--ray-client-server-port={self.client_port}",
-                f"--dashboard-agent-listen-port={_free_port()}",
+                f"--dashboard-agent-listen-port={free_port()}",
                 f"--object-store-memory={OBJECT_STORE_BYTES}",
                 f"--temp-dir={self.root / 'head'}",
                 '--resources={"evald_head": 1}',
@@ -195,10 +160,10 @@ class RayCluster:
             name,
             [
                 f"--address={self.address}",
-                "--num-cpus=1",
+                *self._shape(name),
                 # evald_worker: what a test's ranks ask for to land on worker nodes only.
                 f'--resources={{"evald_node_{name}": 1, "evald_worker": 1}}',
-                f"--dashboard-agent-listen-port={_free_port()}",
+                f"--dashboard-agent-listen-port={free_port()}",
                 f"--object-store-memory={OBJECT_STORE_BYTES}",
             ],
         )
@@ -207,14 +172,14 @@ class RayCluster:
 
     def start(self) -> None:
         self.start_head()
-        for name in WORKERS:
+        for name in self.workers:
             self.start_worker(name)
 
     def kill_node(self, name: str) -> None:
         """SIGKILL the node's whole process group: a node that dies (its raylet, agents and workers)."""
         pid = self.pids.pop(name, None)
         if pid is not None:
-            _kill_tree(pid, signal.SIGKILL)
+            kill_tree(pid, signal.SIGKILL)
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
         self.save()
@@ -224,25 +189,23 @@ class RayCluster:
         pid = self.pids.pop(name, None)
         if pid is None:
             return
-        tree = _tree(pid)
+        known = tree(pid)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        _kill_tree(pid, signal.SIGKILL, tree)
+        wait_until(lambda: not alive(pid), 10, interval=0.2)
+        kill_tree(pid, signal.SIGKILL, known)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, 0)
         self.save()
 
     def stop(self) -> None:
-        for name in [*WORKERS, "head"]:
+        for name in [*self.workers, "head"]:
             self.stop_node(name)
 
     def restart(self) -> None:
         """The head restarted (a new cluster: Ray without an external GCS store forgets its jobs), and
         the worker nodes with it."""
-        for name in [*WORKERS, "head"]:
+        for name in [*self.workers, "head"]:
             self.kill_node(name)
         self.start()
 
@@ -278,20 +241,14 @@ class RayCluster:
                     names["head"] = node.node_id
         return names
 
-    def _wait(self, ready: object, what: str, node: str) -> None:
-        assert callable(ready)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if ready():
-                return
+    def _wait(self, ready: Callable[[], bool], what: str, node: str) -> None:
+        def died() -> bool:
             pid = self.pids.get(node)
-            if pid is not None and not _alive(pid):
-                break
-            time.sleep(0.3)
-        tail = ""
-        with contextlib.suppress(OSError):
-            tail = (self.root / "logs" / f"{node}.out").read_text(errors="replace")[-1500:]
-        raise RayUnavailable(f"timed out waiting for {what}; its `ray start` output ends: {tail}")
+            return pid is not None and not alive(pid)
+
+        if not wait_until(ready, START_TIMEOUT_S, interval=0.3, hopeless=died):
+            said = tail(self._log(node))
+            raise RayUnavailable(f"timed out waiting for {what}; its `ray start` output ends: {said}")
 
 
 def required() -> bool:
@@ -321,6 +278,28 @@ def ensure_cluster(root: Path | None = None) -> RayCluster:
         return cluster
 
 
+@contextlib.contextmanager
+def private_cluster(
+    root: Path, *, workers: tuple[str, ...] = WORKERS, gpus: dict[str, int] | None = None
+) -> Iterator[RayCluster]:
+    """A cluster of one test module's own under ``root`` (short: Ray's socket paths under it must stay
+    under 108 bytes), started and, at the end, stopped; the test is skipped where Ray cannot start
+    (failed under ``EVALD_REQUIRE_RAY=1``)."""
+    try:
+        import ray  # noqa: F401
+    except ImportError as exc:
+        pytest.fail(f"no Ray: {exc}") if required() else pytest.skip(f"no Ray: {exc}")
+    cluster = RayCluster(root, workers=workers, gpus=dict(gpus or {}))
+    try:
+        try:
+            cluster.start()
+        except RayUnavailable as exc:
+            pytest.fail(str(exc)) if required() else pytest.skip(str(exc))
+        yield cluster
+    finally:
+        cluster.stop()
+
+
 def _users(folder: Path) -> Path:
     users = folder / "users"
     users.mkdir(parents=True, exist_ok=True)
@@ -347,7 +326,7 @@ def ray_cluster() -> Iterator[RayCluster]:
     yield cluster
     me.unlink(missing_ok=True)
     with FileLock(str(folder / ".start.lock"), timeout=START_TIMEOUT_S * 3):
-        others = [p for p in _users(folder).iterdir() if p.name.isdigit() and _alive(int(p.name))]
+        others = [p for p in _users(folder).iterdir() if p.name.isdigit() and alive(int(p.name))]
         if not others:
             running = RayCluster(folder)
             if running.load():

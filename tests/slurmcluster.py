@@ -24,12 +24,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from filelock import FileLock
+
+from tests.processes import spawn, tail, wait_until
 
 #: Set to 1 (CI does) to turn "no Slurm cluster here" from a skip into a failure.
 REQUIRE_ENV = "EVALD_REQUIRE_SLURM"
@@ -138,15 +140,7 @@ class SlurmCluster:
 
     def _spawn(self, daemon: str, args: Sequence[str]) -> None:
         """Start ``daemon`` in its own session (it outlives this process); its output goes to its log."""
-        with self._log(f"{daemon}.out").open("ab") as out:
-            subprocess.Popen(
-                [_binary(daemon), *args],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=out,
-                start_new_session=True,
-                env={**os.environ, **self.env},
-            )
+        spawn([_binary(daemon), *args], self._log(f"{daemon}.out"), self.client_env())
 
     def _start_munged(self) -> None:
         if self._pid("munged") is not None:
@@ -235,7 +229,11 @@ class SlurmCluster:
                 continue
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
-            _wait_for(lambda d=daemon: self._pid(d) is None, f"{daemon} to stop", self._log(daemon))
+
+            def gone(name: str = daemon) -> bool:
+                return self._pid(name) is None
+
+            _wait_for(gone, f"{daemon} to stop", self._log(daemon))
 
     def partitions(self) -> list[str]:
         done = self._client("sinfo", "-h", "-o", "%R")
@@ -320,17 +318,10 @@ def write_conf(path: Path, text: str) -> None:
         path.write_text(text, encoding="utf-8")
 
 
-def _wait_for(ready: object, what: str, log: Path, timeout: float = START_TIMEOUT_SECS) -> None:
-    assert callable(ready)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if ready():
-            return
-        time.sleep(0.2)
-    tail = ""
-    with contextlib.suppress(OSError):
-        tail = log.read_text(errors="replace")[-1500:]
-    raise ClusterUnavailable(f"timed out after {timeout:g} s waiting for {what}; {log} ends: {tail}")
+def _wait_for(ready: Callable[[], bool], what: str, log: Path, timeout: float = START_TIMEOUT_SECS) -> None:
+    if not wait_until(ready, timeout, interval=0.2):
+        said = tail(log)
+        raise ClusterUnavailable(f"timed out after {timeout:g} s waiting for {what}; {log} ends: {said}")
 
 
 def cluster_here(root: Path | None = None) -> SlurmCluster:
