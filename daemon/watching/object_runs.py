@@ -7,6 +7,9 @@ away is said once per outage (``objects.unavailable``, then ``objects.recovered`
 rescan; credentials or permissions refused pause the run with one error line naming it and the
 variables it reads (``objects.refused``): the other runs go on, and the run resumes by itself once the
 store accepts it (``objects.recovered``).
+
+A reload (SIGHUP) builds new :class:`ObjectRuns`: a run still paused then says so once more, as the
+answer to the reload, and one the reload mended says ``objects.recovered`` as if the store had.
 """
 
 from __future__ import annotations
@@ -26,6 +29,11 @@ log = structlog.get_logger("evald.objects")
 #: The suffix of the hidden file that stands, in the mirror, for a multipart upload in progress.
 UPLOADING = ".uploading"
 
+#: Why each paused run's store could not be used, by (run name, URL), kept across the :class:`ObjectRuns`
+#: a reload replaces: the new one starts from what the old one knew, so the pause it mends is said to be
+#: over and a store still away holds the reload for one try, not the first rescan's three.
+_PAUSED: dict[tuple[str, str], str] = {}
+
 
 @dataclass
 class ObjectRun:
@@ -35,6 +43,8 @@ class ObjectRun:
     in_step: bool = False
     #: Why the store cannot be used now (logged once), or None while it answers.
     problem: str | None = None
+    #: Why the store could not be used when a reload replaced the run's last entry (said there), or None.
+    carried: str | None = None
     #: Keys already said to be refused (unsafe names), so each is said once.
     refused_keys: frozenset[str] = frozenset()
     #: Whether uploads in progress can be listed (a policy may allow listing objects but not those).
@@ -52,7 +62,7 @@ class ObjectRuns:
                 continue
             store = Store(config.s3, config.url, environ)
             mirror = Mirror(store, config.root, config.s3.cache_dir / "tmp")
-            self._runs[config.name] = ObjectRun(store, mirror)
+            self._runs[config.name] = ObjectRun(store, mirror, carried=_PAUSED.get((config.name, config.url)))
 
     def __contains__(self, name: object) -> bool:
         return name in self._runs
@@ -68,7 +78,7 @@ class ObjectRuns:
         started = time.monotonic()
         try:
             # While the store is away, one try per rescan: the loop is held for one timeout at most.
-            tries = 1 if entry.problem is not None else TRIES
+            tries = 1 if entry.problem is not None or entry.carried is not None else TRIES
             listed = entry.store.listing(tries=tries)
             listed_secs = time.monotonic() - started
             listed += self._uploads(name, entry, tries)
@@ -80,9 +90,11 @@ class ObjectRuns:
             # The local cache folder (full, unwritable): the run waits like an unreachable store.
             self._failed(name, entry, exc)
             return False
-        if entry.problem is not None:
-            log.info("objects.recovered", run=name, url=entry.store.url, was=entry.problem)
-            entry.problem = None
+        was = entry.problem or entry.carried
+        if was is not None:
+            log.info("objects.recovered", run=name, url=entry.store.url, was=was)
+            entry.problem = entry.carried = None
+            _PAUSED.pop((name, entry.store.url), None)
         for key, why in changes.refused:
             if key not in entry.refused_keys:
                 log.warning("objects.key_refused", run=name, key=key, reason=why, action="not mirrored")
@@ -134,6 +146,7 @@ class ObjectRuns:
     def _failed(self, name: str, entry: ObjectRun, exc: Exception) -> None:
         entry.in_step = False
         problem = f"{type(exc).__name__}: {exc}"
+        _PAUSED[(name, entry.store.url)] = problem
         if entry.problem is not None:
             entry.problem = problem
             return
