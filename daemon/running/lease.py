@@ -10,9 +10,11 @@ Slurm whose claim another daemon took over by re-attaching to the same submissio
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Protocol, TypeVar
 
 import structlog
 
+from daemon.config import Config
 from daemon.running.attempt import Attempt
 from daemon.running.executors.base import ExecutorUnavailable
 from storage import queries
@@ -22,14 +24,25 @@ from storage.errors import DatabaseUnreachable
 log = structlog.get_logger("evald.runner")
 
 
+class Leased(Protocol):
+    """What holds a claim: a worker run (:class:`Attempt`), or a download before one (``fetches.Fetch``)."""
+
+    job: queries.ClaimedJob
+    config: Config
+    last_heartbeat: float
+
+
+HeldT = TypeVar("HeldT", bound=Leased)
+
+
 def renew(
     database: Database,
     owner: str,
-    attempts: Iterable[Attempt],
+    attempts: Iterable[HeldT],
     now: float,
     *,
-    lost: Callable[[Attempt], None],
-    refused: Callable[[Attempt, Exception], None],
+    lost: Callable[[HeldT], None],
+    refused: Callable[[HeldT, Exception], None],
 ) -> None:
     """Beat every lease that is due. ``lost``: the claim is no longer this daemon's. ``refused``: the
     database refuses this job's row (a constraint, a trigger); the others' leases stay fresh. A beat that

@@ -23,7 +23,6 @@ from daemon.errors import JobSetupError
 from daemon.scheduling import stages
 from daemon.scheduling.planner import Planner
 from daemon.scheduling.resources import ResourceProbe
-from daemon.watching import object_cache
 from inference.spec import JobSpec
 from storage import queries
 from storage import scheduling as store
@@ -48,10 +47,9 @@ def build_spec(config: Config, job: queries.ClaimedJob, job_dir: Path) -> JobSpe
             raise JobSetupError(f"task {job.task!r} has a quick job but no [scheduling.two_stage.{job.task}]")
         subset = two_stage.subset()
     run = config.run(job.run)
+    # An s3:// run's checkpoint is recorded under the run's mirror: its spec takes the downloaded copy's
+    # path once there is one (daemon.running.fetches).
     checkpoint = Path(job.checkpoint_path)
-    if run is not None and run.url is not None:
-        # Recorded under the run's mirror of its s3:// root; the worker loads a downloaded copy.
-        checkpoint = object_cache.local_copy(run, checkpoint)
     return JobSpec(
         job_id=job.id,
         checkpoint_path=checkpoint,
@@ -184,9 +182,12 @@ class JobQueue:
             )
         return len(stuck)
 
-    def claim(self, own_per_run: Collection[int], *, detached: bool) -> queries.ClaimedJob | None:
+    def claim(
+        self, own_per_run: Collection[int], *, detached: bool, resting: frozenset[int] = frozenset()
+    ) -> queries.ClaimedJob | None:
         """Claim the most urgent job this daemon may take; ``own_per_run``: the run ids of the jobs it
-        holds (one entry a job), counted against the executor's limits when ``detached``."""
+        holds (one entry a job), counted against the executor's limits when ``detached``; ``resting``:
+        runs not to claim from now (their store just failed a download)."""
         oldest_first = self._planner.oldest_first if self._planner is not None else frozenset()
         with self._db.session() as session:
             full = self._full_runs(session, list(own_per_run)) if detached else frozenset()
@@ -201,7 +202,7 @@ class JobQueue:
                 oldest_first=oldest_first,
                 runs=self.run_ids,
                 tasks=frozenset(t.name for t in self._config.tasks),
-                exclude_runs=full,
+                exclude_runs=full | resting,
                 newest_first=detached and self._config.executor.priority == "newest",
             )
 

@@ -3,7 +3,8 @@
 The runner ties the parts of :mod:`daemon.running` together: :mod:`.queue` says whether and what to
 claim, :mod:`.dispatch` hands each attempt to its executor (:mod:`.executors`: worker processes here, or
 Slurm) and follows it, :mod:`.attempt` says what an attempt's end becomes, :mod:`.recording` writes it,
-and :mod:`.lease` keeps each claim's lease fresh and handles one that was lost.
+and :mod:`.lease` keeps each claim's lease fresh and handles one that was lost. A job whose checkpoint is
+in object storage is first downloaded, off the loop (:mod:`.fetches`), and started once its copy is there.
 
 The worker is a separate process group: a crash, an OOM or a hang stays there. The daemon reads only its
 exit status and result files, and stores the results, the samples and the ``succeeded`` state in one
@@ -44,12 +45,12 @@ from daemon.running.attempt import Attempt, Verdict, verdict
 from daemon.running.dispatch import Dispatcher
 from daemon.running.executor_watch import ExecutorWatch
 from daemon.running.executors.base import JobRef
+from daemon.running.fetches import Fetches, object_run
 from daemon.running.queue import SCRATCH_FULL, JobQueue, build_spec, halved
 from daemon.running.recording import Recorder
 from daemon.running.workers import Outcome
 from daemon.scheduling.planner import Planner
 from daemon.scheduling.resources import ResourceProbe
-from daemon.watching import object_cache
 from inference.spec import JobSpec
 from storage import queries
 from storage.database import Database
@@ -94,6 +95,13 @@ class JobRunner:
             scratch_full=self._scratch_full,
         )
         self._dispatch.config = config
+        #: Claimed jobs whose checkpoint is being downloaded from object storage.
+        self._fetches = Fetches(
+            database,
+            owner,
+            self._recorder,
+            lambda job, spec, config: self._dispatch.launch(job, spec, config, self._watch.executor, None),
+        )
 
     def reconfigure(
         self,
@@ -118,8 +126,17 @@ class JobRunner:
 
     @property
     def own_jobs(self) -> frozenset[int]:
-        """Jobs this runner holds: running, or ended and waiting to be stored."""
-        return frozenset(self.running) | frozenset(a.job.id for a, _ in self._finished)
+        """Jobs this runner holds: downloading, running, or ended and waiting to be stored."""
+        return (
+            frozenset(self.running)
+            | frozenset(a.job.id for a, _ in self._finished)
+            | frozenset(self._fetches.under_way)
+        )
+
+    @property
+    def fetching(self) -> frozenset[int]:
+        """Claimed jobs whose checkpoint is being downloaded from object storage."""
+        return frozenset(self._fetches.under_way)
 
     @property
     def unrecorded(self) -> int:
@@ -135,16 +152,19 @@ class JobRunner:
     def has_capacity(self) -> bool:
         if self.paused:
             return False
+        # A job downloading its checkpoint holds its slot: it starts as soon as the copy is there.
+        held = len(self.running) + len(self._fetches.under_way)
         if self._watch.detached:
-            if len(self.running) < self._config.executor.max_queued:
+            if held < self._config.executor.max_queued:
                 return True
             self._queue.say_full()
             return False
-        return len(self.running) < self._config.scheduling.max_concurrent
+        return held < self._config.scheduling.max_concurrent
 
     def resources_met(self) -> bool:
         """Check the thresholds; when unmet, defer every waiting job with the reason and return False."""
-        return self._queue.resources_met(busy=bool(self.running), detached=self._watch.detached)
+        busy = bool(self.running) or bool(self._fetches.under_way)
+        return self._queue.resources_met(busy=busy, detached=self._watch.detached)
 
     def recheck_deferred(self) -> int:
         """The deferral re-check: release deferred jobs once the resources are there; returns how many."""
@@ -168,7 +188,9 @@ class JobRunner:
         if not self.resources_met():
             return False
         executor = self._watch.executor
-        job = self._queue.claim([a.job.run_id for a in self.running.values()], detached=executor.detached)
+        held = [a.job.run_id for a in self.running.values()]
+        held += [f.job.run_id for f in self._fetches.under_way.values()]
+        job = self._queue.claim(held, detached=executor.detached, resting=self._fetches.resting())
         if job is None:
             return False
         job_dir = executor.job_folder(JobRef(job.id, job.attempts))
@@ -184,34 +206,16 @@ class JobRunner:
         except JobSetupError as exc:
             self._recorder.fail(job, "setup", f"could not start worker: {exc}", None)
             return True
-        except object_cache.CopyFailed as exc:
-            self._copy_failed(job, exc)
-            return not exc.transient
         except Exception as exc:
             # A spec the config cannot build for this job (a bug, a value no check foresaw): this job's.
             self._recorder.setup_failed(job, exc)
             return True
+        run = object_run(self._config, job)
+        if run is not None:
+            self._fetches.start(self._config, job, run, spec)
+            return True
         self._dispatch.launch(job, spec, self._config, executor, None)
         return True
-
-    def _copy_failed(self, job: queries.ClaimedJob, exc: object_cache.CopyFailed) -> None:
-        """An ``s3://`` checkpoint that could not be downloaded: with the store away (or an object replaced
-        mid-download) the job goes back to the queue without spending an attempt and claiming pauses, as
-        for a full state folder; deleted from the store, it ends as vanished; too large, it fails."""
-        if exc.transient:
-            self._recorder.requeue(job, error_kind="store_unavailable", error=str(exc))
-            pause = self._queue.pause_for_room()
-            log.warning(
-                "objects.copy_deferred",
-                job_id=job.id,
-                run=job.run,
-                step=job.step,
-                error=str(exc),
-                retry_secs=pause,
-            )
-            return
-        kind = "checkpoint_vanished" if exc.vanished else "setup"
-        self._recorder.fail(job, kind, f"could not download the checkpoint: {exc}", None)
 
     def _scratch_full(self, job: queries.ClaimedJob, exc: OSError) -> None:
         """The state folder cannot take a job's files: the job goes back to the queue without spending an
@@ -258,9 +262,10 @@ class JobRunner:
         touches the database, so while it is away (:class:`DatabaseUnreachable`, raised once the outcome
         is kept for the next call) timeouts still hold and nothing a worker wrote is lost.
         """
-        before = len(self.running) + len(self._finished)
+        before = len(self.running) + len(self._finished) + len(self._fetches.under_way)
         now = time.monotonic()
         self._dispatch.poll(now)
+        rested = self._fetches.poll(now)
         while self._finished:
             attempt, outcome = self._finished[0]
             try:
@@ -273,7 +278,10 @@ class JobRunner:
             self._finished.pop(0)
         self._dispatch.bookkeeping()
         lease.renew(self._db, self._owner, self.running.values(), now, lost=self._lost, refused=self._refused)
-        return before - len(self.running) - len(self._finished)
+        ended = before - len(self.running) - len(self._finished) - len(self._fetches.under_way)
+        self._fetches.sweep(self._config.runs, self.own_jobs, now=ended > 0)
+        # A run's rest that is over frees its jobs for claiming as a job's end frees a slot.
+        return ended + rested
 
     def _end(self, attempt: Attempt, outcome: Outcome) -> None:
         """Store, retry or fail the job whose worker ended with ``outcome``; the run goes into its history."""
@@ -414,6 +422,7 @@ class JobRunner:
         """
         self._stopping = True
         self._dispatch.leave_to_scheduler()
+        self._fetches.shutdown(wait_secs=5.0)
         deadline = time.monotonic() + grace_secs
         while (self.running or self._finished) and time.monotonic() < deadline:
             with contextlib.suppress(DatabaseUnreachable):

@@ -12,8 +12,13 @@ and, where the ETag is a content digest, against it: a single-part upload's ETag
 a multipart upload's the MD5 of its parts' MD5s (the part size asked of the store), hashed as the chunks
 arrive (:class:`StreamDigest`), so no file is read twice. A copy is written
 under a temporary name and renamed into place complete, with a manifest beside it; a later job of the same
-checkpoint (another task, a retry) reuses it while the store still lists the same objects. Copies are
-evicted least recently used first when a new one needs room within ``cache_max_gb``.
+checkpoint (another task, a retry) reuses it while the store still lists the same objects.
+
+Each job that uses a copy pins it (a file under ``cache_dir/pins`` named by the job's claim): a pinned
+copy is never evicted. The runner releases a claim's pin once the claim is over
+(:mod:`daemon.running.fetches`), and evicts the copy then unless another job of the same checkpoint still
+waits for it: copies are evicted after use, and, least recently used first, when a new one needs room
+within ``cache_max_gb``.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import structlog
 
@@ -41,6 +47,7 @@ from daemon.watching.objects import ObjectGone, ObjectInfo, Store, StoreError
 log = structlog.get_logger("evald.objects")
 
 MANIFEST_SUFFIX = ".evald-copy.json"
+PINS = "pins"
 _GB = 1024**3
 #: Tries of one ranged GET (the store's retries are off: see :mod:`daemon.watching.objects`).
 CHUNK_TRIES = 4
@@ -153,9 +160,22 @@ def _manifest(objects: list[ObjectInfo]) -> dict[str, list[object]]:
     return {o.relkey: [o.size, o.etag] for o in objects}
 
 
-def local_copy(run: RunConfig, checkpoint: Path) -> Path:
+@dataclass(frozen=True)
+class Pin:
+    """A job's hold on a copy: ``key`` names the claim, ``checkpoint`` is its path in the run's mirror."""
+
+    key: str
+    copy: Path
+    checkpoint: str
+
+
+def local_copy(
+    run: RunConfig, checkpoint: Path, *, pin: str | None = None, stop: threading.Event | None = None
+) -> Path:
     """The downloaded copy of the ``s3://`` checkpoint recorded at ``checkpoint`` (a path in the run's
-    mirror), fetching it unless a valid one is cached; :class:`CopyFailed` saying why it cannot be."""
+    mirror), fetching it unless a valid one is cached; :class:`CopyFailed` saying why it cannot be.
+    ``pin``: the claim that will use it, which holds it until :func:`release`; ``stop`` set: the download
+    ends early (as a transient failure)."""
     if run.url is None or run.s3 is None:
         return checkpoint
     store = _store(run.url, run.s3)
@@ -164,6 +184,9 @@ def local_copy(run: RunConfig, checkpoint: Path) -> Path:
     target = copies / name
     copies.mkdir(parents=True, exist_ok=True)
     with _locked(run.s3.cache_dir / "copies.lock"):
+        if pin is not None:
+            # Pinned before anything is evicted or downloaded: no other job's room-making removes it.
+            _write_pin(run.s3.cache_dir, Pin(pin, target, str(checkpoint)))
         try:
             objects = store.listing(name)
             beside = store.listing(name.rpartition("/")[0], direct=True)
@@ -190,9 +213,9 @@ def local_copy(run: RunConfig, checkpoint: Path) -> Path:
                 f" cache_max_gb = {run.s3.cache_max_gb:g}",
                 transient=False,
             )
-        _evict(copies, room=limit - size, keep=target)
+        _evict(copies, room=limit - size, keep=target, pinned=pinned_copies(run.s3.cache_dir))
         started = time.monotonic()
-        _download(store, objects, trackers, name, target)
+        _download(store, objects, trackers, name, target, stop)
         manifest.write_text(json.dumps(wanted))
         secs = time.monotonic() - started
         log.info(
@@ -219,7 +242,12 @@ def _store(url: str, settings: S3Config) -> Store:
 
 
 def _download(
-    store: Store, objects: list[ObjectInfo], trackers: list[ObjectInfo], name: str, target: Path
+    store: Store,
+    objects: list[ObjectInfo],
+    trackers: list[ObjectInfo],
+    name: str,
+    target: Path,
+    stop: threading.Event | None = None,
 ) -> None:
     settings = store.settings
     staging = target.with_name(f".{target.name}.partial")
@@ -249,7 +277,8 @@ def _download(
             work = chunks(objects + trackers, settings.chunk_mb * 1024 * 1024)
             with ThreadPoolExecutor(settings.max_concurrency, thread_name_prefix="evald-copy") as pool:
                 for _ in pool.map(
-                    lambda c: _fetch(store, c, handles[c.info.relkey].fileno(), digests[c.info.relkey]), work
+                    lambda c: _fetch(store, c, handles[c.info.relkey].fileno(), digests[c.info.relkey], stop),
+                    work,
                 ):
                     pass
         finally:
@@ -276,7 +305,12 @@ def _download(
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _fetch(store: Store, chunk: Chunk, descriptor: int, digest: StreamDigest) -> None:
+def _fetch(
+    store: Store, chunk: Chunk, descriptor: int, digest: StreamDigest, stop: threading.Event | None
+) -> None:
+    if stop is not None and stop.is_set():
+        raise CopyFailed(f"downloading {store.url}/{chunk.info.relkey}: stopped", transient=True)
+
     def sink(offset: int, data: bytes) -> None:
         os.pwrite(descriptor, data, offset)
         digest.add(offset, data)
@@ -318,26 +352,98 @@ def copies_in(folder: Path) -> list[tuple[float, int, Path]]:
     return sorted(found, key=lambda item: (item[0], str(item[2])))
 
 
-def _evict(folder: Path, *, room: int, keep: Path) -> None:
-    """Remove the least recently used copies until the rest take at most ``room`` bytes."""
+def _evict(folder: Path, *, room: int, keep: Path, pinned: set[Path]) -> None:
+    """Remove the least recently used copies no job holds until the rest take at most ``room`` bytes;
+    :class:`CopyFailed` (transient: the jobs holding them end) when the held ones alone leave no room."""
     present = [c for c in copies_in(folder) if c[2] != keep]
     total = sum(size for _, size, _ in present)
     for _, size, copy in present:
         if total <= room:
             return
-        shutil.rmtree(copy, ignore_errors=True)
-        manifest_path(copy).unlink(missing_ok=True)
+        if copy in pinned:
+            continue
+        _remove(copy)
         total -= size
-        log.info("objects.evicted", path=str(copy), bytes=size)
+        log.info("objects.evicted", path=str(copy), bytes=size, reason="room")
+    if total > room:
+        raise CopyFailed(
+            f"the cache holds {total / _GB:.2f} GB of copies that running jobs use; waiting for room"
+            f" (cache_max_gb is too small for this many at once)",
+            transient=True,
+        )
+
+
+def _remove(copy: Path) -> None:
+    shutil.rmtree(copy, ignore_errors=True)
+    manifest_path(copy).unlink(missing_ok=True)
+
+
+# --- pins: which jobs use which copy ------------------------------------------------------------------
+
+
+def _pin_path(cache_dir: Path, key: str) -> Path:
+    return cache_dir / PINS / f"{key}.json"
+
+
+def _write_pin(cache_dir: Path, pin: Pin) -> None:
+    path = _pin_path(cache_dir, pin.key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_suffix(".tmp")
+    staging.write_text(json.dumps({"copy": str(pin.copy), "checkpoint": pin.checkpoint}))
+    staging.replace(path)
+
+
+def pins(cache_dir: Path) -> list[Pin]:
+    """Every job's hold on a copy in ``cache_dir`` (an unreadable pin file holds nothing)."""
+    found = []
+    folder = cache_dir / PINS
+    if not folder.is_dir():
+        return []
+    for path in sorted(folder.glob("*.json")):
+        try:
+            content = json.loads(path.read_text())
+            found.append(Pin(path.stem, Path(content["copy"]), str(content["checkpoint"])))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return found
+
+
+def pinned_copies(cache_dir: Path) -> set[Path]:
+    return {pin.copy for pin in pins(cache_dir)}
+
+
+def release(cache_dir: Path, key: str) -> None:
+    """The claim ``key`` no longer uses its copy."""
+    _pin_path(cache_dir, key).unlink(missing_ok=True)
+
+
+def evict_unused(cache_dir: Path, copy: Path) -> Literal["evicted", "held", "busy"]:
+    """Remove ``copy`` unless a job holds it (``held``); ``busy`` when a download holds the cache now
+    (never waited for: the daemon's loop calls this), to be tried again."""
+    with _locked(cache_dir / "copies.lock", wait=False) as free:
+        if not free:
+            return "busy"
+        if copy in pinned_copies(cache_dir):
+            return "held"
+        size = sum(f.stat().st_size for f in copy.rglob("*") if f.is_file()) if copy.is_dir() else 0
+        if copy.exists() or manifest_path(copy).exists():
+            _remove(copy)
+            log.info("objects.evicted", path=str(copy), bytes=size, reason="used")
+        return "evicted"
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """One download at a time per cache folder, whichever daemon (sharing the folder) asks."""
+def _locked(path: Path, *, wait: bool = True) -> Iterator[bool]:
+    """One download (or eviction) at a time per cache folder, whichever daemon (sharing the folder) asks;
+    with ``wait=False`` it yields False at once when another holds it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
         try:
-            yield
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
         finally:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)

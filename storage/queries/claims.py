@@ -245,8 +245,9 @@ def record_handle(session: Session, *, job_id: int, owner: str, attempt: int, ha
     return bool(getattr(result, "rowcount", 0))
 
 
-def set_executor_state(session: Session, *, job_id: int, owner: str, attempt: int, state: str) -> bool:
-    """Where the scheduler has the claim's submission now (``PENDING (Resources)``), for ``evald status``."""
+def set_executor_state(session: Session, *, job_id: int, owner: str, attempt: int, state: str | None) -> bool:
+    """Where the scheduler has the claim's submission now (``PENDING (Resources)``), or what the claim
+    waits for before one (its checkpoint downloading), for ``evald status``; None: nothing to say."""
     result = session.execute(
         update(EvalJob).where(owned_running(job_id, owner, attempt)).values(executor_state=state)
     )
@@ -284,3 +285,32 @@ def submitted_per_run(session: Session) -> dict[int, int]:
             .group_by(Checkpoint.run_id)
         )
     )
+
+
+def running_claims(session: Session, ids: Collection[int]) -> dict[int, int]:
+    """Of the jobs ``ids``, those running now → their claim number (a claim that is over is absent)."""
+    if not ids:
+        return {}
+    return _pairs(
+        session.execute(
+            select(EvalJob.id, EvalJob.attempts).where(
+                EvalJob.id.in_(list(ids)), EvalJob.state == JobState.RUNNING
+            )
+        )
+    )
+
+
+def checkpoints_in_use(session: Session, paths: Collection[str]) -> set[str]:
+    """Of the checkpoint ``paths``, those with a job still to run or running (a retry, another task)."""
+    if not paths:
+        return set()
+    rows = session.execute(
+        select(Checkpoint.path)
+        .join(EvalJob, EvalJob.checkpoint_id == Checkpoint.id)
+        .where(
+            Checkpoint.path.in_(list(paths)),
+            EvalJob.state.in_((JobState.PENDING, JobState.DEFERRED, JobState.RUNNING)),
+        )
+        .distinct()
+    )
+    return {path for (path,) in rows}
