@@ -113,6 +113,11 @@ class RewardProcess:
         self._process: Any = None
         self._connection: Connection | None = None
 
+    @property
+    def pid(self) -> int | None:
+        """The child's process id while it runs (what a kill -9 or the OOM killer would aim at)."""
+        return None if self._process is None else int(self._process.pid)
+
     def _start(self) -> Connection:
         parent, child = self._context.Pipe()
         self._process = self._context.Process(

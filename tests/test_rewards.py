@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -79,7 +78,9 @@ def test_a_slow_import_is_not_counted_against_the_call() -> None:
 def test_a_child_that_died_between_calls_costs_one_sample() -> None:
     with RewardProcess("tests.reward_fns:poisoned", timeout_s=2.0) as reward:
         assert reward("ok", "\\boxed{1}", "1") == 1.0
-        child = psutil.Process(os.getpid()).children()[-1]
+        # By its pid: the test process may have other children (servers of session fixtures).
+        assert reward.pid is not None
+        child = psutil.Process(reward.pid)
         # As the kernel's OOM killer would: killed, not reaped (multiprocessing reaps it and reads the code).
         child.kill()
         deadline = time.monotonic() + 5
