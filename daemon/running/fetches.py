@@ -112,16 +112,22 @@ class Fetches:
         future = self._pool.submit(object_cache.local_copy, run, checkpoint, pin=pin_key(job), stop=stop)
         self.under_way[job.id] = Fetch(job, config, run, spec, future, stop)
         self._caches.add(run.s3.cache_dir)
-        url = f"{run.url}/{checkpoint.relative_to(run.root).as_posix()}"
+        # Not under the run's mirror (its root changed by a reload): the download says so, as the job's.
+        name = checkpoint.relative_to(run.root).as_posix() if checkpoint.is_relative_to(run.root) else ""
+        url = f"{run.url}/{name}" if name else f"{run.url} ({checkpoint})"
         self._say(job, f"downloading its checkpoint from {url}")
         log.info("objects.fetch_started", job_id=job.id, run=job.run, step=job.step, url=url)
 
     def _say(self, job: queries.ClaimedJob, state: str | None) -> None:
-        """What the claim waits for, shown by ``evald history`` (fenced by the claim, as a heartbeat)."""
-        with self._db.session() as session:
-            queries.set_executor_state(
-                session, job_id=job.id, owner=self._owner, attempt=job.attempts, state=state
-            )
+        """What the claim waits for, shown by ``evald history`` (fenced by the claim, as a heartbeat); a
+        courtesy: the database away or refusing it changes nothing else."""
+        try:
+            with self._db.session() as session:
+                queries.set_executor_state(
+                    session, job_id=job.id, owner=self._owner, attempt=job.attempts, state=state
+                )
+        except Exception as exc:
+            log.warning("objects.fetch_state_unsaid", job_id=job.id, error=f"{type(exc).__name__}: {exc}")
 
     def resting(self) -> frozenset[int]:
         """The runs whose jobs are not claimed now (their store just failed a download)."""
