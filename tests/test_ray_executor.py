@@ -22,7 +22,18 @@ import pytest
 from pydantic import ValidationError
 
 from daemon.config import ExecutorConfig
-from daemon.running.executors.base import Active, Ended, EndKind, ExecutorUnavailable, Handle, JobRef, Phase
+from daemon.running.executors import folder_probe
+from daemon.running.executors.base import (
+    Active,
+    Ended,
+    EndKind,
+    ExecutorError,
+    ExecutorUnavailable,
+    Handle,
+    JobRef,
+    Phase,
+    SharedFolder,
+)
 from daemon.running.executors.local import LocalExecutor
 from daemon.running.executors.ray import RayExecutor
 from daemon.running.executors.ray_states import EXIT_NAME
@@ -183,6 +194,67 @@ def test_a_driver_interpreter_that_does_not_exist_fails_the_job_with_a_line_nami
     assert "before its driver wrote an end" in ended.detail
     assert "/nonexistent/python3" in ended.log_tail
     assert outcome.error_kind == "crash" and "/nonexistent/python3" in (outcome.error or "")
+
+
+def _gated_python(folder: Path) -> tuple[Path, Path]:
+    """A driver interpreter that waits for its release file, then runs this one; and that file."""
+    release = folder / "release"
+    script = folder / "python-gated"
+    script.write_text(
+        f'#!/bin/sh\nwhile [ ! -e {release} ]; do sleep 0.2; done\nexec {sys.executable} "$@"\n'
+    )
+    script.chmod(0o755)
+    return script, release
+
+
+def _probe_answer(executor: RayExecutor, probe: Handle) -> bool:
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        answer = executor.probe_result(probe)
+        if answer is not None:
+            return answer
+        time.sleep(0.5)
+    raise AssertionError(
+        f"probe job {probe.external_id} never ended: {executor.jobs.logs(probe.external_id)}"
+    )
+
+
+def test_the_job_folder_probe_reads_job_dir_and_the_other_folders_it_is_given(
+    ray_cluster: RayCluster, tmp_path: Path
+) -> None:
+    """A task reads back the token written into job_dir and into an s3 run's cache_dir (made where
+    missing). Where it cannot read the cache_dir's (gone while the probe's driver waited), the error
+    names that folder and its run, not job_dir; the tokens are removed either way."""
+    cache = tmp_path / "objects" / "cache"
+    cloud = SharedFolder(cache, f"[runs.s3] cache_dir {cache} of run 'cloud'")
+    (tmp_path / "jobs").mkdir()
+    executor = RayExecutor(_settings(tmp_path / "jobs", ray_cluster.address), python=sys.executable)
+    probe = executor.probe_job_dir([cloud])
+    assert folder_probe.token_file(probe.job_dir, cache).is_file()
+    assert _probe_answer(executor, probe) is True
+    assert not probe.job_dir.exists() and list(cache.iterdir()) == []
+
+    gated, release = _gated_python(tmp_path)
+    (tmp_path / "held").mkdir()
+    held = RayExecutor(
+        _settings(tmp_path / "held", ray_cluster.address, driver_python=str(gated)), python=sys.executable
+    )
+    probe = held.probe_job_dir([cloud])
+    token = folder_probe.token_file(probe.job_dir, cache)
+    try:
+        assert held.probe_result(probe) is None
+        token.unlink()
+        release.touch()
+        with pytest.raises(ExecutorError) as caught:
+            _probe_answer(held, probe)
+    finally:
+        release.touch()
+    assert str(caught.value) == (
+        f"[runs.s3] cache_dir {cache} of run 'cloud' is not shared with the Ray nodes: a task on "
+        f"{socket.gethostname()} could not read {token}; put it on the filesystem the nodes share "
+        "(as job_dir)"
+    )
+    assert list(cache.iterdir()) == [] and not probe.job_dir.exists()
 
 
 @pytest.mark.long  # two toy evaluations (Ray tp=2 and local tp=1), ~40 s on 2 cores

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from daemon.config import ExecutorConfig
+from daemon.running.executors import folder_probe
 from daemon.running.executors.base import (
     Active,
     Ended,
@@ -32,6 +33,7 @@ from daemon.running.executors.base import (
     Handle,
     JobRef,
     Phase,
+    SharedFolder,
 )
 from daemon.running.executors.slurm import SlurmExecutor
 from daemon.running.executors.slurm_cli import SlurmCli
@@ -457,6 +459,39 @@ def test_the_job_folder_probe(slurm_cluster: SlurmCluster, tmp_path: Path) -> No
         f"{slurm_cluster.node} could not read {probe.job_dir / 'token'} (mount the folder there, or pick "
         "one that is)"
     )
+
+
+def test_the_job_folder_probe_reads_the_other_folders_it_is_given_in_the_same_job(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """An s3 run's cache_dir (made where missing) gets the probe's token too, read back by the same job.
+    Where the node cannot read it (the token gone before the held probe is released), the error names
+    that folder and its run, not job_dir; the tokens are removed either way."""
+    cache = tmp_path / "objects" / "cache"
+    cloud = SharedFolder(cache, f"[runs.s3] cache_dir {cache} of run 'cloud'")
+    other = SharedFolder(tmp_path / "other", f"[runs.s3] cache_dir {tmp_path / 'other'} of run 'other'")
+    executor = make_executor(slurm_cluster, tmp_path / "jobs")
+    probe = executor.probe_job_dir([cloud, other])
+    assert folder_probe.token_file(probe.job_dir, cache).is_file()
+    assert wait_probe(executor, probe) is True
+    assert not probe.job_dir.exists() and list(cache.iterdir()) == list(other.path.iterdir()) == []
+
+    held = make_executor(slurm_cluster, tmp_path / "held", extra_sbatch=["--hold"])
+    probe = held.probe_job_dir([other, cloud])
+    token = folder_probe.token_file(probe.job_dir, cache)
+    try:
+        assert held.probe_result(probe) is None
+        token.unlink()
+        subprocess.run(["scontrol", "release", probe.external_id], check=True, env=slurm_cluster.client_env())
+        with pytest.raises(ExecutorError) as caught:
+            wait_probe(held, probe)
+    finally:
+        held.cli.cancel(probe.external_id)
+    assert str(caught.value) == (
+        f"[runs.s3] cache_dir {cache} of run 'cloud' is not shared with the compute nodes: a job on "
+        f"{slurm_cluster.node} could not read {token}; put it on the filesystem the nodes share (as job_dir)"
+    )
+    assert list(cache.iterdir()) == list(other.path.iterdir()) == []
 
 
 def test_a_rendezvous_interface_the_node_lacks_fails_the_job_at_once_naming_it(

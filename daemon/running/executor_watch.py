@@ -6,8 +6,9 @@ what is wrong (``executor.unusable``) and checked again every :data:`EXECUTOR_RE
 job by ``sbatch --test-only`` of its script) and at every reload; one whose
 controller does not answer pauses claiming with one ``executor.unreachable`` line (polling goes on) and
 ``executor.reachable`` says when it is back (``down_secs`` from its last answer before). With
-``probe_job_dir`` a first job checks that the compute nodes see ``job_dir``. The local executor has nothing
-to watch.
+``probe_job_dir`` a first job checks that the compute nodes see ``job_dir``, and each s3 run's ``[runs.s3]
+cache_dir`` (its workers load the copies downloaded there): again at a reload that adds such a folder. The
+local executor has nothing to watch.
 
 The checks and the probe run on the watch's :class:`~daemon.running.executors.calls.Calls` threads (the
 dispatcher's Slurm calls too), their answers applied by the loop's next pass: a controller that does not
@@ -20,17 +21,20 @@ import functools
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import structlog
 
 from daemon.config import Config
 from daemon.running import remote
+from daemon.running.executors import folder_probe
 from daemon.running.executors.base import (
     Executor,
     ExecutorError,
     ExecutorMisconfigured,
     ExecutorUnavailable,
     Handle,
+    SharedFolder,
 )
 from daemon.running.executors.calls import Apply, Calls
 from daemon.running.executors.local import LocalExecutor
@@ -69,8 +73,12 @@ class ExecutorWatch:
         self.answered_at: float | None = None
         #: When a controller away is asked next while no job is due to be polled (monotonic).
         self.next_probe = 0.0
-        #: The job checking that the compute nodes see ``job_dir`` (``probe_job_dir``), until it answers.
+        #: The job checking that the compute nodes see ``job_dir`` (``probe_job_dir``), until it answers,
+        #: and the other folders it checks.
         self._folder_probe: Handle | None = None
+        self._probed: list[SharedFolder] = []
+        #: The latest probe submitted: one submitted before it (a reload's) is dropped when it lands.
+        self._probe_seq = 0
         #: When ``job_dir`` is cleaned up next (monotonic).
         self._tidy_at = 0.0
         self._set(config)
@@ -96,7 +104,13 @@ class ExecutorWatch:
         elif isinstance(self.executor, LocalExecutor):
             self.executor = self._local(config)
         elif config.inference != old.inference:
-            self._set(config, probe=False)
+            self._set(config, probe=_new_folders(config, old))
+        elif _new_folders(config, old) and config.executor.probe_job_dir:
+            executor = self.executor
+            if isinstance(executor, SlurmExecutor | RayExecutor):
+                # A folder the nodes may not see yet (a new s3 run's cache_dir): probed, job_dir again.
+                self._drop_probe(executor)
+                self._probe_job_dir(executor)
 
     def _set(self, config: Config, *, probe: bool = True) -> None:
         """Make the executor ``[executor]`` asks for and check it; with ``probe``, and
@@ -112,7 +126,8 @@ class ExecutorWatch:
             log.error("executor.unusable", error=self._unusable, action="no job is claimed until it is fixed")
             return
         if probe:
-            self._folder_probe = None  # a new probe is submitted below (an earlier one's answer is moot)
+            # A new probe is submitted below (an earlier one's answer is moot).
+            self._drop_probe(self.executor)
         if made is None:
             self.executor = self._local(config)
             self._unusable = None
@@ -235,22 +250,34 @@ class ExecutorWatch:
         return True
 
     def _probe_job_dir(self, executor: SlurmExecutor | RayExecutor) -> None:
-        """Submit the job folder probe (on a thread; its handle kept by a later pass)."""
+        """Submit the job folder probe, of ``job_dir`` and the config's :func:`shared_folders` (on a
+        thread; its handle kept by a later pass)."""
+        also = shared_folders(self._config)
+        self._probe_seq += 1
+        seq = self._probe_seq
 
         def work() -> Apply:
             try:
-                probe = executor.probe_job_dir()
+                probe = executor.probe_job_dir(also)
             except (ExecutorError, ExecutorUnavailable, OSError) as exc:
                 return functools.partial(self._probe_refused, executor, exc)
-            return lambda: self._probe_submitted(executor, probe)
+            return lambda: self._probe_submitted(executor, probe, also, seq)
 
-        self.calls.start(("probe", id(executor)), work)
+        self.calls.start(("probe", "submit", seq), work)
 
-    def _probe_submitted(self, executor: Executor, probe: Handle) -> None:
-        if executor is self.executor:
+    def _probe_submitted(self, executor: Executor, probe: Handle, also: list[SharedFolder], seq: int) -> None:
+        if executor is self.executor and seq == self._probe_seq:
             self._folder_probe = probe
+            self._probed = also
         else:
-            self.calls.start(("cancel", probe.external_id), lambda: _cancelled(executor, probe))
+            self.calls.start(("cancel", probe.external_id), lambda: _probe_dropped(executor, probe))
+
+    def _drop_probe(self, executor: Executor) -> None:
+        """Forget the probe under way (a new one is submitted): its job is cancelled, the tokens it
+        placed in other folders removed (on a thread)."""
+        probe, self._folder_probe = self._folder_probe, None
+        if probe is not None:
+            self.calls.start(("cancel", probe.external_id), lambda: _probe_dropped(executor, probe))
 
     def _probe_refused(self, executor: SlurmExecutor | RayExecutor, exc: Exception) -> None:
         if executor is not self.executor:
@@ -291,7 +318,8 @@ class ExecutorWatch:
             log.error("executor.unusable", error=str(exc), action="no job is submitted until it is fixed")
             return
         if seen:
-            log.info("executor.job_dir_shared", job_dir=str(executor.job_dir))
+            also = {"also": [str(f.path) for f in self._probed]} if self._probed else {}
+            log.info("executor.job_dir_shared", job_dir=str(executor.job_dir), **also)
             self._folder_probe = None
         elif seen is False:
             # Cancelled before it could tell (by someone, or by a daemon taking it for a dead one's).
@@ -321,6 +349,28 @@ class ExecutorWatch:
         self.calls.start(("tidy", id(executor)), work)
 
 
+def shared_folders(config: Config) -> list[SharedFolder]:
+    """The folders besides ``job_dir`` a detached executor's nodes must see: each s3 run's ``[runs.s3]
+    cache_dir`` (its workers load the copies downloaded there), once each, naming the runs."""
+    runs: dict[Path, list[str]] = {}
+    for run in config.runs:
+        if run.url is not None and run.s3 is not None:
+            runs.setdefault(run.s3.cache_dir, []).append(run.name)
+    return [
+        SharedFolder(
+            path,
+            f"[runs.s3] cache_dir {path} of run{'s' if len(names) > 1 else ''} "
+            + ", ".join(f"'{name}'" for name in names),
+        )
+        for path, names in runs.items()
+    ]
+
+
+def _new_folders(config: Config, old: Config) -> bool:
+    """Whether ``config`` has a folder for the nodes to see that ``old`` did not."""
+    return bool({f.path for f in shared_folders(config)} - {f.path for f in shared_folders(old)})
+
+
 def _asked(executor: Executor) -> Exception | None:
     """The executor's :meth:`~Executor.check` (on a thread): None when it passed, else what it raised."""
     try:
@@ -328,6 +378,12 @@ def _asked(executor: Executor) -> Exception | None:
     except (ExecutorError, ExecutorUnavailable) as exc:
         return exc
     return None
+
+
+def _probe_dropped(executor: Executor, probe: Handle) -> Apply:
+    """Cancel a folder probe nobody reads any more, and remove the tokens it placed (on a thread)."""
+    folder_probe.remove(probe.job_dir)
+    return _cancelled(executor, probe)
 
 
 def _cancelled(executor: Executor, handle: Handle) -> Apply:

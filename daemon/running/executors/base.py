@@ -15,11 +15,16 @@ outlives the daemon, :attr:`Executor.detached`); :meth:`Executor.poll` says :cla
 :meth:`Executor.cancel`; and :meth:`Executor.find` finds a submission whose handle was never recorded.
 One file per implementation: :mod:`.local` (worker processes here), :mod:`.slurm`. Every executor passes
 tests/test_executor_contract.py.
+
+A detached executor (:mod:`.slurm`, :mod:`.ray`) also :class:`ProbesFolders`: one tiny job tells whether
+its nodes see ``job_dir`` and the other folders its workers read (:class:`SharedFolder`: an s3 run's
+``[runs.s3] cache_dir``); the tokens it reads back are :mod:`.folder_probe`'s.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -229,6 +234,33 @@ class Executor(Protocol):
         never recorded (the daemon died between submitting and recording); None if there is none.
         ``since`` (seconds since the epoch): the claim's start; an ended submission older than that is
         an earlier claim's under the same number (one given back without spending an attempt)."""
+        ...
+
+
+@dataclass(frozen=True)
+class SharedFolder:
+    """A folder besides ``job_dir`` that the compute nodes must see (an s3 run's ``[runs.s3] cache_dir``:
+    its workers load the copies downloaded there), and what it is in the config, for messages."""
+
+    path: Path
+    #: What names it: ``[runs.s3] cache_dir /x of run 'cloud'``.
+    what: str
+
+
+@runtime_checkable
+class ProbesFolders(Protocol):
+    """An executor whose jobs run on other nodes: a probe job tells whether they see ``job_dir`` and the
+    folders given (the daemon's ``probe_job_dir``)."""
+
+    def probe_job_dir(self, also: Sequence[SharedFolder] = ()) -> Handle:
+        """Submit one job that reads back a token written into ``job_dir`` and into each of ``also``
+        (made where missing); read its answer with :meth:`probe_result`."""
+        ...
+
+    def probe_result(self, probe: Handle) -> bool | None:
+        """True once the job read every token back; None while it waits or runs; False where it was
+        cancelled before it could tell; :class:`ExecutorError` naming each folder it could not read and
+        where. The tokens in ``also`` are removed once it answers, whatever the answer."""
         ...
 
 

@@ -34,14 +34,14 @@ import shutil
 import sys
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import structlog
 
 from daemon.config import Config, ExecutorConfig
-from daemon.running.executors import ray_states
+from daemon.running.executors import folder_probe, ray_states
 from daemon.running.executors.base import (
     Adjustments,
     Ended,
@@ -52,6 +52,7 @@ from daemon.running.executors.base import (
     Handle,
     JobRef,
     Placement,
+    SharedFolder,
     Status,
 )
 from daemon.running.executors.ray_client import (
@@ -80,19 +81,26 @@ DRIVER_SOURCE = Path(__file__).with_name("ray_driver.py")
 FIND_SLACK_S = 5.0
 
 
-#: The probe's entrypoint: a task asking for a rank's resources reads a token from the job folder.
+#: The probe's entrypoint: a task asking for a rank's resources reads a token from the job folder, then
+#: what it can of the token files given after it (a line each, empty where it cannot: see
+#: :mod:`.folder_probe`).
 _PROBE = """\
 import json, socket, sys
 from pathlib import Path
 import ray
 ray.init()
 @ray.remote(max_retries=0)
-def seen(folder):
+def seen(folder, also):
     path = Path(folder)
-    token = (path / "token").read_text()
-    (path / "seen.tmp").write_text(token + " " + socket.gethostname())
+    lines = [(path / "token").read_text() + " " + socket.gethostname()]
+    for name in also:
+        try:
+            lines.append(Path(name).read_text().strip())
+        except OSError:
+            lines.append("")
+    (path / "seen.tmp").write_text("\\n".join(lines))
     (path / "seen.tmp").replace(path / "seen")
-print(ray.get(seen.options(**json.loads(sys.argv[2])).remote(sys.argv[1])))
+print(ray.get(seen.options(**json.loads(sys.argv[2])).remote(sys.argv[1], sys.argv[3:])))
 """
 
 
@@ -352,26 +360,38 @@ class RayExecutor:
 
     # --- the job folder probe ---------------------------------------------------------------------------
 
-    def probe_job_dir(self) -> Handle:
+    def probe_job_dir(self, also: Sequence[SharedFolder] = ()) -> Handle:
         """Submit a job whose task (with a rank's resources) reads back a token written here into
-        ``job_dir``; read its answer with :meth:`probe_result`."""
+        ``job_dir`` and into each folder of ``also`` (see :mod:`.folder_probe`); read its answer with
+        :meth:`probe_result`."""
         folder = self._job_dir / f".probe-{uuid.uuid4().hex[:12]}"
         folder.mkdir()
-        (folder / "token").write_text(uuid.uuid4().hex, encoding="utf-8")
+        token = uuid.uuid4().hex
+        (folder / "token").write_text(token, encoding="utf-8")
+        try:
+            files = folder_probe.place(folder, token, also)
+        except OSError:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
         options = json.dumps(self._rank_options(cuda=False))
         name = f"{self._config.name_prefix}-probe-{folder.name[7:]}"
         entrypoint = " ".join(
-            shlex.quote(p) for p in (self._driver_python, "-c", _PROBE, str(folder), options)
+            shlex.quote(str(p)) for p in (self._driver_python, "-c", _PROBE, folder, options, *files)
         )
         try:
             self._submit(name, entrypoint, {"evald": self._config.name_prefix, "probe": "1"})
         except JobExists as exc:
+            folder_probe.remove(folder)
             raise ExecutorError(f"probe job {name} exists") from exc
+        except (ExecutorError, ExecutorUnavailable):
+            folder_probe.remove(folder)  # no answer will be read
+            raise
         return Handle(self.kind, 0, 0, folder, name)
 
     def probe_result(self, probe: Handle) -> bool | None:
-        """True once the probe read the token back (its folder removed); None while it waits or runs;
-        :class:`ExecutorError` naming the folder where a task did not see it."""
+        """True once the probe read every token back (its folder removed); None while it waits or runs;
+        :class:`ExecutorError` naming the folders (``job_dir``, else each other one) where a task did not
+        see them. The tokens in other folders are removed once it answers."""
         try:
             job = self.jobs.info(probe.external_id)
         except RayUnreachable as exc:
@@ -384,8 +404,16 @@ class RayExecutor:
             token = (probe.job_dir / "token").read_text(encoding="utf-8")
             seen = (probe.job_dir / "seen").read_text(encoding="utf-8")
         if token and seen.split(" ", 1)[0] == token:
+            missed = folder_probe.unread(probe.job_dir, token, seen)
+            folder_probe.remove(probe.job_dir)
             shutil.rmtree(probe.job_dir, ignore_errors=True)
+            if missed:
+                host = seen.split("\n", 1)[0].partition(" ")[2].strip() or "its node"
+                raise ExecutorError(
+                    folder_probe.not_shared(missed, nodes="the Ray nodes", runner=f"a task on {host}")
+                )
             return True
+        folder_probe.remove(probe.job_dir)
         said = ray_states.stderr_tail_text(self.jobs.logs(probe.external_id))
         raise ExecutorError(
             f"executor.job_dir {self._job_dir} is not shared with the Ray nodes: a task there could not "

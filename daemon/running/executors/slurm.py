@@ -37,7 +37,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 import structlog
@@ -54,6 +54,7 @@ from daemon.running.executors.base import (
     Handle,
     JobRef,
     Placement,
+    SharedFolder,
     Status,
 )
 from daemon.running.executors.slurm_cli import SlurmCli
@@ -223,10 +224,11 @@ class SlurmExecutor:
         with contextlib.suppress(OSError):
             self.refusal_path.unlink()
 
-    def probe_job_dir(self) -> Handle:
-        """Submit a job that reads back a token written here into ``job_dir``: whether the compute nodes
-        see the folder only a job there can tell. Read its answer with :meth:`probe_result`."""
-        return slurm_upkeep.submit_probe(self)
+    def probe_job_dir(self, also: Sequence[SharedFolder] = ()) -> Handle:
+        """Submit a job that reads back a token written here into ``job_dir`` and into each folder of
+        ``also``: whether the compute nodes see them only a job there can tell. Read its answer with
+        :meth:`probe_result`."""
+        return slurm_upkeep.submit_probe(self, also)
 
     def probe_result(self, probe: Handle) -> bool | None:
         """The probe's answer (see :func:`slurm_upkeep.probe_answer`)."""

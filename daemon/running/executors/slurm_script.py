@@ -67,9 +67,11 @@ def parse_comment(prefix: str, text: str) -> JobRef | None:
         return None
 
 
-def probe_script(config: ExecutorConfig, folder: Path, comment: str = "") -> str:
-    """The job folder probe's script: it copies ``folder/token`` (with its node's name) to ``folder/seen``;
-    ``comment`` says whose it is (a dead daemon's is cancelled by the next)."""
+def probe_script(config: ExecutorConfig, folder: Path, comment: str = "", also: Sequence[Path] = ()) -> str:
+    """The job folder probe's script: it copies ``folder/token`` (with its node's name) to ``folder/seen``,
+    then what it reads of each file of ``also`` (the token placed in another folder the nodes must see),
+    a line each, empty where it cannot; ``comment`` says whose it is (a dead daemon's is cancelled by the
+    next)."""
     quoted = shlex.quote(str(folder))
     options = [
         f"--job-name={config.name_prefix}-probe",
@@ -91,6 +93,7 @@ def probe_script(config: ExecutorConfig, folder: Path, comment: str = "") -> str
             "#!/bin/bash",
             *(f"#SBATCH {option}" for option in options),
             f'{{ cat {quoted}/token && echo " $(hostname)"; }} > {quoted}/seen.tmp || exit 1',
+            *(f"{{ cat {shlex.quote(str(f))} 2>/dev/null; echo; }} >> {quoted}/seen.tmp" for f in also),
             f"mv -f {quoted}/seen.tmp {quoted}/seen",
             "",
         ]

@@ -6,7 +6,8 @@ A job's folder (``<job id>-<attempt>``, ``-batch<N>`` for an out-of-memory rerun
 and ``keep_failed_job_dirs_secs`` otherwise (its logs are what one debugs), counted from its last write
 (and at least :data:`UNENDED_GRACE_SECS` for one without ``exit.json``); never while its job is running
 anywhere (the database says) or held by this daemon. A ``.probe-*``
-folder that did not answer is kept as a failed job's is.
+folder that did not answer is kept as a failed job's is (the tokens it placed in other folders, see
+:mod:`.folder_probe`, are removed with it).
 
 A probe job carries ``<prefix>:probe:uid=<uid>:owner=<host>:<pid>`` as its comment. One still queued whose
 daemon is dead (on this host: its pid is gone; elsewhere: queued for :data:`STALE_PROBE_SECS`) would stay
@@ -23,20 +24,21 @@ import shutil
 import socket
 import time
 import uuid
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
 
 import structlog
 
 from daemon.config import ExecutorConfig
-from daemon.running.executors import slurm_script, slurm_states
+from daemon.running.executors import folder_probe, slurm_script, slurm_states
 from daemon.running.executors.base import (
     Active,
     EndKind,
     ExecutorError,
     ExecutorUnavailable,
     Handle,
+    SharedFolder,
     Status,
 )
 from daemon.running.executors.slurm_cli import SlurmCli
@@ -124,30 +126,44 @@ def cancel_stale_probes(executor: SlurmExecutor) -> list[str]:
     return cancelled
 
 
-def submit_probe(executor: SlurmExecutor) -> Handle:
-    """Submit a job that reads back a token written here into ``job_dir`` (a dead daemon's probes
-    cancelled first)."""
+def submit_probe(executor: SlurmExecutor, also: Sequence[SharedFolder] = ()) -> Handle:
+    """Submit a job that reads back a token written here into ``job_dir`` and into each folder of
+    ``also`` (see :mod:`.folder_probe`; a dead daemon's probes cancelled first)."""
     cancel_stale_probes(executor)
     folder = executor.job_dir / f".probe-{uuid.uuid4().hex[:12]}"
     folder.mkdir()
     token = uuid.uuid4().hex
     (folder / "token").write_text(token, encoding="utf-8")
-    script = slurm_script.probe_script(executor.config, folder, probe_comment(executor.config.name_prefix))
+    try:
+        files = folder_probe.place(folder, token, also)
+    except OSError:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    comment = probe_comment(executor.config.name_prefix)
+    script = slurm_script.probe_script(executor.config, folder, comment, files)
     (folder / "probe.sbatch").write_text(script, encoding="utf-8")
     try:
         slurm_id = executor.cli.submit(folder / "probe.sbatch")
     except SubmitRejected as exc:
-        shutil.rmtree(folder, ignore_errors=True)
+        _drop(folder)
         raise executor.refused(exc, script) from exc
     except SlurmError as exc:
+        folder_probe.remove(folder)  # no answer will be read: its tokens go (the folder as a failed job's)
         raise ExecutorUnavailable(f"cannot submit the job folder probe: {exc.message}") from exc
     return Handle(executor.kind, 0, 0, folder, slurm_id)
 
 
+def _drop(folder: Path) -> None:
+    """Remove a probe's folder and the tokens it placed elsewhere."""
+    folder_probe.remove(folder)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def probe_answer(executor: SlurmExecutor, probe: Handle) -> bool | None:
-    """True once the probe job read the token back (its folder is removed); None while it waits or runs;
-    False when it was cancelled before it could tell (no verdict); :class:`ExecutorError` naming the
-    folder and the node where the job did not see it."""
+    """True once the probe job read every token back (its folder is removed); None while it waits or
+    runs; False when it was cancelled before it could tell (no verdict); :class:`ExecutorError` naming
+    the folders (``job_dir``, else each other one it could not read) and the node where the job did not
+    see them. The tokens in other folders are removed once it answers."""
     status = executor.poll(probe)
     if isinstance(status, Active):
         return None
@@ -159,11 +175,18 @@ def probe_answer(executor: SlurmExecutor, probe: Handle) -> bool | None:
         seen = (probe.job_dir / "seen").read_text(encoding="utf-8")
     node = status.placement.nodes or "its node"
     if token and seen.split(" ", 1)[0] == token:
-        shutil.rmtree(probe.job_dir, ignore_errors=True)
+        missed = folder_probe.unread(probe.job_dir, token, seen)
+        _drop(probe.job_dir)
+        if missed:
+            raise ExecutorError(
+                folder_probe.not_shared(missed, nodes="the compute nodes", runner=f"a job on {node}")
+            )
         return True
     if status.kind is EndKind.CANCELLED:
-        shutil.rmtree(probe.job_dir, ignore_errors=True)
+        _drop(probe.job_dir)
         return False
+    # Kept for its script (and removed by the clean-up, as a failed job's folder is); not its tokens.
+    folder_probe.remove(probe.job_dir)
     if status.kind is not EndKind.FAILED:
         raise ExecutorError(f"the job folder probe did not run to its end: {status.detail}")
     raise ExecutorError(
@@ -218,6 +241,8 @@ def sweep(
             # No end written: a folder just made for a submission under way is not an ended job's.
             retention = max(retention, UNENDED_GRACE_SECS)
         if age >= retention:
+            if probe:
+                folder_probe.remove(entry)
             shutil.rmtree(entry, ignore_errors=True)
             removed.append(entry)
     if removed:
