@@ -3,6 +3,7 @@ server on loopback give the same results as the same checkpoints on local disk, 
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -11,9 +12,11 @@ import pytest
 from storage import queries
 from tests.conftest import ToyRun
 from tests.harness import all_jobs_done, running_daemon, upgraded, wait_for, write_config, write_dataset
+from tests.raycluster import RayCluster, ray_cluster
 from tests.s3server import ACCESS_ENV, SECRET_ENV, S3Server, s3_server, upload
+from tests.test_ray_daemon import ray_config
 
-__all__ = ["s3_server"]  # the session fixture, bound here
+__all__ = ["ray_cluster", "s3_server"]  # the session fixtures, bound here
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]
 
@@ -64,4 +67,46 @@ chunk_mb = 1
     log = (tmp_path / "daemon.log").read_text()
     # Each checkpoint downloaded once, from the store's copy in the cache.
     assert log.count('"objects.copied"') == len(steps)
+    database.dispose()
+
+
+def test_an_s3_checkpoint_evaluated_through_ray_with_its_copy_gone_after(
+    s3_server: S3Server, ray_cluster: RayCluster, sqlite_url: str, toy_run: ToyRun, tmp_path: Path
+) -> None:
+    """The cloud platform's combination: checkpoints in object storage, evaluation on the Ray cluster. The
+    probe checks that the Ray nodes see the cache the copy is downloaded into, the rank loads the copy,
+    and the copy is evicted once the job is stored."""
+    dataset = write_dataset(tmp_path / "arith.jsonl", 8)
+    bucket = s3_server.bucket()
+    upload(s3_server.client(), bucket, toy_run.last_checkpoint, "toy/step_30")
+    cache = tmp_path / "cache"
+    run_extra = f"""
+[[runs]]
+name = "cloud"
+root = "s3://{bucket}/toy"
+[runs.s3]
+endpoint_url = "{s3_server.endpoint}"
+access_key_env = "{ACCESS_ENV}"
+secret_key_env = "{SECRET_ENV}"
+cache_dir = "{cache}"
+"""
+    daemon = ray_config(tmp_path, sqlite_url, ray_cluster, dataset=dataset, run_extra=run_extra)
+    database = upgraded(sqlite_url)
+    log_path = tmp_path / "daemon.log"
+    with running_daemon(daemon.config, log_path, env={**s3_server.env, "HF_HUB_OFFLINE": "1"}) as process:
+        rows = wait_for(lambda: all_jobs_done(database, 1), 240, "the cloud job", process.process)
+        # The sweep after the job's end evicts its copy (the next pass after the result is stored).
+        wait_for(lambda: '"objects.evicted"' in log_path.read_text(), 60, "the copy evicted", process.process)
+        assert process.stop() == 0
+    assert [(j.run, j.step, j.state, j.attempts) for j in rows] == [("cloud", 30, "succeeded", 1)]
+    events = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
+    shared = [e for e in events if e["event"] == "executor.job_dir_shared"]
+    assert len(shared) == 1 and shared[0]["also"] == [str(cache)]
+    fetched = [e for e in events if e["event"] == "objects.fetched"]
+    assert len(fetched) == 1 and Path(fetched[0]["path"]).is_relative_to(cache / "copies")
+    evicted = [e for e in events if e["event"] == "objects.evicted"]
+    assert [(e["reason"], Path(e["path"]).name) for e in evicted] == [("used", "step_30")]
+    assert not list((cache / "copies").rglob("*.safetensors")) and not list((cache / "pins").iterdir())
+    with database.session() as session:
+        assert {r.metric for r in queries.result_rows(session)} >= {"accuracy"}
     database.dispose()

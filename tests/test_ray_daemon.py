@@ -80,12 +80,19 @@ class RayDaemon:
 
 
 def ray_config(
-    tmp: Path, url: str, cluster: RayCluster, *, dataset: Path, executor_extra: str = "", ray_extra: str = ""
+    tmp: Path,
+    url: str,
+    cluster: RayCluster,
+    *,
+    dataset: Path,
+    executor_extra: str = "",
+    ray_extra: str = "",
+    run_extra: str = "",
 ) -> RayDaemon:
     job_dir = tmp / "ray-jobs"
     job_dir.mkdir(parents=True, exist_ok=True)
     prefix = f"t{uuid.uuid4().hex[:8]}"
-    path = write_config(tmp, url, dataset=dataset)
+    path = write_config(tmp, url, dataset=dataset, run_extra=run_extra)
     section = f"""
 [executor]
 kind = "ray"
