@@ -12,12 +12,29 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
 from daemon.running.executors.base import SharedFolder
 
 MANIFEST = "also.json"
+
+
+def make(job_dir: Path, also: Sequence[SharedFolder]) -> tuple[Path, list[Path]]:
+    """A new probe's folder under ``job_dir`` with its ``token``, the token placed in each folder of
+    ``also`` too (:func:`place`); the folder and those files. An :class:`OSError` leaves nothing."""
+    folder = job_dir / f".probe-{uuid.uuid4().hex[:12]}"
+    folder.mkdir()
+    token = uuid.uuid4().hex
+    try:
+        (folder / "token").write_text(token, encoding="utf-8")
+        files = place(folder, token, also)
+    except OSError:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return folder, files
 
 
 def token_file(probe: Path, folder: Path) -> Path:

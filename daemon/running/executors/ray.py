@@ -33,7 +33,6 @@ import shlex
 import shutil
 import sys
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -364,15 +363,7 @@ class RayExecutor:
         """Submit a job whose task (with a rank's resources) reads back a token written here into
         ``job_dir`` and into each folder of ``also`` (see :mod:`.folder_probe`); read its answer with
         :meth:`probe_result`."""
-        folder = self._job_dir / f".probe-{uuid.uuid4().hex[:12]}"
-        folder.mkdir()
-        token = uuid.uuid4().hex
-        (folder / "token").write_text(token, encoding="utf-8")
-        try:
-            files = folder_probe.place(folder, token, also)
-        except OSError:
-            shutil.rmtree(folder, ignore_errors=True)
-            raise
+        folder, files = folder_probe.make(self._job_dir, also)
         options = json.dumps(self._rank_options(cuda=False))
         name = f"{self._config.name_prefix}-probe-{folder.name[7:]}"
         entrypoint = " ".join(

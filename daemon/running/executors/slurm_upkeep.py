@@ -23,7 +23,6 @@ import re
 import shutil
 import socket
 import time
-import uuid
 from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -130,15 +129,7 @@ def submit_probe(executor: SlurmExecutor, also: Sequence[SharedFolder] = ()) -> 
     """Submit a job that reads back a token written here into ``job_dir`` and into each folder of
     ``also`` (see :mod:`.folder_probe`; a dead daemon's probes cancelled first)."""
     cancel_stale_probes(executor)
-    folder = executor.job_dir / f".probe-{uuid.uuid4().hex[:12]}"
-    folder.mkdir()
-    token = uuid.uuid4().hex
-    (folder / "token").write_text(token, encoding="utf-8")
-    try:
-        files = folder_probe.place(folder, token, also)
-    except OSError:
-        shutil.rmtree(folder, ignore_errors=True)
-        raise
+    folder, files = folder_probe.make(executor.job_dir, also)
     comment = probe_comment(executor.config.name_prefix)
     script = slurm_script.probe_script(executor.config, folder, comment, files)
     (folder / "probe.sbatch").write_text(script, encoding="utf-8")
