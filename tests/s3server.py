@@ -77,6 +77,20 @@ class S3Server:
             **extra,
         }
 
+    def run_section(self, bucket: str, cache_dir: Path, *, prefix: str = "toy", extra: str = "") -> str:
+        """A config's ``[[runs]]`` entry named ``cloud`` for ``s3://bucket/prefix`` on this server."""
+        return f"""
+[[runs]]
+name = "cloud"
+root = "s3://{bucket}/{prefix}"
+[runs.s3]
+endpoint_url = "{self.endpoint}"
+access_key_env = "{ACCESS_ENV}"
+secret_key_env = "{SECRET_ENV}"
+cache_dir = "{cache_dir}"
+{extra}
+"""
+
     @contextmanager
     def paused(self) -> Iterator[None]:
         """The store hangs (SIGSTOP) inside the block and answers again (SIGCONT) after it."""

@@ -13,7 +13,7 @@ from storage import queries
 from tests.conftest import ToyRun
 from tests.harness import all_jobs_done, running_daemon, upgraded, wait_for, write_config, write_dataset
 from tests.raycluster import RayCluster, ray_cluster
-from tests.s3server import ACCESS_ENV, SECRET_ENV, S3Server, s3_server, upload
+from tests.s3server import S3Server, s3_server, upload
 from tests.test_ray_daemon import ray_config
 
 __all__ = ["ray_cluster", "s3_server"]  # the session fixtures, bound here
@@ -33,17 +33,7 @@ def test_results_from_the_store_equal_those_from_local_disk(
     steps = [toy_run.last_checkpoint.name]
     for name in steps:
         upload(client, bucket, toy_run.path / name, f"toy/{name}")
-    run_extra = f"""
-[[runs]]
-name = "cloud"
-root = "s3://{bucket}/toy"
-[runs.s3]
-endpoint_url = "{s3_server.endpoint}"
-access_key_env = "{ACCESS_ENV}"
-secret_key_env = "{SECRET_ENV}"
-cache_dir = "{tmp_path / "cache"}"
-chunk_mb = 1
-"""
+    run_extra = s3_server.run_section(bucket, tmp_path / "cache", extra="chunk_mb = 1")
     config = write_config(tmp_path, sqlite_url, dataset=dataset, run_extra=run_extra)
     for name in steps:
         shutil.copytree(toy_run.path / name, tmp_path / "run" / name)
@@ -80,16 +70,7 @@ def test_an_s3_checkpoint_evaluated_through_ray_with_its_copy_gone_after(
     bucket = s3_server.bucket()
     upload(s3_server.client(), bucket, toy_run.last_checkpoint, "toy/step_30")
     cache = tmp_path / "cache"
-    run_extra = f"""
-[[runs]]
-name = "cloud"
-root = "s3://{bucket}/toy"
-[runs.s3]
-endpoint_url = "{s3_server.endpoint}"
-access_key_env = "{ACCESS_ENV}"
-secret_key_env = "{SECRET_ENV}"
-cache_dir = "{cache}"
-"""
+    run_extra = s3_server.run_section(bucket, cache)
     daemon = ray_config(tmp_path, sqlite_url, ray_cluster, dataset=dataset, run_extra=run_extra)
     database = upgraded(sqlite_url)
     log_path = tmp_path / "daemon.log"
