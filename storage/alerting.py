@@ -70,6 +70,18 @@ def firing(session: Session, *, run_id: int, task: str | None) -> list[Alert]:
     )
 
 
+def resolved(session: Session, *, run_id: int, task: str | None) -> list[Alert]:
+    """The run's resolved alerts for ``task`` (locked, as :func:`firing`)."""
+    return list(
+        session.scalars(
+            select(Alert)
+            .where(Alert.run_id == run_id, Alert.task == task, Alert.state == AlertState.RESOLVED)
+            .order_by(Alert.id)
+            .with_for_update()
+        )
+    )
+
+
 def by_fingerprint(session: Session, fingerprint: str) -> Alert | None:
     return session.scalar(select(Alert).where(Alert.fingerprint == fingerprint).with_for_update())
 

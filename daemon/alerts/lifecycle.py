@@ -207,6 +207,15 @@ class Alerter:
         for alert in alerting.firing(session, run_id=job.run_id, task=job.task):
             if alert.rule in METRIC_RULES and alert.fingerprint not in episodes:
                 notices.append(self._withdraw(job, alert, now))
+        for alert in alerting.resolved(session, run_id=job.run_id, task=job.task):
+            if (
+                alert.rule in METRIC_RULES
+                and alert.fingerprint not in episodes
+                and alert.resolved_step is not None
+            ):
+                # Fired and resolved on a judgement the full series no longer makes (judged before older
+                # results came): withdrawn in the record too, without a word (its receivers heard it end).
+                self._mark_withdrawn(job, alert, now)
         for notice in notices:
             self._enqueue(session, notice)
         if job.step >= max(judged, default=job.step):
@@ -294,13 +303,20 @@ class Alerter:
         """A firing alert whose rule no longer fires at any step once the series is judged in step order (a
         late older result changed its baseline): resolved, saying why; its steps stay as they were."""
         alert.state = AlertState.RESOLVED
-        alert.resolved_at = alert.updated_at = now
+        alert.resolved_at = now
+        self._mark_withdrawn(job, alert, now)
+        return Notice(alert.id, job.run, self._body(job.run, alert, ends_at=now), alert.severity)
+
+    @staticmethod
+    def _mark_withdrawn(job: queries.ClaimedJob, alert: Alert, now: datetime) -> None:
+        """A withdrawn alert: no step resolved it (the rule never fires once the series is judged in step
+        order), and its message says so."""
+        alert.updated_at = now
         alert.resolved_step = None
         alert.message = (
             f"withdrawn: with step {job.step}'s result the series judged in step order no longer shows "
             f"{alert.rule} on {alert.metric} at steps {alert.first_step}..{alert.last_step}"
         )
-        return Notice(alert.id, job.run, self._body(job.run, alert, ends_at=now), alert.severity)
 
     def _fire(
         self, session: Session, place: JobPlace, fp: str, finding: Finding, now: datetime
