@@ -3,8 +3,9 @@ on the server, one after another they bound a backlog's drain."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 #: Uploads in flight at once. Each evaluation's and alert's file is one small PUT that mostly waits on
 #: the server; one after another they drained a 10,000-result backlog in 492 s, 8 at a time in 69 s
@@ -20,7 +21,9 @@ File = tuple[str, str, bytes]
 
 class Uploads:
     """``upload`` run on many files, ``UPLOAD_WORKERS`` at a time; ``locate`` (each run's artifact
-    location, cached by the sink) called once per run first, so that no two uploads look it up at once."""
+    location, cached by the sink) called once per run first, so that no two uploads look it up at once.
+    Uploads of the same file go in the order begun: an alert that fired and resolved in one batch has two
+    events for its one file, and the later must be the one left (two PUTs at once leave either)."""
 
     def __init__(
         self, name: str, upload: Callable[[str, str, bytes], None], locate: Callable[[str], object]
@@ -29,6 +32,9 @@ class Uploads:
         self._upload = upload
         self._locate = locate
         self._pool: ThreadPoolExecutor | None = None
+        #: Each file's latest upload not yet ended, by (run id, path).
+        self._latest: dict[tuple[str, str], Future[Exception | None]] = {}
+        self._lock = threading.Lock()
 
     def run(self, files: Sequence[File]) -> list[Exception | None]:
         """What each file's upload raised (None: written), once every one has ended."""
@@ -39,8 +45,21 @@ class Uploads:
         located = {run_id: _attempt(self._locate, run_id) for run_id in {f[0] for f in files}}
         if self._pool is None:
             self._pool = ThreadPoolExecutor(UPLOAD_WORKERS, thread_name_prefix=f"evald-mlflow-{self._name}")
-        pool = self._pool
-        return [located[f[0]] or pool.submit(_attempt, self._upload, *f) for f in files]
+        return [located[f[0]] or self._begin(self._pool, f) for f in files]
+
+    def _begin(self, pool: ThreadPoolExecutor, file: File) -> Future[Exception | None]:
+        key = (file[0], file[1])
+        with self._lock:
+            # The earlier upload was queued first, so it starts before this one waits on it: no deadlock.
+            future = pool.submit(_after, self._latest.get(key), self._upload, *file)
+            self._latest[key] = future
+        future.add_done_callback(lambda done: self._ended(key, done))
+        return future
+
+    def _ended(self, key: tuple[str, str], done: Future[Exception | None]) -> None:
+        with self._lock:
+            if self._latest.get(key) is done:
+                del self._latest[key]
 
     @staticmethod
     def wait(started: Sequence[Future[Exception | None] | Exception | None]) -> list[Exception | None]:
@@ -52,6 +71,15 @@ class Uploads:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+
+
+def _after(
+    earlier: Future[Exception | None] | None, upload: Callable[..., object], *args: object
+) -> Exception | None:
+    """``upload`` once the same file's earlier upload has ended (whatever it raised: this one replaces it)."""
+    if earlier is not None:
+        wait([earlier])
+    return _attempt(upload, *args)
 
 
 def _attempt(call: Callable[..., object], *args: object) -> Exception | None:
