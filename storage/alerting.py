@@ -60,22 +60,19 @@ def run_series(session: Session, *, run_id: int, task: str, stage: str) -> dict[
 
 def firing(session: Session, *, run_id: int, task: str | None) -> list[Alert]:
     """The run's firing alerts for ``task`` (locked: two daemons storing results must not both fire)."""
-    return list(
-        session.scalars(
-            select(Alert)
-            .where(Alert.run_id == run_id, Alert.task == task, Alert.state == AlertState.FIRING)
-            .order_by(Alert.id)
-            .with_for_update()
-        )
-    )
+    return _in_state(session, run_id, task, AlertState.FIRING)
 
 
 def resolved(session: Session, *, run_id: int, task: str | None) -> list[Alert]:
     """The run's resolved alerts for ``task`` (locked, as :func:`firing`)."""
+    return _in_state(session, run_id, task, AlertState.RESOLVED)
+
+
+def _in_state(session: Session, run_id: int, task: str | None, state: AlertState) -> list[Alert]:
     return list(
         session.scalars(
             select(Alert)
-            .where(Alert.run_id == run_id, Alert.task == task, Alert.state == AlertState.RESOLVED)
+            .where(Alert.run_id == run_id, Alert.task == task, Alert.state == state)
             .order_by(Alert.id)
             .with_for_update()
         )

@@ -157,7 +157,12 @@ class Service:
     def _assemble(self, config: Config) -> Parts:
         """Everything one config needs, registered in the database but not started (no threads yet)."""
         return assemble(
-            config, self.database, outage=self.outage, wake=self.wake, on_reset=self.arm_time_trigger
+            config,
+            self.database,
+            outage=self.outage,
+            wake=self.wake,
+            on_reset=self.arm_time_trigger,
+            replacing=self.parts,
         )
 
     def _start(self, parts: Parts) -> None:

@@ -55,12 +55,15 @@ def assemble(
     outage: Outage,
     wake: threading.Event,
     on_reset: Callable[[str, datetime], None],
+    replacing: Parts | None = None,
 ) -> Parts:
-    """Everything one config needs, registered in the database but not started (no threads yet)."""
+    """Everything one config needs, registered in the database but not started (no threads yet);
+    ``replacing``: the parts a reload replaces, whose paused s3 runs stay paused until they answer."""
     watched = register_runs(config, database)
     planner = Planner(config.scheduling, database, watched, on_reset=on_reset)
     planner.register_base_models()
-    discovery = Discovery(database, watched, config.scheduling, after_ready=planner.plan)
+    paused = replacing.discovery.paused() if replacing is not None else None
+    discovery = Discovery(database, watched, config.scheduling, after_ready=planner.plan, paused=paused)
     # Secrets are loaded before anything starts: a missing one stops the start (or the reload).
     relay = (
         Relay(database, routes(config, os.environ), outage=outage)

@@ -38,7 +38,7 @@ from daemon.watching.folders import (
     trainer_state_step,
 )
 from daemon.watching.ledger import Ledger
-from daemon.watching.object_runs import ObjectRuns
+from daemon.watching.object_runs import ObjectRuns, Paused
 from daemon.watching.readiness import Decision, Outcome, decide
 from daemon.watching.runs import Candidate, RunState, WatchedRun, ignored_key, link_problem
 from inference import layouts
@@ -59,7 +59,9 @@ class Discovery:
         scheduling: SchedulingConfig,
         clock: Callable[[], float] = time.monotonic,
         after_ready: Callable[[], int] | None = None,
+        paused: Paused | None = None,
     ) -> None:
+        """``paused``: the s3 runs paused under the Discovery a reload replaces (its :meth:`paused`)."""
         #: Plans what became ready (the frequency policy) and returns how many jobs that created.
         self._after_ready = after_ready
         self._scheduling = scheduling
@@ -70,7 +72,7 @@ class Discovery:
         self._ledger = Ledger(database, look=self._look)
         runs = list(runs)
         #: Runs whose root is ``s3://``: listed into their local mirror before each scan of it.
-        self._objects = ObjectRuns(runs)
+        self._objects = ObjectRuns(runs, paused=paused)
         for run in runs:
             with database.session() as session:
                 states = queries.checkpoint_states(session, run.run_id)
@@ -83,6 +85,10 @@ class Discovery:
                 else:
                     state.settled.add(path)
             self._runs[run.config.name] = state
+
+    def paused(self) -> Paused:
+        """Why each paused s3 run's store could not be used, by (run name, URL): for a reload's Discovery."""
+        return self._objects.paused()
 
     @contextmanager
     def _batched(self) -> Iterator[None]:

@@ -29,10 +29,8 @@ log = structlog.get_logger("evald.objects")
 #: The suffix of the hidden file that stands, in the mirror, for a multipart upload in progress.
 UPLOADING = ".uploading"
 
-#: Why each paused run's store could not be used, by (run name, URL), kept across the :class:`ObjectRuns`
-#: a reload replaces: the new one starts from what the old one knew, so the pause it mends is said to be
-#: over and a store still away holds the reload for one try, not the first rescan's three.
-_PAUSED: dict[tuple[str, str], str] = {}
+#: Why each paused run's store could not be used, by (run name, URL).
+Paused = Mapping[tuple[str, str], str]
 
 
 @dataclass
@@ -54,15 +52,32 @@ class ObjectRun:
 class ObjectRuns:
     """The ``s3://`` runs among the watched ones, by run name."""
 
-    def __init__(self, runs: Iterable[WatchedRun], environ: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        runs: Iterable[WatchedRun],
+        environ: Mapping[str, str] | None = None,
+        paused: Paused | None = None,
+    ) -> None:
+        """``paused``: what the :class:`ObjectRuns` a reload replaces knew (:meth:`paused`), so that the
+        pause the reload mends is said to be over and a store still away holds the reload for one try,
+        not the first rescan's three."""
         self._runs: dict[str, ObjectRun] = {}
+        #: Only this config's runs: a run the reload removed is forgotten.
+        self._paused: dict[tuple[str, str], str] = {}
         for run in runs:
             config = run.config
             if config.url is None or config.s3 is None:
                 continue
             store = Store(config.s3, config.url, environ)
             mirror = Mirror(store, config.root, config.s3.cache_dir / "tmp")
-            self._runs[config.name] = ObjectRun(store, mirror, carried=_PAUSED.get((config.name, config.url)))
+            carried = (paused or {}).get((config.name, config.url))
+            if carried is not None:
+                self._paused[(config.name, config.url)] = carried
+            self._runs[config.name] = ObjectRun(store, mirror, carried=carried)
+
+    def paused(self) -> Paused:
+        """Why each paused run's store could not be used, for the :class:`ObjectRuns` of a reload."""
+        return dict(self._paused)
 
     def __contains__(self, name: object) -> bool:
         return name in self._runs
@@ -94,7 +109,7 @@ class ObjectRuns:
         if was is not None:
             log.info("objects.recovered", run=name, url=entry.store.url, was=was)
             entry.problem = entry.carried = None
-            _PAUSED.pop((name, entry.store.url), None)
+            self._paused.pop((name, entry.store.url), None)
         for key, why in changes.refused:
             if key not in entry.refused_keys:
                 log.warning("objects.key_refused", run=name, key=key, reason=why, action="not mirrored")
@@ -146,7 +161,7 @@ class ObjectRuns:
     def _failed(self, name: str, entry: ObjectRun, exc: Exception) -> None:
         entry.in_step = False
         problem = f"{type(exc).__name__}: {exc}"
-        _PAUSED[(name, entry.store.url)] = problem
+        self._paused[(name, entry.store.url)] = problem
         if entry.problem is not None:
             entry.problem = problem
             return
