@@ -168,12 +168,25 @@ def test_toy_checkpoints_through_ray_equal_the_local_executors_results(
         folder.mkdir()
         url = f"sqlite:///{folder / 'evald.sqlite'}"
         database = upgraded(url)
-        daemon = ray_config(folder, url, ray_cluster, dataset=dataset) if kind == "ray" else None
+        # Succeeded jobs' folders removed at the next clean-up (as Slurm's are).
+        daemon = (
+            ray_config(folder, url, ray_cluster, dataset=dataset, executor_extra="keep_job_dirs_secs = 0")
+            if kind == "ray"
+            else None
+        )
         config = daemon.config if daemon is not None else write_config(folder, url, dataset=dataset)
         for step in (10, 20):
             copy_checkpoint(toy_run.last_checkpoint, folder / "run" / f"step_{step}")
         with running_daemon(config, folder / "daemon.log", {"HF_HUB_OFFLINE": "1"}) as process:
             wait_for(lambda: all_jobs_done(database, 2), WAIT_S, "both jobs", process.process)  # noqa: B023
+            if daemon is not None:
+                job_dir = daemon.job_dir
+                wait_for(
+                    lambda: not any(job_dir.iterdir()) or None,  # noqa: B023
+                    60,
+                    "the succeeded jobs' folders removed",
+                    process.process,
+                )
             assert process.stop() == 0
         assert [j.state for j in jobs(database)] == ["succeeded", "succeeded"]
         results[kind] = _stable_results(database)
@@ -181,6 +194,7 @@ def test_toy_checkpoints_through_ray_equal_the_local_executors_results(
             assert len(daemon.submissions()) == 2
             # The probe's task read back what the daemon wrote into job_dir: the nodes see the folder.
             assert _count(folder / "daemon.log")["executor.job_dir_shared"] == 1
+            assert _count(folder / "daemon.log")["ray.job_dirs_removed"] >= 1
         database.dispose()
     assert results["ray"] == results["local"] and len(results["local"]) == 2 * len(STABLE)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.running.executors import slurm_upkeep
+from daemon.running.executors import job_dirs, slurm_upkeep
 from daemon.running.executors.slurm_output import SlurmJob
 from daemon.running.executors.slurm_script import EXIT_NAME, probe_script
 from inference.spec import JobResult
@@ -56,18 +56,16 @@ def test_ended_job_folders_go_after_their_retention_failed_ones_later_and_busy_o
     refusal = root / ".refused-evald.json"
     refusal.write_text("{}", encoding="utf-8")
 
-    removed = slurm_upkeep.sweep(
-        root, busy={5}, keep=[live_probe], keep_ok_secs=HOUR, keep_failed_secs=24 * HOUR
-    )
+    removed = job_dirs.sweep(root, busy={5}, keep=[live_probe], keep_ok_secs=HOUR, keep_failed_secs=24 * HOUR)
 
     assert sorted(removed) == sorted([ok_old, failed_older, cancelled_queued, probe])
     for kept in (ok_new, failed_old, running, just_made, live_probe, other, refusal):
         assert kept.exists(), kept
     # A retention of 0 removes a succeeded job's folder at once, but not one just made for a submission.
-    again = slurm_upkeep.sweep(root, busy={5}, keep=[live_probe], keep_ok_secs=0, keep_failed_secs=24 * HOUR)
+    again = job_dirs.sweep(root, busy={5}, keep=[live_probe], keep_ok_secs=0, keep_failed_secs=24 * HOUR)
     assert again == [ok_new] and just_made.exists()
     # A job_dir that is not there is nothing to clean.
-    assert slurm_upkeep.sweep(tmp_path / "none", busy=set(), keep_ok_secs=0, keep_failed_secs=0) == []
+    assert job_dirs.sweep(tmp_path / "none", busy=set(), keep_ok_secs=0, keep_failed_secs=0) == []
 
 
 def _probe_job(prefix: str, comment: str, submitted: float, state: str = "PENDING") -> SlurmJob:

@@ -263,8 +263,8 @@ class ExecutorConfig(Section):
     #: only proof that the compute nodes see the folder. Jobs are submitted meanwhile; a probe that fails
     #: stops submission with one ``executor.unusable`` line naming the folder and the node.
     probe_job_dir: bool = True
-    #: Seconds a Slurm job's folder (``<job_dir>/<job>-<attempt>``: spec, result, logs) is kept after the
-    #: job succeeded (its results are in the database by then); 0 removes it at the next clean-up.
+    #: Seconds a Slurm or Ray job's folder (``<job_dir>/<job>-<attempt>``: spec, result, logs) is kept
+    #: after the job succeeded (its results are in the database by then); 0 removes it at the next clean-up.
     keep_job_dirs_secs: float = Field(default=3600.0, ge=0)
     #: Seconds the folder of a job that failed, was cancelled or left no result is kept, for its logs
     #: (and a job folder probe's ``.probe-*`` folder that did not answer).

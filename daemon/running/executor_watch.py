@@ -327,15 +327,15 @@ class ExecutorWatch:
             self._folder_probe = None
 
     def tidy_due(self) -> bool:
-        """Whether ``job_dir`` is to be cleaned up now (a Slurm executor's, every :data:`TIDY_SECS` or
-        half the shorter retention)."""
-        return isinstance(self.executor, SlurmExecutor) and time.monotonic() >= self._tidy_at
+        """Whether ``job_dir`` is to be cleaned up now (a Slurm or Ray executor's, every :data:`TIDY_SECS`
+        or half the shorter retention)."""
+        return isinstance(self.executor, SlurmExecutor | RayExecutor) and time.monotonic() >= self._tidy_at
 
     def tidy(self, busy: set[int]) -> None:
-        """Clean ``job_dir`` up on a thread (see :mod:`.executors.slurm_upkeep`); ``busy``: the ids of
-        the jobs running anywhere, whose folders stay."""
+        """Clean ``job_dir`` up on a thread (see :mod:`.executors.job_dirs`); ``busy``: the ids of the
+        jobs running anywhere, whose folders stay."""
         executor = self.executor
-        if not isinstance(executor, SlurmExecutor):
+        if not isinstance(executor, SlurmExecutor | RayExecutor):
             return
         settings = executor.config
         shortest = min(settings.keep_job_dirs_secs, settings.keep_failed_job_dirs_secs)

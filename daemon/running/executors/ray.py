@@ -33,14 +33,14 @@ import shlex
 import shutil
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import structlog
 
 from daemon.config import Config, ExecutorConfig
-from daemon.running.executors import folder_probe, ray_states
+from daemon.running.executors import folder_probe, job_dirs, ray_states
 from daemon.running.executors.base import (
     Adjustments,
     Ended,
@@ -410,6 +410,20 @@ class RayExecutor:
             f"executor.job_dir {self._job_dir} is not shared with the Ray nodes: a task there could not "
             f"read {probe.job_dir / 'token'} (mount the folder on every node, or pick one that is): {said}"
         )
+
+    def tidy(self, busy: Collection[int], keep: Collection[Path] = ()) -> list[Path]:
+        """Remove ended jobs' folders and unanswered probes' past their retention (see :mod:`.job_dirs`);
+        ``busy``: job ids running anywhere. Runs on a thread."""
+        removed = job_dirs.sweep(
+            self._job_dir,
+            busy=busy,
+            keep=keep,
+            keep_ok_secs=self._config.keep_job_dirs_secs,
+            keep_failed_secs=self._config.keep_failed_job_dirs_secs,
+        )
+        if removed:
+            log.info("ray.job_dirs_removed", job_dir=str(self._job_dir), folders=len(removed))
+        return removed
 
     # --- outcomes -----------------------------------------------------------------------------------
 

@@ -44,7 +44,7 @@ import structlog
 
 from daemon.config import ExecutorConfig
 from daemon.config.executor import slurm_time
-from daemon.running.executors import slurm_script, slurm_states, slurm_upkeep
+from daemon.running.executors import job_dirs, slurm_script, slurm_states, slurm_upkeep
 from daemon.running.executors.base import (
     Adjustments,
     Ended,
@@ -235,16 +235,19 @@ class SlurmExecutor:
         return slurm_upkeep.probe_answer(self, probe)
 
     def tidy(self, busy: Collection[int], keep: Collection[Path] = ()) -> list[Path]:
-        """Remove ended jobs' folders past their retention and cancel a dead daemon's probes (see
-        :mod:`.slurm_upkeep`); ``busy``: job ids running anywhere. Runs on a thread."""
+        """Remove ended jobs' folders past their retention (see :mod:`.job_dirs`) and cancel a dead
+        daemon's probes (:mod:`.slurm_upkeep`); ``busy``: job ids running anywhere. Runs on a thread."""
         slurm_upkeep.cancel_stale_probes(self)
-        return slurm_upkeep.sweep(
+        removed = job_dirs.sweep(
             self._job_dir,
             busy=busy,
             keep=keep,
             keep_ok_secs=self._config.keep_job_dirs_secs,
             keep_failed_secs=self._config.keep_failed_job_dirs_secs,
         )
+        if removed:
+            log.info("slurm.job_dirs_removed", job_dir=str(self._job_dir), folders=len(removed))
+        return removed
 
     def _no_partition(self, partitions: list[str]) -> str:
         return (

@@ -1,13 +1,5 @@
 """What the Slurm executor leaves under ``job_dir``, looked after: the job folder probe (submitted, read,
-and a dead daemon's cancelled) and the folders of ended jobs removed once their retention is over.
-
-A job's folder (``<job id>-<attempt>``, ``-batch<N>`` for an out-of-memory rerun) is kept
-``keep_job_dirs_secs`` after its job succeeded (``exit.json`` says 0 and ``result.json`` holds no error)
-and ``keep_failed_job_dirs_secs`` otherwise (its logs are what one debugs), counted from its last write
-(and at least :data:`UNENDED_GRACE_SECS` for one without ``exit.json``); never while its job is running
-anywhere (the database says) or held by this daemon. A ``.probe-*``
-folder that did not answer is kept as a failed job's is (the tokens it placed in other folders, see
-:mod:`.folder_probe`, are removed with it).
+and a dead daemon's cancelled); the folders of ended jobs are removed by :mod:`.job_dirs`.
 
 A probe job carries ``<prefix>:probe:uid=<uid>:owner=<host>:<pid>`` as its comment. One still queued whose
 daemon is dead (on this host: its pid is gone; elsewhere: queued for :data:`STALE_PROBE_SECS`) would stay
@@ -19,18 +11,17 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shutil
 import socket
 import time
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
 
 import structlog
 
 from daemon.config import ExecutorConfig
-from daemon.running.executors import folder_probe, slurm_script, slurm_states
+from daemon.running.executors import folder_probe, slurm_script
 from daemon.running.executors.base import (
     Active,
     EndKind,
@@ -47,12 +38,6 @@ log = structlog.get_logger("evald.executor.slurm")
 
 #: A probe of another host's daemon queued this long is taken for a dead daemon's.
 STALE_PROBE_SECS = 6 * 3600.0
-
-#: A folder without ``exit.json`` (cancelled while queued, killed, or just made) is this old at least
-#: before it is removed, whatever the retention.
-UNENDED_GRACE_SECS = 600.0
-
-_JOB_FOLDER = re.compile(r"^(\d+)-(\d+)(?:-batch\d+)?$")
 
 
 class SlurmExecutor(Protocol):
@@ -184,58 +169,3 @@ def probe_answer(executor: SlurmExecutor, probe: Handle) -> bool | None:
         f"executor.job_dir {executor.job_dir} is not shared with the compute nodes: a job on {node} "
         f"could not read {probe.job_dir / 'token'} (mount the folder there, or pick one that is)"
     )
-
-
-def _last_write(folder: Path) -> float:
-    times = [folder.stat().st_mtime]
-    for name in (slurm_script.EXIT_NAME, slurm_script.LOG_NAME, "result.json", "seen"):
-        with contextlib.suppress(OSError):
-            times.append((folder / name).stat().st_mtime)
-    return max(times)
-
-
-def sweep(
-    job_dir: Path,
-    *,
-    busy: Collection[int],
-    keep: Collection[Path] = (),
-    keep_ok_secs: float,
-    keep_failed_secs: float,
-    now: float | None = None,
-) -> list[Path]:
-    """Remove the folders under ``job_dir`` whose retention is over (see the module's docstring);
-    ``busy``: job ids running anywhere or held by this daemon; ``keep``: folders never to remove (this
-    daemon's probe). Returns what was removed."""
-    now = time.time() if now is None else now
-    removed = []
-    try:
-        entries = list(job_dir.iterdir())
-    except OSError:
-        return []
-    kept = {Path(p).resolve() for p in keep}
-    for entry in entries:
-        match = _JOB_FOLDER.match(entry.name)
-        probe = entry.name.startswith(".probe-")
-        if not (match or probe) or not entry.is_dir() or entry.resolve() in kept:
-            continue
-        if match and int(match.group(1)) in busy:
-            continue
-        try:
-            age = now - _last_write(entry)
-        except OSError:
-            continue
-        succeeded = (
-            bool(match) and slurm_states.exit_code(entry) == 0 and slurm_states.result(entry) is not None
-        )
-        retention = keep_ok_secs if succeeded else keep_failed_secs
-        if not (entry / slurm_script.EXIT_NAME).exists():
-            # No end written: a folder just made for a submission under way is not an ended job's.
-            retention = max(retention, UNENDED_GRACE_SECS)
-        if age >= retention:
-            if probe:
-                folder_probe.remove(entry)
-            shutil.rmtree(entry, ignore_errors=True)
-            removed.append(entry)
-    if removed:
-        log.info("slurm.job_dirs_removed", job_dir=str(job_dir), folders=len(removed))
-    return removed
