@@ -20,6 +20,9 @@ import time
 from collections.abc import Collection
 from pathlib import Path
 
+import structlog
+
+from daemon.config import ExecutorConfig
 from daemon.running.executors import folder_probe
 from inference.spec import JobResult
 
@@ -32,6 +35,25 @@ EXIT_NAME = "exit.json"
 _WRITTEN = (EXIT_NAME, "worker.log", "driver.log", "result.json", "seen")
 
 _JOB_FOLDER = re.compile(r"^(\d+)-(\d+)(?:-batch\d+)?$")
+
+log = structlog.get_logger("evald.executor")
+
+
+def tidy(
+    job_dir: Path, config: ExecutorConfig, *, busy: Collection[int], keep: Collection[Path], event: str
+) -> list[Path]:
+    """:func:`sweep` with ``config``'s retentions, the folders removed said as ``event`` (the
+    executor's own: ``slurm.job_dirs_removed``, ``ray.job_dirs_removed``)."""
+    removed = sweep(
+        job_dir,
+        busy=busy,
+        keep=keep,
+        keep_ok_secs=config.keep_job_dirs_secs,
+        keep_failed_secs=config.keep_failed_job_dirs_secs,
+    )
+    if removed:
+        log.info(event, job_dir=str(job_dir), folders=len(removed))
+    return removed
 
 
 def sweep(

@@ -414,16 +414,7 @@ class RayExecutor:
     def tidy(self, busy: Collection[int], keep: Collection[Path] = ()) -> list[Path]:
         """Remove ended jobs' folders and unanswered probes' past their retention (see :mod:`.job_dirs`);
         ``busy``: job ids running anywhere. Runs on a thread."""
-        removed = job_dirs.sweep(
-            self._job_dir,
-            busy=busy,
-            keep=keep,
-            keep_ok_secs=self._config.keep_job_dirs_secs,
-            keep_failed_secs=self._config.keep_failed_job_dirs_secs,
-        )
-        if removed:
-            log.info("ray.job_dirs_removed", job_dir=str(self._job_dir), folders=len(removed))
-        return removed
+        return job_dirs.tidy(self._job_dir, self._config, busy=busy, keep=keep, event="ray.job_dirs_removed")
 
     # --- outcomes -----------------------------------------------------------------------------------
 

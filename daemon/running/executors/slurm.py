@@ -238,16 +238,9 @@ class SlurmExecutor:
         """Remove ended jobs' folders past their retention (see :mod:`.job_dirs`) and cancel a dead
         daemon's probes (:mod:`.slurm_upkeep`); ``busy``: job ids running anywhere. Runs on a thread."""
         slurm_upkeep.cancel_stale_probes(self)
-        removed = job_dirs.sweep(
-            self._job_dir,
-            busy=busy,
-            keep=keep,
-            keep_ok_secs=self._config.keep_job_dirs_secs,
-            keep_failed_secs=self._config.keep_failed_job_dirs_secs,
+        return job_dirs.tidy(
+            self._job_dir, self._config, busy=busy, keep=keep, event="slurm.job_dirs_removed"
         )
-        if removed:
-            log.info("slurm.job_dirs_removed", job_dir=str(self._job_dir), folders=len(removed))
-        return removed
 
     def _no_partition(self, partitions: list[str]) -> str:
         return (
