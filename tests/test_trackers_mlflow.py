@@ -710,6 +710,9 @@ def test_a_backlog_goes_in_batches_once_each(
         with structlog.testing.capture_logs() as logs:
             gate.open()
             wait_for(lambda: delivered(setup.database, 121), 60, "the backlog delivered")
+            # Said once the delivery is recorded: the line may come just after.
+            said = "tracker.delivered"
+            wait_for(lambda: any(e["event"] == said for e in logs) or None, 30, "the line said")
         # 120 claimed in one transaction, in one log_batch call (240 values and evald's 3 tags), marked
         # delivered in one: a line for the lot.
         sent = [e for e in logs if e["event"] == "tracker.delivered"]
