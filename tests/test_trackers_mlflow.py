@@ -761,6 +761,8 @@ def test_a_message_mlflow_rejects_is_given_up_and_the_rest_of_its_batch_delivere
     with structlog.testing.capture_logs() as logs:
         relay_for(setup)
         wait_for(lambda: outbox(setup.database) == {"delivered": 3, "failed": 1} or None, 60, "3 in, 1 out")
+        # Said once the failure is recorded: the line may come just after.
+        wait_for(lambda: any(e["event"] == "tracker.rejected" for e in logs) or None, 30, "the line said")
     rejected = [e for e in logs if e["event"] == "tracker.rejected"]
     assert len(rejected) == 1 and "INVALID_PARAMETER_VALUE" in rejected[0]["error"], rejected
     assert assert_equal_to_results(setup) == 6
