@@ -208,7 +208,6 @@ def test_a_moved_cache_dir_evaluates_nothing_again(
     settle(discovery_for(database, [moved], clock), clock, 20.0)
     assert job_steps(database) == [("s3run", 100)]
     with database.session() as s:
-        (job,) = queries.job_rows(s)
         assert [(c.path, c.state) for c in queries.checkpoint_rows(s)] == [
             (str(before.root / "step_100"), "ready")
         ]
