@@ -205,8 +205,14 @@ def test_a_moved_cache_dir_evaluates_nothing_again(
     settle(discovery_for(database, [before], clock), clock, 20.0)
     assert job_steps(database) == [("s3run", 100)]
     moved = s3_run(s3_server, bucket, tmp_path / "cache-b")
-    settle(discovery_for(database, [moved], clock), clock, 20.0)
+    with capture_logs() as logs:
+        settle(discovery_for(database, [moved], clock), clock, 20.0)
     assert job_steps(database) == [("s3run", 100)]
+    (again,) = [e for e in logs if e["event"] == "checkpoint.alternate"]
+    assert (
+        again["reason"]
+        == "step_100 again, recorded at another path before the run's root moved: evaluated once"
+    )
     with database.session() as s:
         assert [(c.path, c.state) for c in queries.checkpoint_rows(s)] == [
             (str(before.root / "step_100"), "ready")
@@ -323,9 +329,10 @@ def test_ten_thousand_objects_are_listed_in_seconds(
     keys = [f"big/step_{i}/__{j}_0.distcp" for i in range(1000) for j in range(10)]
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda k: client.put_object(Bucket=bucket, Key=k, Body=b"x"), keys))
-    config = RunConfig.model_validate(
-        {"name": "big", "root": f"s3://{bucket}/big", "s3": s3_server.settings(tmp_path / "cache")}
-    )
+    # A page of 1,000 keys takes moto ~0.5 s; the tests' 1 s timeout (for their outages) is too tight
+    # for it on a loaded machine, and the bound below is on the whole listing anyway.
+    settings = s3_server.settings(tmp_path / "cache", timeout_secs=10.0)
+    config = RunConfig.model_validate({"name": "big", "root": f"s3://{bucket}/big", "s3": settings})
     store = Store(config.s3, f"s3://{bucket}/big")  # type: ignore[arg-type]
     started = time.monotonic()
     listed = store.listing()

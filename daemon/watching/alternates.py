@@ -48,9 +48,13 @@ class Decision:
     #: The other shape it is an alternate of, or waits for.
     other: Other | None = None
 
-    def reason(self, shape: Shape) -> str:
+    def reason(self, shape: Shape, name: str | None = None) -> str:
+        """Why, for the folder of ``shape`` named ``name`` in its run."""
         if self.other is None:
             return "the only shape of its step"
+        if self.choice is Choice.ALTERNATE and name == self.other.name:
+            # The same name under the run: its root (an s3 run's cache_dir, a remount) moved since.
+            return f"{name} again, recorded at another path before the run's root moved: evaluated once"
         if self.choice is Choice.ALTERNATE:
             return f"another shape ({shape}) of {self.other.name}'s step, which is evaluated instead"
         return f"waits for {self.other.name} ({self.other.shape}), the preferred shape of the same step"

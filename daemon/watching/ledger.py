@@ -245,7 +245,7 @@ class Ledger:
             run=state.run.config.name,
             path=key,
             of=other.name,
-            reason=decision.reason(mine),
+            reason=decision.reason(mine, name(state, path)),
         )
         self.settled_any = True
         self._release_waiters(state, path)
