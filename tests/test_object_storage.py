@@ -478,6 +478,22 @@ def test_an_object_root_is_watched_through_its_mirror(tmp_path: Path) -> None:
     assert RunConfig(name="l", root=tmp_path).url is None
 
 
+def test_a_checkpoints_name_is_read_from_any_mirror_of_its_url(tmp_path: Path) -> None:
+    config = RunConfig.model_validate(
+        {"name": "r", "root": "s3://bucket/runs/a", "s3": {"cache_dir": str(tmp_path / "new")}}
+    )
+    assert config.s3 is not None and config.url is not None
+    s3, url = config.s3, config.url
+    assert s3.name_in_mirror(url, config.root / "step_1") == "step_1"
+    # Recorded under an earlier cache_dir (itself under a folder called mirror): still its name.
+    old = tmp_path / "mirror" / "old" / "mirror" / "bucket" / "runs" / "a"
+    assert s3.name_in_mirror(url, old / "step_1" / "actor") == "step_1/actor"
+    assert s3.name_in_mirror(url, old) == "."
+    # Another URL's mirror, or no mirror at all: not this run's checkpoint.
+    assert s3.name_in_mirror(url, tmp_path / "new" / "mirror" / "bucket" / "runs" / "b" / "step_1") is None
+    assert s3.name_in_mirror(url, tmp_path / "step_1") is None
+
+
 def _info(key: str, size: int = 1, mtime: int = 1) -> ObjectInfo:
     return ObjectInfo(key, size, mtime, "e")
 

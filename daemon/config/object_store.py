@@ -103,14 +103,15 @@ class S3Config(Section):
         recorded path keeps the old folder). None where ``path`` is in no mirror of ``url``."""
         root = self.mirror_root(url)
         if path.is_relative_to(root):
-            return path.relative_to(root).as_posix() or None
+            return path.relative_to(root).as_posix()
         bucket, prefix = split_url(url)
         tail = ("mirror", bucket, *(prefix.split("/") if prefix else ()))
         parts = path.parts
         # The last match: a cache_dir may itself sit under a folder called mirror.
         for start in range(len(parts) - len(tail), -1, -1):
             if parts[start : start + len(tail)] == tail:
-                return "/".join(parts[start + len(tail) :]) or None
+                # "." where the prefix itself is the checkpoint, as relative_to says.
+                return "/".join(parts[start + len(tail) :]) or "."
         return None
 
     def copy_root(self, url: str) -> Path:
