@@ -62,8 +62,6 @@ class ObjectRuns:
         pause the reload mends is said to be over and a store still away holds the reload for one try,
         not the first rescan's three."""
         self._runs: dict[str, ObjectRun] = {}
-        #: Only this config's runs: a run the reload removed is forgotten.
-        self._paused: dict[tuple[str, str], str] = {}
         for run in runs:
             config = run.config
             if config.url is None or config.s3 is None:
@@ -71,13 +69,16 @@ class ObjectRuns:
             store = Store(config.s3, config.url, environ)
             mirror = Mirror(store, config.root, config.s3.cache_dir / "tmp")
             carried = (paused or {}).get((config.name, config.url))
-            if carried is not None:
-                self._paused[(config.name, config.url)] = carried
             self._runs[config.name] = ObjectRun(store, mirror, carried=carried)
 
     def paused(self) -> Paused:
-        """Why each paused run's store could not be used, for the :class:`ObjectRuns` of a reload."""
-        return dict(self._paused)
+        """Why each paused run's store could not be used, for the :class:`ObjectRuns` of a reload (a run
+        the reload removes is forgotten)."""
+        return {
+            (name, entry.store.url): why
+            for name, entry in self._runs.items()
+            if (why := entry.problem or entry.carried) is not None
+        }
 
     def __contains__(self, name: object) -> bool:
         return name in self._runs
@@ -109,7 +110,6 @@ class ObjectRuns:
         if was is not None:
             log.info("objects.recovered", run=name, url=entry.store.url, was=was)
             entry.problem = entry.carried = None
-            self._paused.pop((name, entry.store.url), None)
         for key, why in changes.refused:
             if key not in entry.refused_keys:
                 log.warning("objects.key_refused", run=name, key=key, reason=why, action="not mirrored")
@@ -161,7 +161,6 @@ class ObjectRuns:
     def _failed(self, name: str, entry: ObjectRun, exc: Exception) -> None:
         entry.in_step = False
         problem = f"{type(exc).__name__}: {exc}"
-        self._paused[(name, entry.store.url)] = problem
         if entry.problem is not None:
             entry.problem = problem
             return

@@ -99,11 +99,23 @@ def sweep(
 
 
 def _succeeded(folder: Path) -> bool:
-    """Exit status 0 in ``exit.json`` and a result without an error."""
+    return exit_code(folder) == 0 and result(folder) is not None
+
+
+def exit_code(folder: Path) -> int | None:
+    """The worker's exit status as its job wrote it in ``exit.json`` (the Slurm batch script, the Ray
+    driver), if it did."""
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        code = int(json.loads((folder / EXIT_NAME).read_text(encoding="utf-8"))["exit_code"])
-        return code == 0 and JobResult.read(folder / "result.json").error is None
-    return False
+        return int(json.loads((folder / EXIT_NAME).read_text(encoding="utf-8"))["exit_code"])
+    return None
+
+
+def result(folder: Path) -> JobResult | None:
+    """The worker's result, where it wrote one without an error."""
+    with contextlib.suppress(OSError, ValueError):
+        found = JobResult.read(folder / "result.json")
+        return found if found.error is None else None
+    return None
 
 
 def _last_write(folder: Path) -> float:

@@ -17,17 +17,16 @@ Slurm states and what they become::
 
 from __future__ import annotations
 
-import contextlib
-import json
 import re
 from collections.abc import Collection
 from pathlib import Path
 
 from daemon.running.executors.base import Active, Ended, EndKind, Handle, Phase, Placement, Status
+from daemon.running.executors.job_dirs import exit_code, result
 from daemon.running.executors.slurm_output import SlurmJob
 from daemon.running.executors.slurm_script import EXIT_NAME, LOG_NAME
 from daemon.running.workers import stderr_tail
-from inference.spec import EXIT_OUT_OF_MEMORY, JobResult
+from inference.spec import EXIT_OUT_OF_MEMORY
 
 # srun's word on a rank that failed: "srun: error: node3: task 1: Exited with exit code 3".
 _SRUN_TASK = re.compile(r"srun: error: \S+: tasks? (\d+)(?:-\d+)?: (?:Exited with exit code (\d+)|Killed|.*)")
@@ -167,21 +166,6 @@ def placement_of(job: SlurmJob) -> Placement:
         ended=job.end_time,
         restarts=job.restarts,
     )
-
-
-def exit_code(folder: Path) -> int | None:
-    """The worker's exit status as the batch script wrote it (``exit.json``), if it did."""
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        return int(json.loads((folder / EXIT_NAME).read_text(encoding="utf-8"))["exit_code"])
-    return None
-
-
-def result(folder: Path) -> JobResult | None:
-    """The worker's result, where it wrote one without an error."""
-    with contextlib.suppress(OSError, ValueError):
-        found = JobResult.read(folder / "result.json")
-        return found if found.error is None else None
-    return None
 
 
 def _describe(code: int | None, signal: int | None) -> str:
