@@ -179,7 +179,9 @@ class RayCluster:
         """SIGKILL the node's whole process group: a node that dies (its raylet, agents and workers)."""
         pid = self.pids.pop(name, None)
         if pid is not None:
-            kill_tree(pid, signal.SIGKILL)
+            # The tree is read first: a process in a session of its own (a job's driver) is out of the
+            # group, and once its parents die it is no longer under the node's pid.
+            kill_tree(pid, signal.SIGKILL, tree(pid))
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
         self.save()

@@ -69,13 +69,18 @@ def test_kill_9_between_checkpoints_evaluates_the_same_checkpoints(
 
     daemon = DaemonProcess(config, log)
     daemon.wait_ready()
+    # Each save waits for the one before it to be planned, as a trainer's saves minutes apart are: two
+    # saved at once may settle in either order, and the later one planned first says so in the other's
+    # reason ("ready after step 20 was planned").
     save(10)
+    wait_for(lambda: _planned(database, 10), 60, "step 10 planned", daemon.process)
     save(20)
     wait_for(lambda: _planned(database, 20), 60, "step 20 planned", daemon.process)
     _kill(daemon)
     save(30)  # written while no daemon runs
     daemon = DaemonProcess(config, log)
     daemon.wait_ready()
+    wait_for(lambda: _planned(database, 30), 60, "step 30 planned", daemon.process)
     save(40)
     wait_for(lambda: _planned(database, 40), 60, "step 40 planned", daemon.process)
     wait_for(lambda: any(j.state == "running" for j in jobs(database)) or None, 60, "a running job")
@@ -83,6 +88,7 @@ def test_kill_9_between_checkpoints_evaluates_the_same_checkpoints(
     daemon = DaemonProcess(config, log)
     daemon.wait_ready()
     save(50)
+    wait_for(lambda: _planned(database, 50), 60, "step 50 planned", daemon.process)
     save(60)
     rows = wait_for(
         lambda: all_jobs_done(database, 3) if _planned(database, 60) else None, 180, "three jobs done"
