@@ -18,6 +18,7 @@ from daemon.errors import ConfigError
 
 def cmd_run(args: argparse.Namespace) -> int:
     from daemon.service import Service, open_database
+    from daemon.service.signals import answered_on_a_thread
 
     config = load(args)
     problems = dataset_problems(config)
@@ -47,11 +48,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         return fresh
 
     service = Service(config, database, reload_config=reload_config)
-    signal.signal(signal.SIGTERM, service.request_stop)
-    signal.signal(signal.SIGINT, service.request_stop)
-    signal.signal(signal.SIGHUP, service.request_reload)
+    callbacks = {
+        signal.SIGTERM: service.request_stop,
+        signal.SIGINT: service.request_stop,
+        signal.SIGHUP: service.request_reload,
+    }
     try:
-        service.run()
+        with answered_on_a_thread(callbacks):
+            service.run()
     finally:
         database.dispose()
     return 0

@@ -27,7 +27,6 @@ import socket
 import threading
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
-from types import FrameType
 
 import structlog
 from sqlalchemy import text
@@ -81,12 +80,13 @@ class Service:
         #: Errors of the loop's own passes, logged once with their traceback and then counted.
         self.errors = RepeatedErrors(log)
 
-    def request_stop(self, signum: int, _frame: FrameType | None = None) -> None:
-        log.info("daemon.stopping", signal=signal.Signals(signum).name)
+    def request_stop(self, signum: signal.Signals) -> None:
+        """SIGTERM or SIGINT, answered on the signal thread (:mod:`daemon.service.signals`)."""
+        log.info("daemon.stopping", signal=signum.name)
         self.stop_requested.set()
         self.wake.set()
 
-    def request_reload(self, _signum: int, _frame: FrameType | None = None) -> None:
+    def request_reload(self, _signum: signal.Signals) -> None:
         self._reload_due.set()
         self.wake.set()
 
