@@ -53,9 +53,7 @@ def answered_on_a_thread(callbacks: Mapping[signal.Signals, Callback]) -> Iterat
 
 def _read(read_end: int, callbacks: Mapping[signal.Signals, Callback]) -> None:
     while chunk := os.read(read_end, 64):
-        for number in chunk:
-            with contextlib.suppress(ValueError):
-                sig = signal.Signals(number)
-                callback = callbacks.get(sig)
-                if callback is not None:
-                    callback(sig)
+        for sig in callbacks:
+            if sig.value in chunk:
+                # Once per read, however often it came: a stop or a reload asked twice is one.
+                callbacks[sig](sig)
