@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import errno
 import logging
+import shutil
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -13,9 +15,11 @@ import structlog
 from daemon.config import RunConfig, SchedulingConfig
 from daemon.scheduling.planner import Planner
 from daemon.watching import Discovery, WatchedRun, candidate_dirs, filesystem, is_container
+from daemon.watching import watcher as watcher_module
 from daemon.watching.watcher import Watcher
 from storage import queries
 from storage.database import Database
+from tests import deep_trees
 from tests.checkpoints import copy_checkpoint, save_tiny_llama
 from tests.conftest import ToyRun
 from tests.harness import all_jobs_done, jobs, running_daemon, upgraded, wait_for, write_config, write_dataset
@@ -158,3 +162,87 @@ def test_a_folder_renamed_into_the_root_is_found_by_inotify(
         assert daemon.stop() == 0
     assert [(j.step, j.state) for j in rows] == [(30, "succeeded")]
     database.dispose()
+
+
+def _hint(watcher: Watcher, wake: threading.Event, expected: Path) -> None:
+    """Drain the watcher (as the main loop does) until it hints at ``expected``; a generous deadline, since
+    the event is normally there at once."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        wake.wait(1)
+        wake.clear()
+        if any(path == expected for _, path in watcher.drain()):
+            return
+    raise AssertionError(f"no hint for {expected}")
+
+
+def test_a_tree_thousands_deep_in_a_checkpoint_never_reaches_the_watch(tmp_path: Path) -> None:
+    """A folder nested 3,000 deep in one checkpoint stopped the daemon at start (watchdog's recursive set-up
+    walk raised ``RecursionError``) and, made while it ran, killed the watch of every checkpoint."""
+    root = tmp_path / "run"
+    deep_trees.make(root / "step_1" / "junk", 3000)
+    wake = threading.Event()
+    watcher = Watcher({"r": root}, wake)
+    try:
+        with structlog.testing.capture_logs() as captured:
+            watcher.start()
+        assert [e["event"] for e in captured] == ["watcher.started"]
+        (root / "step_2").mkdir()
+        _hint(watcher, wake, root / "step_2")  # and the new folder gets its own watch
+        deep_trees.make(root / "step_2" / "junk", 3000)
+        (root / "step_2" / "config.json").write_text("{}")
+        _hint(watcher, wake, root / "step_2")
+        (root / "step_3").mkdir()
+        _hint(watcher, wake, root / "step_3")
+        with structlog.testing.capture_logs() as captured:
+            watcher.refresh()
+        assert captured == []  # no watch died
+        assert all(emitter.is_alive() for emitter in watcher._observer.emitters)
+    finally:
+        watcher.stop()
+        for name in ("step_1", "step_2"):
+            deep_trees.remove(root / name / "junk")
+
+
+def test_folders_directly_in_the_root_are_watched_and_nothing_below(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    for name in ("step_1", "step_2", ".hidden", "tmp-checkpoint-3"):
+        (root / name / "actor" / "huggingface").mkdir(parents=True)
+    wake = threading.Event()
+    watcher = Watcher({"r": root}, wake)
+    try:
+        watcher.start()
+        watched = sorted(Path(emitter.watch.path) for emitter in watcher._observer.emitters)
+        assert watched == [root, root / "step_1", root / "step_2"]
+        assert not any(emitter.watch.is_recursive for emitter in watcher._observer.emitters)
+        # A file written in a checkpoint folder is a hint for that folder.
+        (root / "step_1" / "trainer_state.json").write_text("{}")
+        _hint(watcher, wake, root / "step_1")
+        # A folder removed loses its watch at the next refresh; one made is watched from the hint on.
+        shutil.rmtree(root / "step_2")
+        (root / "step_4").mkdir()
+        _hint(watcher, wake, root / "step_4")
+        watcher.refresh()
+        watched = sorted(Path(emitter.watch.path) for emitter in watcher._observer.emitters)
+        assert watched == [root, root / "step_1", root / "step_4"]
+    finally:
+        watcher.stop()
+
+
+def test_a_root_with_more_folders_than_the_watch_limit_leaves_the_rest_to_the_rescan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "run"
+    for step in range(5):
+        (root / f"step_{step}").mkdir(parents=True)
+    monkeypatch.setattr(watcher_module, "MAX_CHILD_WATCHES", 3)
+    monkeypatch.setattr(watcher_module.watched_children, "__defaults__", (3,))
+    watcher = Watcher({"r": root}, threading.Event())
+    try:
+        with structlog.testing.capture_logs() as captured:
+            watcher.start()
+            watcher.refresh()
+        assert [e["event"] for e in captured] == ["watcher.started", "watcher.limited"]
+        assert len(watcher._observer.emitters) == 1 + 3
+    finally:
+        watcher.stop()
