@@ -22,7 +22,9 @@ import pytest
 from inference import layouts
 from inference.errors import CheckpointInvalid, FileRefused
 from inference.layouts import LayoutSettings, Readiness, Verdict, files, take_snapshot
+from inference.layouts.base import MAX_TREE_DEPTH, MAX_TREE_ENTRIES, TreeRefused
 from inference.layouts.hf import CONFIG_FILE, INDEX_FILE, SINGLE_FILE, as_safetensors
+from tests import deep_trees
 from tests.checkpoints import copy_checkpoint, save_tiny_llama
 
 T = TypeVar("T")
@@ -234,3 +236,32 @@ def test_the_worker_refuses_a_deep_index_as_an_invalid_checkpoint(good: Path, tm
     with pytest.raises(CheckpointInvalid) as caught:
         as_safetensors(folder, tmp_path / "scratch")
     assert str(caught.value) == (f"{folder}: {INDEX_FILE} {files.TOO_DEEP}")
+
+
+# The listing's bounds: a folder no trainer writes is refused from its listing, which stops there.
+
+
+def test_a_folder_nested_thousands_deep_is_refused_by_its_listing(good: Path, tmp_path: Path) -> None:
+    folder = copy_checkpoint(good, tmp_path / "step_11")
+    deep_trees.make(folder / "junk", 3000)
+    try:
+        with pytest.raises(TreeRefused, match=f"nests folders more than {MAX_TREE_DEPTH} deep"):
+            promptly(lambda: take_snapshot(folder))
+    finally:
+        deep_trees.remove(folder / "junk")
+    # Nested as deep as a layout may, it is listed.
+    deep_trees.make(folder / "junk", MAX_TREE_DEPTH - 2)  # junk itself is one level
+    assert take_snapshot(folder).names() == take_snapshot(good).names()
+
+
+def test_a_folder_of_more_entries_than_any_layout_writes_is_refused(good: Path, tmp_path: Path) -> None:
+    folder = copy_checkpoint(good, tmp_path / "step_12")
+    spill = folder / "spill"
+    spill.mkdir()
+    existing = sum(1 for _ in folder.rglob("*"))
+    for index in range(MAX_TREE_ENTRIES - existing):
+        (spill / str(index)).touch()
+    assert len(take_snapshot(folder).files) == MAX_TREE_ENTRIES - 1  # every entry but the folder ``spill``
+    (spill / "one-more").touch()
+    with pytest.raises(TreeRefused, match=f"holds more than {MAX_TREE_ENTRIES:,} files and folders"):
+        take_snapshot(folder)

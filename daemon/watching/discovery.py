@@ -43,6 +43,7 @@ from daemon.watching.readiness import Decision, Outcome, decide
 from daemon.watching.runs import Candidate, RunState, WatchedRun, ignored_key, link_problem
 from inference import layouts
 from inference.layouts import Readiness, Verdict
+from inference.layouts.base import TreeRefused
 from storage import queries
 from storage.database import Database
 from storage.errors import DatabaseUnreachable
@@ -214,6 +215,9 @@ class Discovery:
             # else a file went while it was read: the next look sees the folder as it is then
         except OSError as exc:
             self._unreadable(state, path, exc)
+        except TreeRefused as exc:
+            # Past the listing's bounds (thousands of files, folders nested deep): final, said at once.
+            self._ledger.settle(state, path, None, CheckpointState.INVALID, exc.problem, "invalid")
         except MemoryError:
             raise
         except Exception as exc:

@@ -7,6 +7,7 @@ Reads the filesystem (lists, stats, one small JSON file) and decides nothing abo
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import os
 import re
@@ -28,6 +29,8 @@ OWN_CHECKPOINT_FILE = re.compile(
 _HAS_DIGIT = re.compile(r"\d")
 #: Files whose change after a checkpoint was judged ready means its weights changed.
 WEIGHT_FILE = re.compile(r".*\.(?:safetensors|bin|pt|pth|distcp)")
+#: The most entries of one folder these checks list (a checkpoint's own listing refuses more).
+_LISTED_MAX = layouts.base.MAX_TREE_ENTRIES
 #: The most of a run root's ``trainer_state.json`` read to find the step of a model saved there.
 _TRAINER_STATE_MAX = 16 * 1024 * 1024
 
@@ -67,8 +70,8 @@ def is_tracker_folder(path: Path) -> bool:
         return False
     events = False
     try:
-        for entry in path.iterdir():
-            inside = list(entry.iterdir()) if entry.is_dir() else [entry]
+        for entry in itertools.islice(path.iterdir(), _LISTED_MAX):
+            inside = list(itertools.islice(entry.iterdir(), _LISTED_MAX)) if entry.is_dir() else [entry]
             if any(OWN_CHECKPOINT_FILE.fullmatch(f.name) for f in inside):
                 return False
             events = events or any(f.name.startswith(_EVENT_FILE) for f in inside)
@@ -95,17 +98,21 @@ def is_container(folder: Path) -> bool:
 
     Its name is none a layout owns (no step word: ``checkpoint-N``, ``global_stepN``, ...), it holds a
     tracker such as ``latest`` or a sub-folder whose name carries a step, and no model of its own (see
-    :data:`OWN_CHECKPOINT_FILE`): DeepSpeed's recovery scripts, logs or a README beside the tags do not
-    make it a checkpoint (they did: OpenRLHF's ``_actor`` under ZeRO was passed over without a word).
+    :data:`OWN_CHECKPOINT_FILE`): DeepSpeed's recovery scripts, logs, a README or, beside ``latest``, the
+    model's ``config.json`` do not make it a checkpoint (they did: OpenRLHF's ``_actor`` under ZeRO was
+    passed over without a word).
     Digits in its name (``ds2``, ``Qwen2.5-7B-Instruct``) do not make it one either: they name a model.
     """
     if layouts.parse_step(folder.name, bare_number=False) != (None, None):
         return False
     try:
-        entries = list(folder.iterdir())
+        entries = list(itertools.islice(folder.iterdir(), _LISTED_MAX + 1))
     except OSError:
         return False  # unreadable: looked at as a folder of its own, which records why
-    has_subdir = holds_steps = False
+    if len(entries) > _LISTED_MAX:
+        return False  # looked at as a folder of its own, whose listing refuses it
+    has_subdir = holds_steps = tracked = False
+    own: set[str] = set()
     for entry in entries:
         if _is_dir(entry):
             has_subdir = True
@@ -114,10 +121,13 @@ def is_container(folder: Path) -> bool:
             # a container is looked at, and named if it is no checkpoint, instead of the container alone.
             holds_steps = holds_steps or (named and _HAS_DIGIT.search(entry.name) is not None)
         elif entry.name in TRACKER_FILES:
-            holds_steps = True
+            holds_steps = tracked = True
         elif OWN_CHECKPOINT_FILE.fullmatch(entry.name):
-            return False
-    return has_subdir and holds_steps
+            own.add(entry.name)
+    # A model config beside ``latest`` is a training script's ``model.config.save_pretrained(save_dir)``
+    # (DeepSpeed's own examples do it), not a model: read as one, the save_dir was the one tag ``latest``
+    # named when first seen, and every other tag was never evaluated.
+    return has_subdir and holds_steps and (not own or (tracked and own == {"config.json"}))
 
 
 def candidate_dirs(root: Path, passed_over: list[Path] | None = None) -> list[Path]:

@@ -42,6 +42,7 @@ import structlog
 from daemon.config import RunConfig
 from daemon.config.object_store import S3Config
 from daemon.watching.folders import TRACKER_FILES
+from daemon.watching.listing import files_under
 from daemon.watching.objects import ObjectGone, ObjectInfo, Store, StoreError
 
 log = structlog.get_logger("evald.objects")
@@ -344,14 +345,14 @@ def _read_manifest(path: Path) -> object:
 def copies_in(folder: Path) -> list[tuple[float, int, Path]]:
     """(last used, bytes, copy folder) of every complete copy under ``folder``, oldest first."""
     found = []
-    for manifest in folder.rglob(f"*{MANIFEST_SUFFIX}"):
+    for manifest, info in files_under(folder, MANIFEST_SUFFIX):
         copy = manifest.with_name(manifest.name.removesuffix(MANIFEST_SUFFIX))
+        used = info.st_mtime
         try:
-            used = manifest.stat().st_mtime
             content = json.loads(manifest.read_text())
             size = sum(int(v[0]) for v in content.values())
         except (OSError, ValueError, TypeError, IndexError):
-            used, size = 0.0, 0
+            used, size = 0.0, 0  # gone or torn since it was listed: removed first
         found.append((used, size, copy))
     return sorted(found, key=lambda item: (item[0], str(item[2])))
 
@@ -429,7 +430,7 @@ def evict_unused(cache_dir: Path, copy: Path) -> Literal["evicted", "held", "bus
             return "busy"
         if copy in pinned_copies(cache_dir):
             return "held"
-        size = sum(f.stat().st_size for f in copy.rglob("*") if f.is_file()) if copy.is_dir() else 0
+        size = sum(info.st_size for _, info in files_under(copy))
         if copy.exists() or manifest_path(copy).exists():
             _remove(copy)
             log.info("objects.evicted", path=str(copy), bytes=size, reason="used")

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from inference.errors import FileRefused
+
 
 class Readiness(enum.StrEnum):
     #: Still being written (or not yet recognisable): look again later.
@@ -47,7 +49,7 @@ class Verdict:
         return cls(Readiness.COMPLETE, "complete")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class FileStat:
     relpath: str
     size: int
@@ -82,28 +84,61 @@ class Snapshot:
         return None
 
 
+#: The most entries (files and folders) one checkpoint folder may hold, and how deep its folders may nest.
+#: The largest layouts write a few thousand files (a ZeRO-3 or DCP save of 2,048 ranks: two per rank) two
+#: levels deep (verl's ``actor/huggingface/``); past these bounds a folder is refused as what no trainer
+#: writes, and the listing stops there, so one folder can neither exhaust the daemon's memory nor its stack.
+MAX_TREE_ENTRIES = 20_000
+MAX_TREE_DEPTH = 12
+
+
+class TreeRefused(FileRefused):
+    """A checkpoint folder past :data:`MAX_TREE_ENTRIES` or :data:`MAX_TREE_DEPTH`: final, whatever comes."""
+
+
 def take_snapshot(directory: Path) -> Snapshot:
     """Stat every file under ``directory`` without following symlinks out of it (nothing is opened).
 
-    Raises ``FileNotFoundError`` when the directory itself is gone (rotated away).
+    Raises ``FileNotFoundError`` when the directory itself is gone (rotated away), and :class:`TreeRefused`
+    past the bounds above (the walk stops there). Entries that vanish or change type while it lists are
+    skipped: the next snapshot differs anyway.
     """
     found: list[FileStat] = []
-    stack = [directory]
+    stack: list[tuple[str, int]] = [(str(directory), 0)]
+    entries_seen = 0
     while stack:
-        current = stack.pop()
+        current, depth = stack.pop()
+        entries: list[os.DirEntry[str]] = []
         try:
-            entries = list(os.scandir(current))
-        except FileNotFoundError:
-            if current == directory:
+            with os.scandir(current) as listing:
+                # Counted as they come: a folder of 200,000 files is refused before it is held whole.
+                for entry in listing:
+                    entries_seen += 1
+                    if entries_seen > MAX_TREE_ENTRIES:
+                        raise TreeRefused(
+                            directory,
+                            f"holds more than {MAX_TREE_ENTRIES:,} files and folders: no checkpoint layout "
+                            "writes so many, so it is not read",
+                        )
+                    entries.append(entry)
+        except (FileNotFoundError, NotADirectoryError):
+            if current == str(directory):
                 raise
-            continue  # a sub-folder removed between listing and reading: the next snapshot differs anyway
+            continue  # a sub-folder removed (or swapped for a file) between listing and reading
         for entry in entries:
             try:
                 if entry.is_dir(follow_symlinks=False):
-                    stack.append(Path(entry.path))
+                    if depth + 1 >= MAX_TREE_DEPTH:
+                        relpath = os.path.relpath(entry.path, directory)
+                        raise TreeRefused(
+                            directory,
+                            f"nests folders more than {MAX_TREE_DEPTH} deep (at {relpath[:200]!r}): no "
+                            "checkpoint layout nests so deep, so it is not read",
+                        )
+                    stack.append((entry.path, depth + 1))
                     continue
                 info = entry.stat(follow_symlinks=True)
-            except FileNotFoundError:
+            except (FileNotFoundError, NotADirectoryError):
                 continue
             relpath = os.path.relpath(entry.path, directory)
             found.append(FileStat(relpath, info.st_size, info.st_mtime_ns, stat.S_IFMT(info.st_mode)))
