@@ -194,6 +194,35 @@ def test_a_save_dir_made_empty_before_its_first_save_is_never_a_checkpoint(
     assert _ignored(database) == {}
 
 
+def test_a_save_dir_with_the_models_config_beside_latest_is_a_container(
+    database: Database, engine: Path, source: Path, tmp_path: Path
+) -> None:
+    """``root/ds2/{config.json, global_step100, global_step200, latest}``: it was read as the one tag
+    ``latest`` named when first seen, and neither global_step100 nor a later global_step300 was evaluated,
+    without a word."""
+    root, clock = tmp_path / "run", Clock()
+    copy_checkpoint(source, root / "step_5")
+    save_dir = root / "ds2"
+    tags = {"global_step100": "global_step1", "global_step200": "global_step2"}
+    _deepspeed_save_dir(engine, save_dir, tags, "global_step200")
+    shutil.copy(source / "config.json", save_dir / "config.json")  # model.config.save_pretrained(save_dir)
+    assert is_container(save_dir)
+    discovery = _discovery(database, {"r": root}, clock)
+    _settle(discovery, clock)
+    _deepspeed_save_dir(engine, save_dir, {"global_step300": "global_step1"}, "global_step300")
+    discovery.hint("r", save_dir)
+    _settle(discovery, clock)
+    assert {n: (st, s) for n, (st, s, _) in _checkpoints(database).items()} == {
+        "step_5": (5, "ready"),
+        "ds2/global_step100": (100, "ready"),
+        "ds2/global_step200": (200, "ready"),
+        "ds2/global_step300": (300, "ready"),
+    }
+    # Weights of its own beside ``latest`` still make it a model folder, read as the tag it names.
+    (save_dir / "model.safetensors").write_bytes(b"")
+    assert not is_container(save_dir)
+
+
 @pytest.mark.parametrize("with_state", [True, False])
 def test_a_model_saved_into_the_root_is_named_with_how_to_evaluate_it(
     database: Database, source: Path, tmp_path: Path, with_state: bool
