@@ -22,6 +22,7 @@ from daemon.config import RunConfig, SchedulingConfig, load_config
 from daemon.errors import ConfigError
 from daemon.scheduling.planner import Planner
 from daemon.watching import Discovery, WatchedRun, candidate_dirs, filesystem, is_container, refusals
+from daemon.watching.refusals import NAME_MAX
 from inference.layouts import parse_step
 from storage import queries
 from storage.database import Database
@@ -143,6 +144,37 @@ def test_names_with_control_characters_or_not_utf8_never_take_a_step(
     _settle(discovery, clock)
     assert _checkpoints(database)["step_342"][:2] == (342, "ready")
     assert "step_\\n340" not in _ignored(database)
+
+
+def test_a_long_name_or_a_file_named_like_a_checkpoint_is_named_not_taken(
+    database: Database, source: Path, tmp_path: Path
+) -> None:
+    """``step_3017`` followed by 240 more characters was taken as step 3017; a plain file ``step_3021`` in the
+    root got no line anywhere."""
+    root, clock = tmp_path / "run", Clock()
+    long_name = "step_3017" + "x" * 240
+    copy_checkpoint(source, root / long_name)
+    copy_checkpoint(source, root / ("step_3018" + "x" * (NAME_MAX - len("step_3018"))))  # as long as read
+    (root / "step_3021").write_bytes(b"PK\x03\x04")
+    (root / "checkpoint-3022.tar").write_bytes(b"")
+    (root / "latest").write_text("step_3018")  # a tracker file: not a stray
+    discovery = _discovery(database, {"r": root}, clock)
+    with structlog.testing.capture_logs() as captured:
+        _settle(discovery, clock)
+    assert {n: (st, s) for n, (st, s, _) in _checkpoints(database).items()} == {
+        "step_3018" + "x" * (NAME_MAX - len("step_3018")): (3018, "ready")
+    }
+    ignored = _ignored(database)
+    assert set(ignored) == {long_name, "step_3021", "checkpoint-3022.tar"}
+    assert ignored[long_name].startswith(f"folder name '{long_name[:40]}...' is 249 characters long")
+    assert "a file named like a checkpoint (step 3021)" in ignored["step_3021"]
+    assert "(step 3022)" in ignored["checkpoint-3022.tar"]
+    expected = [("folder.ignored", str(root / n)) for n in (long_name, "step_3021", "checkpoint-3022.tar")]
+    assert sorted(_lines(captured)) == sorted(expected)  # once each, over four passes
+    # Gone, the note goes.
+    (root / "step_3021").unlink()
+    _settle(discovery, clock)
+    assert set(_ignored(database)) == {long_name, "checkpoint-3022.tar"}
 
 
 def _deepspeed_save_dir(engine: Path, save_dir: Path, tags: dict[str, str], latest: str) -> None:

@@ -34,6 +34,7 @@ from daemon.watching.folders import (
     is_container,
     root_problem,
     step_of,
+    stray_files,
     subdirs,
     trainer_state_step,
 )
@@ -144,11 +145,14 @@ class Discovery:
             state.root_unreadable_logged = False
             for path in passed_over:
                 self._ledger.ignore(state, path, refusals.IGNORED_NAME, level="info")
+            strays = stray_files(root)
+            for path, step in strays:
+                self._ledger.ignore(state, path, refusals.stray_file(path.name, step), level="warning")
             for path in found:
                 if str(path) not in state.settled:
                     self._look(state, path)
             # What was passed over and is gone (a tmp folder renamed into place) is forgotten.
-            present_names = {ignored_key(p) for p in (*found, *passed_over)}
+            present_names = {ignored_key(p) for p in (*found, *passed_over, *(p for p, _ in strays))}
             if self._root_model(state):
                 present_names.add(str(root))
             self._overwritten(state)

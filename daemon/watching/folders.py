@@ -130,6 +130,23 @@ def is_container(folder: Path) -> bool:
     return has_subdir and holds_steps and (not own or (tracked and own == {"config.json"}))
 
 
+def stray_files(root: Path) -> list[tuple[Path, int]]:
+    """(path, step) of the files (not folders) directly in ``root`` whose name carries a step word
+    (``step_3021``, ``checkpoint-500.tar``): named like checkpoints, but no layout reads a lone file."""
+    found: list[tuple[Path, int]] = []
+    try:
+        with os.scandir(root) as entries:
+            for entry in itertools.islice(entries, _LISTED_MAX):
+                if entry.name in TRACKER_FILES or layouts.is_ignored_name(entry.name):
+                    continue
+                step, _ = layouts.parse_step(entry.name, bare_number=False)
+                if step is not None and not _is_dir(Path(entry.path)):
+                    found.append((Path(entry.path), step))
+    except OSError:
+        return []  # the root cannot be listed: the scan says so
+    return sorted(found)
+
+
 def candidate_dirs(root: Path, passed_over: list[Path] | None = None) -> list[Path]:
     """The folders under a run root that could be checkpoints: its children, and a container's; folders
     named as being written (``tmp-checkpoint-5``) go to ``passed_over``, to be reported."""

@@ -133,16 +133,37 @@ def shown(text: str) -> str:
     return "".join(out)
 
 
+#: The longest folder name taken as a checkpoint: trainers name theirs in a few words (``checkpoint-500``,
+#: ``epoch1epochstep20globalstep300``, ``global_step100_hf``); a step read from a longer one would be a guess
+#: (``step_3017`` followed by 240 more characters was taken as step 3017).
+NAME_MAX = 128
+
+
 def name_problem(name: str) -> str | None:
     """Why a folder called ``name`` is never taken as a checkpoint, or ``None`` (pure): a control
     character (a newline would make ``step_340\\n`` a second step 340, shadowing the real one, and split
-    every log line) or bytes that are not UTF-8 (no database stores them)."""
+    every log line), bytes that are not UTF-8 (no database stores them), or more than :data:`NAME_MAX`
+    characters."""
     escaped = shown(name)
-    if escaped == name:
-        return None
+    if escaped != name:
+        return (
+            f"folder name '{escaped}' holds a control character or bytes that are not UTF-8: never taken as "
+            "a checkpoint; rename it"
+        )
+    if len(name) > NAME_MAX:
+        return (
+            f"folder name '{name[:40]}...' is {len(name)} characters long (at most {NAME_MAX} are read as a "
+            "checkpoint's name): never taken as a checkpoint; rename it"
+        )
+    return None
+
+
+def stray_file(name: str, step: int) -> str:
+    """Why a file (not a folder) in the run root named like a checkpoint is not evaluated (pure)."""
     return (
-        f"folder name '{escaped}' holds a control character or bytes that are not UTF-8: never taken as a "
-        "checkpoint; rename it"
+        f"'{shown(name)}' is a file named like a checkpoint (step {step}), but a checkpoint is a folder: "
+        "not evaluated (an archive or a lone weights file is no layout evald reads; unpack or save it "
+        "into a folder)"
     )
 
 
