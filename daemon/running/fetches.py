@@ -154,7 +154,7 @@ class Fetches:
                 continue
             self.release(fetch)
             if isinstance(got, object_cache.CopyFailed):
-                self._copy_failed(job, got)
+                self._copy_failed(job, got, fetch.config.inference.max_attempts)
             elif isinstance(got, Exception):
                 self._recorder.setup_failed(job, got)
             else:
@@ -166,7 +166,13 @@ class Fetches:
             del self._resting[run]
         return len(rested)
 
-    def _copy_failed(self, job: queries.ClaimedJob, exc: object_cache.CopyFailed) -> None:
+    def _copy_failed(self, job: queries.ClaimedJob, exc: object_cache.CopyFailed, max_attempts: int) -> None:
+        if exc.corrupt:
+            retry = job.attempts < max_attempts
+            self._recorder.fail(
+                job, "checkpoint_invalid", f"could not download the checkpoint: {exc}", None, retry=retry
+            )
+            return
         if exc.transient:
             self._recorder.requeue(job, error_kind="store_unavailable", error=str(exc))
             failures = self._store_failures.get(job.run_id, 0) + 1

@@ -57,12 +57,18 @@ CHUNK_TRIES = 4
 class CopyFailed(Exception):
     """A checkpoint could not be downloaded (the store away, an object changed, the cache too small)."""
 
-    def __init__(self, message: str, *, transient: bool, vanished: bool = False) -> None:
+    def __init__(
+        self, message: str, *, transient: bool, vanished: bool = False, corrupt: bool = False
+    ) -> None:
         super().__init__(message)
         #: The store away, refusing, or an object replaced mid-download: the job waits and tries again.
         self.transient = transient
         #: The checkpoint was deleted from the store.
         self.vanished = vanished
+        #: The bytes downloaded do not hash to the store's ETag: a torn transfer, a corrupt object or a
+        #: store whose ETags are no MD5s. Each such download spends one of the job's attempts: retried
+        #: for free, a persistent mismatch downloaded a 1 GB checkpoint again and again, for ever.
+        self.corrupt = corrupt
 
 
 @dataclass(frozen=True)
@@ -129,17 +135,22 @@ class StreamDigest:
                 self._digests.append(self._part.digest())
                 self._part, self._in_part = hashlib.md5(usedforsecurity=False), 0
 
+    def computed(self) -> str | None:
+        """The ETag of the bytes seen, in the store's form; ``None`` when it is no digest this can check
+        or a chunk never came."""
+        if not self.checkable or self._pending:
+            return None
+        if self._whole is not None:
+            return self._whole.hexdigest()
+        digests = self._digests + ([self._part.digest()] if self._in_part else [])
+        combined = hashlib.md5(b"".join(digests), usedforsecurity=False).hexdigest()
+        return f"{combined}-{len(digests)}"
+
     def matches(self) -> bool | None:
         """Whether the bytes match the ETag; ``None`` when it is no digest this can check."""
         if not self.checkable:
             return None
-        if self._pending:
-            return False  # a hole: a chunk never came
-        if self._whole is not None:
-            return self._whole.hexdigest() == self.etag
-        digests = self._digests + ([self._part.digest()] if self._in_part else [])
-        combined = hashlib.md5(b"".join(digests), usedforsecurity=False).hexdigest()
-        return f"{combined}-{len(digests)}" == self.etag
+        return self.computed() == self.etag  # a hole (a chunk never came) matches nothing
 
 
 def etag_digest(path: Path, etag: str, part_size: int | None) -> bool | None:
@@ -331,7 +342,11 @@ def _check(info: ObjectInfo, path: Path, digest: StreamDigest) -> None:
         )
     if digest.matches() is False:
         raise CopyFailed(
-            f"{info.relkey}: the downloaded bytes do not match the store's ETag {info.etag}", transient=True
+            f"{info.relkey}: the downloaded bytes hash to {digest.computed()}, the store's ETag is "
+            f"{info.etag} (a corrupt object or transfer, or a store whose ETags are not MD5s of the bytes: "
+            "then set s3.verify_etags = false)",
+            transient=False,
+            corrupt=True,
         )
 
 
