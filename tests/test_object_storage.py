@@ -19,6 +19,7 @@ from structlog.testing import capture_logs
 from daemon.config import RunConfig, SchedulingConfig
 from daemon.scheduling.planner import Planner
 from daemon.watching import Discovery, WatchedRun, mirror, object_cache
+from daemon.watching.object_runs import WAIT_SECS
 from daemon.watching.objects import ObjectInfo, Store
 from storage import queries
 from storage.database import Database
@@ -260,6 +261,37 @@ def test_the_store_away_holds_only_its_run_and_loses_nothing(
         clock.now += 3.0
         discovery.tick()
     assert [e["event"] for e in logs].count("objects.recovered") == 1
+    assert job_steps(database) == [("local", 5), ("s3run", 100)]
+
+
+def test_a_hung_store_never_holds_the_other_runs_pass(
+    s3_server: S3Server, database: Database, big_checkpoint: Path, tmp_path: Path
+) -> None:
+    """A stopped endpoint with the default timeout (10 s, three tries) held every run's rescan for the
+    whole listing, about 30 s: a local checkpoint's readiness waited on another run's store."""
+    client, bucket, clock = s3_server.client(), s3_server.bucket(), Clock()
+    config = s3_run(s3_server, bucket, tmp_path / "cache", timeout_secs=10.0)
+    local_root = tmp_path / "local"
+    local_root.mkdir()
+    discovery = discovery_for(database, [config, RunConfig(name="local", root=local_root)], clock)
+    upload(client, bucket, big_checkpoint, "s3run/step_100")
+    discovery.scan()
+    with s3_server.paused():
+        save_tiny_llama(local_root / "step_5")
+        started = time.monotonic()
+        for _ in range(3):
+            settle(discovery, clock, 5.0)
+        took = time.monotonic() - started
+        assert job_steps(database) == [("local", 5)]
+        assert not discovery._objects.judged("s3run")  # its listing still hangs on its own thread
+    # One listing's first try alone is 10 s: three passes that waited for it would take 30 s and more.
+    assert took < 3 * WAIT_SECS + 10.0, took
+    assert states(database)["s3run/step_100"] == "discovered"
+    for _ in range(20):  # the hung listing ends by its timeouts; a later pass starts one that answers
+        settle(discovery, clock, 5.0)
+        if ("s3run", 100) in job_steps(database):
+            break
+        time.sleep(1.0)
     assert job_steps(database) == [("local", 5), ("s3run", 100)]
 
 

@@ -14,13 +14,17 @@ answer to the reload, and one the reload mended says ``objects.recovered`` as if
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
 
 import structlog
 
-from daemon.watching.mirror import Mirror
+from daemon.watching.mirror import Mirror, Outcome, Plan
 from daemon.watching.objects import TRIES, ObjectInfo, Store, StoreError, StoreRefused
 from daemon.watching.runs import WatchedRun
 
@@ -31,6 +35,10 @@ UPLOADING = ".uploading"
 
 #: Why each paused run's store could not be used, by (run name, URL).
 Paused = Mapping[tuple[str, str], str]
+#: The longest a pass waits for the listing it starts (see :meth:`ObjectRuns.sync`).
+WAIT_SECS = 2.0
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -47,6 +55,34 @@ class ObjectRun:
     refused_keys: frozenset[str] = frozenset()
     #: Whether uploads in progress can be listed (a policy may allow listing objects but not those).
     sees_uploads: bool = True
+    #: The listing under way on its thread: (objects listed, seconds, the mirror's changes and outcome).
+    listing: Future[tuple[int, float, Plan, Outcome]] | None = None
+
+
+def _in_thread(call: Callable[[], T], name: str) -> Future[T]:
+    """``call()`` on a daemon thread of its own (a listing hung on a stopped store never holds the
+    process's exit, as a pool's worker would)."""
+    future: Future[T] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(call())
+        except BaseException as exc:  # handed to the loop, which says it
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return future
+
+
+#: One lock per mirror folder in this process: listings of one root (a reload's and the one it replaced)
+#: never write its mirror at once.
+_MIRROR_LOCKS: dict[Path, threading.Lock] = {}
+_LOCKS_LOCK = threading.Lock()
+
+
+def _mirror_lock(root: Path) -> threading.Lock:
+    with _LOCKS_LOCK:
+        return _MIRROR_LOCKS.setdefault(root, threading.Lock())
 
 
 class ObjectRuns:
@@ -84,28 +120,44 @@ class ObjectRuns:
         return name in self._runs
 
     def judged(self, name: str) -> bool:
-        """Whether run ``name``'s mirror may be judged now (a local run always may)."""
+        """Whether run ``name``'s mirror may be judged now (a local run always may): its last listing
+        completed and none is being applied."""
         entry = self._runs.get(name)
-        return entry is None or entry.in_step
+        return entry is None or (entry.in_step and entry.listing is None)
 
     def sync(self, name: str) -> bool:
-        """List run ``name``'s prefix and update its mirror; whether the run may be judged this pass."""
+        """Bring run ``name``'s mirror in step with its store; whether the run may be judged this pass.
+
+        The listing and the mirror's downloads run on a thread of their own, never on the loop: a pass
+        waits for the one it starts at most :data:`WAIT_SECS` (a store that answers is in step in the same
+        pass), and one still out then is taken up by a later pass. While it is out the run is not judged
+        (:meth:`judged`), so its mirror is never read while it is written. A store that hangs (a stopped
+        endpoint, three tries of ``timeout_secs`` each) so holds the loop ``WAIT_SECS`` per rescan at
+        most, where it held every run's pass for the whole listing.
+        """
         entry = self._runs[name]
-        started = time.monotonic()
-        try:
-            # While the store is away, one try per rescan: the loop is held for one timeout at most.
+        if entry.listing is not None and entry.listing.done():
+            self._take(name, entry)
+        if entry.listing is None:
+            # While the store is away, one try per rescan: its thread is held for one timeout at most.
             tries = 1 if entry.problem is not None or entry.carried is not None else TRIES
-            listed = entry.store.listing(tries=tries)
-            listed_secs = time.monotonic() - started
-            listed += self._uploads(name, entry, tries)
-            changes, outcome = entry.mirror.apply(listed)
-        except StoreError as exc:
+            entry.listing = _in_thread(lambda: self._list(name, entry, tries), f"evald-list-{name}")
+            wait([entry.listing], timeout=WAIT_SECS)
+            self._take(name, entry)
+        return self.judged(name)
+
+    def _take(self, name: str, entry: ObjectRun) -> None:
+        """The finished listing's outcome, if it finished: said and kept."""
+        listing = entry.listing
+        if listing is None or not listing.done():
+            return
+        entry.listing = None
+        try:
+            listed, listed_secs, changes, outcome = listing.result()
+        except (StoreError, OSError) as exc:
+            # OSError: the local cache folder (full, unwritable): the run waits like an unreachable store.
             self._failed(name, entry, exc)
-            return False
-        except OSError as exc:
-            # The local cache folder (full, unwritable): the run waits like an unreachable store.
-            self._failed(name, entry, exc)
-            return False
+            return
         was = entry.problem or entry.carried
         if was is not None:
             log.info("objects.recovered", run=name, url=entry.store.url, was=was)
@@ -118,13 +170,23 @@ class ObjectRuns:
         log.debug(
             "objects.listed",
             run=name,
-            objects=len(listed),
+            objects=listed,
             list_secs=round(listed_secs, 3),
             written=outcome.written,
             deleted=outcome.deleted,
             unsettled=len(outcome.unsettled),
         )
-        return entry.in_step
+
+    def _list(self, name: str, entry: ObjectRun, tries: int) -> tuple[int, float, Plan, Outcome]:
+        """List the prefix and apply it to the mirror (on the listing's thread): the mirror's folder is
+        locked meanwhile, so a reload's new listing of the same root waits for the old one."""
+        with _mirror_lock(entry.mirror.root):
+            started = time.monotonic()
+            listed = entry.store.listing(tries=tries)
+            listed_secs = time.monotonic() - started
+            listed += self._uploads(name, entry, tries)
+            changes, outcome = entry.mirror.apply(listed)
+        return len(listed), listed_secs, changes, outcome
 
     @staticmethod
     def _uploads(name: str, entry: ObjectRun, tries: int) -> list[ObjectInfo]:
