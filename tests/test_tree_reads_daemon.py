@@ -2,7 +2,9 @@
 nested 100,000 deep, beside good toy checkpoints, on SQLite and PostgreSQL (issue 31).
 
 The FIFO used to hang the main loop in ``open()`` (no ``daemon.ready``, SIGTERM ignored) and the deep JSON
-ended every scheduler pass with a ``RecursionError``. Now each is ``invalid`` with a reason naming the file,
+ended every scheduler pass with a ``RecursionError``; a folder nested 3,000 deep stopped the daemon at
+start (watchdog's recursive watch) and, made while it ran, killed every watch (issue 41), as one of more
+files than any layout writes held the daemon's memory. Now each is ``invalid`` with a reason naming the file,
 one line names it, ``evald status`` lists it, the good checkpoints are evaluated on time, and SIGTERM ends
 the daemon promptly.
 """
@@ -16,9 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from inference.layouts.base import MAX_TREE_DEPTH, MAX_TREE_ENTRIES
 from inference.layouts.files import TOO_DEEP
 from storage.database import Database
 from storage.queries import CheckpointRow
+from tests import deep_trees
 from tests.checkpoints import copy_checkpoint
 from tests.conftest import TOY_SAVE_EVERY, ToyRun
 from tests.harness import (
@@ -41,6 +45,8 @@ START_BOUND = QUIET + 2.0 + 6.0
 STOP_BOUND = 5.0
 FIFO_REASON = "model.safetensors is a FIFO, not a regular file"
 DEEP_REASON = f"config.json {TOO_DEEP}"
+TREE_REASON = f"nests folders more than {MAX_TREE_DEPTH} deep"
+CROWDED_REASON = f"holds more than {MAX_TREE_ENTRIES:,} files and folders"
 
 
 @pytest.fixture(scope="module")
@@ -57,12 +63,26 @@ def _deep_config(folder: Path) -> None:
     (folder / "config.json").write_text("[" * 100_000)
 
 
+def _deep_tree(folder: Path) -> None:
+    deep_trees.make(folder / "nest", 3000)
+
+
+def _crowded(folder: Path) -> None:
+    (folder / "spill").mkdir()
+    for index in range(MAX_TREE_ENTRIES):
+        (folder / "spill" / str(index)).touch()
+
+
 def _bad(root: Path, trained: Path, base: int) -> dict[str, str]:
-    """A FIFO-weights folder and a deep-config folder; name → their reason."""
-    fifo, deep = f"step_{base}", f"step_{base + 1}"
+    """A FIFO-weights folder, a deep-config folder, a folder nested 3,000 deep (it stopped the daemon at
+    start and, made while it ran, killed every watch) and one of more files than any layout writes; name →
+    their reason."""
+    fifo, deep, tree, crowded = (f"step_{base + offset}" for offset in range(4))
     copy_checkpoint(trained, root / fifo, _fifo_weights)
     copy_checkpoint(trained, root / deep, _deep_config)
-    return {fifo: FIFO_REASON, deep: DEEP_REASON}
+    copy_checkpoint(trained, root / tree, _deep_tree)
+    copy_checkpoint(trained, root / crowded, _crowded)
+    return {fifo: FIFO_REASON, deep: DEEP_REASON, tree: TREE_REASON, crowded: CROWDED_REASON}
 
 
 def _recorded(database: Database, expected: dict[str, str]) -> dict[str, CheckpointRow] | None:
@@ -81,12 +101,23 @@ def _warnings_naming(log: Path, name: str) -> list[dict[str, object]]:
     return [e for e in events if e.get("level") in ("warning", "error") and f"/{name}" in json.dumps(e)]
 
 
-def test_fifo_and_deep_json_are_refused_by_name_beside_good_checkpoints(
+def test_fifo_deep_json_deep_trees_and_crowds_are_refused_by_name_beside_good_checkpoints(
     database_url: str, dataset: Path, toy_run: ToyRun, tmp_path: Path
 ) -> None:
     database = upgraded(database_url)
     config = write_config(tmp_path, database_url, dataset=dataset, quiet=QUIET)
     root = tmp_path / "run"
+    try:
+        _refused_beside_good(database, config, root, toy_run, tmp_path)
+    finally:
+        for nest in root.glob("*/nest"):
+            deep_trees.remove(nest)
+        database.dispose()
+
+
+def _refused_beside_good(
+    database: Database, config: Path, root: Path, toy_run: ToyRun, tmp_path: Path
+) -> None:
     first, second = TOY_SAVE_EVERY, 2 * TOY_SAVE_EVERY
     copy_checkpoint(toy_run.path / f"step_{first}", root / f"step_{first}")
     expected = _bad(root, toy_run.last_checkpoint, 7000)  # there before the start-up scan
@@ -120,4 +151,4 @@ def test_fifo_and_deep_json_are_refused_by_name_beside_good_checkpoints(
         assert name in status.stdout, status.stdout
     lines = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
     assert not [e for e in lines if str(e.get("event", "")).endswith("pass_failed")]
-    database.dispose()
+    assert not [e for e in lines if str(e.get("event", "")).startswith("watcher.") and e["level"] != "info"]
