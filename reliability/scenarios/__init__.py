@@ -22,6 +22,7 @@ SCENARIOS = {
     "poison-items-sqlite": "reliability.scenarios.poison_items:run_sqlite",
     "poison-items-postgres": "reliability.scenarios.poison_items:run_postgres",
     "lease-outage": "reliability.scenarios.lease_outage",
+    "read-boundary": "reliability.scenarios.read_boundary",
 }
 
 
