@@ -11,10 +11,13 @@ the daemon promptly.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import sys
 import time
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -61,6 +64,17 @@ def _fifo_weights(folder: Path) -> None:
 
 def _deep_config(folder: Path) -> None:
     (folder / "config.json").write_text("[" * 100_000)
+
+
+def _reference() -> ModuleType:
+    """The docs' reference generator (docs/hooks/reference.py, a file mkdocs loads, not a package)."""
+    path = Path(__file__).resolve().parent.parent / "docs" / "hooks" / "reference.py"
+    spec = importlib.util.spec_from_file_location("evald_docs_reference", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
 
 
 def _deep_tree(folder: Path) -> None:
@@ -152,3 +166,9 @@ def _refused_beside_good(
     lines = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
     assert not [e for e in lines if str(e.get("event", "")).endswith("pass_failed")]
     assert not [e for e in lines if str(e.get("event", "")).startswith("watcher.") and e["level"] != "info"]
+    # Every event the daemon logged is in the log-event reference the docs are built from (it missed the
+    # events built with f-strings, checkpoint.ready among them).
+    logged = {str(e["event"]) for e in lines if "logger" not in e}
+    documented = set(_reference().log_events())
+    assert {"checkpoint.ready", "checkpoint.invalid", "job.succeeded"} <= logged
+    assert logged <= documented, sorted(logged - documented)

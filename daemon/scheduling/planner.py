@@ -196,9 +196,10 @@ class Planner:
         )
         if decision.verdict is frequency.Verdict.DUE:
             return self._make_due(session, policy, schedule, candidate, decision.reason, now)
-        plan = Plan.WAITING if decision.verdict is frequency.Verdict.WAITING else Plan.SKIPPED
-        store.set_plan(session, candidate.id, plan, decision.reason, now)
-        log.info(f"checkpoint.{plan.value}", run=policy.name, step=candidate.step, reason=decision.reason)
+        waiting = decision.verdict is frequency.Verdict.WAITING
+        store.set_plan(session, candidate.id, Plan.WAITING if waiting else Plan.SKIPPED, decision.reason, now)
+        event = "checkpoint.waiting" if waiting else "checkpoint.skipped"
+        log.info(event, run=policy.name, step=candidate.step, reason=decision.reason)
         return 0
 
     def _late(

@@ -221,7 +221,7 @@ class Discovery:
             self._unreadable(state, path, exc)
         except TreeRefused as exc:
             # Past the listing's bounds (thousands of files, folders nested deep): final, said at once.
-            self._ledger.settle(state, path, None, CheckpointState.INVALID, exc.problem, "invalid")
+            self._ledger.settle(state, path, None, CheckpointState.INVALID, exc.problem, "checkpoint.invalid")
         except MemoryError:
             raise
         except Exception as exc:
@@ -241,7 +241,7 @@ class Discovery:
             return
         problem = link_problem(state, path)
         if problem is not None:
-            self._ledger.settle(state, path, None, CheckpointState.INVALID, problem, "refused")
+            self._ledger.settle(state, path, None, CheckpointState.INVALID, problem, "checkpoint.refused")
             return
         snapshot = layouts.take_snapshot(path)
         state.unreadable.pop(key, None)
@@ -256,14 +256,16 @@ class Discovery:
             _, _, problem = step_of(path, layout, raising=True)
             if problem is not None:
                 # The name is final: no quiet period makes the step fit.
-                self._ledger.settle(state, path, layout, CheckpointState.INVALID, problem, "invalid")
+                self._ledger.settle(
+                    state, path, layout, CheckpointState.INVALID, problem, "checkpoint.invalid"
+                )
                 return
         if layout is None:
             # Nothing recognisable yet; it stays a candidate. One recorded earlier whose files went (an
             # emptied folder) must not stay "discovered", holding every newer checkpoint back.
             if candidate.recorded and now - candidate.stable_since >= self._scheduling.invalid_after_secs:
                 reason = "no recognisable checkpoint in it any more"
-                self._ledger.settle(state, path, None, CheckpointState.INVALID, reason, "invalid")
+                self._ledger.settle(state, path, None, CheckpointState.INVALID, reason, "checkpoint.invalid")
             elif not candidate.recorded and (unsupported := refusals.unsupported(snapshot.names())):
                 # A trainer's own format (Megatron, NeMo-RL): said at once, with how to export weights.
                 self._ledger.ignore(state, path, unsupported, level="warning")
@@ -297,7 +299,9 @@ class Discovery:
             self._ledger.ready[str(path)] = (state, path, layout, outcome.reason)
             candidate.last_reason = outcome.reason
         elif outcome.decision is Decision.INVALID:
-            self._ledger.settle(state, path, layout, CheckpointState.INVALID, outcome.reason, "invalid")
+            self._ledger.settle(
+                state, path, layout, CheckpointState.INVALID, outcome.reason, "checkpoint.invalid"
+            )
         else:
             if not candidate.recorded:
                 self._ledger.discovered.append((state, path, layout, outcome.reason))
@@ -311,7 +315,12 @@ class Discovery:
         state.unreadable.pop(key, None)
         if (candidate is not None and candidate.recorded) or key in state.recorded:
             self._ledger.settle(
-                state, path, None, CheckpointState.VANISHED, "deleted before it was complete", "vanished"
+                state,
+                path,
+                None,
+                CheckpointState.VANISHED,
+                "deleted before it was complete",
+                "checkpoint.vanished",
             )
 
     def _unreadable(self, state: RunState, path: Path, exc: OSError) -> None:
@@ -320,7 +329,7 @@ class Discovery:
         key = str(path)
         problem = refusals.read_problem(exc, str(state.run.config.root))
         if not refusals.is_transient(exc.errno):
-            self._ledger.settle(state, path, None, CheckpointState.INVALID, problem, "invalid")
+            self._ledger.settle(state, path, None, CheckpointState.INVALID, problem, "checkpoint.invalid")
             return
         now = self._clock()
         since = state.unreadable.get(key)
@@ -335,7 +344,7 @@ class Discovery:
             )
         if now - since >= self._scheduling.invalid_after_secs:
             reason = f"unreadable for {now - since:.0f} s: {problem}"
-            self._ledger.settle(state, path, None, CheckpointState.INVALID, reason, "invalid")
+            self._ledger.settle(state, path, None, CheckpointState.INVALID, reason, "checkpoint.invalid")
 
     def _bad_name(self, state: RunState, path: Path, problem: str) -> None:
         """A name that must never take a step (a newline in it, bytes that are not UTF-8): noted under its
@@ -344,7 +353,7 @@ class Discovery:
         candidate = state.candidates.pop(key, None)
         state.unreadable.pop(key, None)
         if key in state.recorded or (candidate is not None and candidate.recorded):
-            self._ledger.settle(state, path, None, CheckpointState.INVALID, problem, "invalid")
+            self._ledger.settle(state, path, None, CheckpointState.INVALID, problem, "checkpoint.invalid")
             return
         self._ledger.ignore(state, path, problem, level="warning")
 
@@ -357,7 +366,9 @@ class Discovery:
         state.unreadable.pop(key, None)
         state.waiting.pop(key, None)
         if key in state.recorded or (candidate is not None and candidate.recorded):
-            self._ledger.settle(state, path, None, CheckpointState.INVALID, refusals.CONTAINER, "invalid")
+            self._ledger.settle(
+                state, path, None, CheckpointState.INVALID, refusals.CONTAINER, "checkpoint.invalid"
+            )
         elif ignored_key(path) in state.ignored:
             self._ledger.unignore(state, [ignored_key(path)])
         try:

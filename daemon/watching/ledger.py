@@ -167,7 +167,7 @@ class Ledger:
         ``invalid`` with the error, never the pass's."""
         message = " ".join(str(exc).split())[:300]
         reason = f"cannot judge {refusals.shown(name(state, path))}: {type(exc).__name__}: {message}"
-        self.settle(state, path, None, CheckpointState.INVALID, reason, "invalid")
+        self.settle(state, path, None, CheckpointState.INVALID, reason, "checkpoint.invalid")
 
     def _settle_ready(self) -> None:
         """Settle the pass's ready folders, each step's shapes in the run's preference order: the first
@@ -182,7 +182,7 @@ class Ledger:
                     continue  # settled meanwhile (an alternate released by an earlier one)
                 try:
                     if not self._another_shape(state, path, layout, candidate):
-                        self.settle(state, path, layout, CheckpointState.READY, reason, "ready")
+                        self.settle(state, path, layout, CheckpointState.READY, reason, "checkpoint.ready")
                 except DatabaseUnreachable:
                     raise
                 except MemoryError:
@@ -280,7 +280,7 @@ class Ledger:
             )
             state.evaluated[str(path)] = Evaluated(name(state, path), step, weights)
         log_method = log.info if new is CheckpointState.READY else log.warning
-        log_method(f"checkpoint.{event}", run=state.run.config.name, path=str(path), step=step, reason=reason)
+        log_method(event, run=state.run.config.name, path=str(path), step=step, reason=reason)
         self.settled_any = True
         self._release_waiters(state, path)
 

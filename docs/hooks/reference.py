@@ -698,17 +698,32 @@ def _event_forwarders(trees: Iterable[ast.Module]) -> dict[str, tuple[int, set[s
                 continue
             levels: set[str] = set()
             forwarded = False
+            chosen = _chosen_log_methods(function)
             for call in (n for n in ast.walk(function) if isinstance(n, ast.Call)):
                 first = call.args[0] if call.args else None
                 if isinstance(first, ast.Name) and first.id == "event":
                     forwarded = True
                     if isinstance(call.func, ast.Attribute) and call.func.attr in LEVELS:
                         levels.add(call.func.attr)
+                    elif isinstance(call.func, ast.Name):
+                        levels |= chosen.get(call.func.id, set())
             if forwarded:
                 bound = 1 if names and names[0] in {"self", "cls"} else 0
                 index = names.index("event") - bound if "event" in names else 10**6
                 forwarders[function.name] = (index, levels)
     return forwarders
+
+
+def _chosen_log_methods(function: ast.FunctionDef) -> dict[str, set[str]]:
+    """Variable → the log levels it may be bound to in ``function`` (``log_method = log.info if ready else
+    log.warning``), so that a call through it is found at those levels."""
+    chosen: dict[str, set[str]] = defaultdict(set)
+    for node in ast.walk(function):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            chosen[node.targets[0].id] |= {
+                n.attr for n in ast.walk(node.value) if isinstance(n, ast.Attribute) and n.attr in LEVELS
+            }
+    return chosen
 
 
 def _called_levels(trees: Iterable[ast.Module], name: str) -> set[str]:
