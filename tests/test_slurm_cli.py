@@ -254,6 +254,8 @@ OVERRIDES = [
     ("--cpus-per-task=4", "--cpus-per-task", "executor.cpus_per_task"),
     ("-c 4", "-c", "executor.cpus_per_task"),
     ("--export=NONE", "--export", "[inference] worker_env"),
+    ("--export-file=/etc/env", "--export-file", "[inference] worker_env"),
+    ("--export-f=/etc/env", "--export-f", "[inference] worker_env"),
     ("--requeue", "--requeue", "executor.requeue"),
     ("--no-requeue", "--no-requeue", "executor.requeue"),
     ("--account=other", "--account", "executor.account"),
@@ -294,7 +296,6 @@ def test_extra_sbatch_cannot_override_evalds_own_options(
         "--nodelist=node1",
         "-w node1",
         "--hold",
-        "--export-file=/etc/env",
         "--reservation=maint",
     ],
 )

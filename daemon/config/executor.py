@@ -73,6 +73,10 @@ RESERVED_SBATCH: dict[str, str] = {
         "is set by evald (--export=ALL: the job gets the worker environment): "
         "list variables in [inference] worker_env, or set them in executor.setup_script"
     ),
+    "--export-file": (
+        "feeds the job an environment evald does not control (variables read from a file): list variables "
+        "in [inference] worker_env, or set them in executor.setup_script"
+    ),
     "--requeue": "is set by evald: set executor.requeue instead",
     "--no-requeue": "is set by evald: set executor.requeue instead",
     "--account": "is set by evald: set executor.account instead",
@@ -119,8 +123,8 @@ def reserved_sbatch(option: str) -> str | None:
     sbatch takes ``--tim=5`` as ``--time`` when that is the only option it begins."""
     if option in RESERVED_SBATCH:
         return RESERVED_SBATCH[option]
-    # No sbatch option is a prefix of a reserved one but ``--ntasks`` (reserved too), so a prefix is an
-    # abbreviation sbatch would read as a reserved option (or refuse as ambiguous).
+    # No sbatch option is a prefix of a reserved one but ``--ntasks`` and ``--export`` (reserved too), so a
+    # prefix is an abbreviation sbatch would read as a reserved option (or refuse as ambiguous).
     if option.startswith("--") and len(option) > 2:
         for name, why in RESERVED_SBATCH.items():
             if name.startswith(option):
