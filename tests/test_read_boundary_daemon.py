@@ -24,6 +24,7 @@ from daemon.watching import refusals
 from storage import queries
 from storage.database import Database
 from tests import deep_trees
+from tests.conftest import ToyRun
 from tests.fixtures import fresh_postgres
 from tests.harness import (
     checkpoints,
@@ -35,9 +36,7 @@ from tests.harness import (
     write_config,
     write_dataset,
 )
-from tests.test_read_boundary import TREES, Item, _all_makers, _write, source
-
-__all__ = ["source"]  # the module fixture, bound here
+from tests.test_read_boundary import TREES, Item, _all_makers, _write
 
 pytestmark = [pytest.mark.long, pytest.mark.slow]
 
@@ -81,8 +80,9 @@ def _settled(database: Database, good: list[Item], bad: list[Item]) -> bool:
 )
 @given(picks=TREES)
 def test_a_live_daemon_keeps_the_read_boundarys_contract(
-    picks: list[tuple[str, bool]], backend: str, source: Path, dataset: Path, tmp_path: Path
+    picks: list[tuple[str, bool]], backend: str, toy_run: ToyRun, dataset: Path, tmp_path: Path
 ) -> None:
+    source = toy_run.last_checkpoint  # a model the worker can evaluate (its tokenizer too)
     folder = Path(tempfile.mkdtemp(prefix=f"ex{next(_examples)}-", dir=tmp_path))
     with _database(backend, folder) as url:
         database = upgraded(url)
