@@ -11,6 +11,7 @@ from daemon.anomaly.settings import Settings
 
 
 def non_finite(metric: str, points: Sequence[Point]) -> Finding | None:
+    """The newest value is NaN or infinite: the checkpoint diverged, or its evaluation broke."""
     current = points[-1]
     if math.isfinite(current.value):
         return None
@@ -28,6 +29,8 @@ def non_finite(metric: str, points: Sequence[Point]) -> Finding | None:
 def threshold(
     metric: str, points: Sequence[Point], *, minimum: float | None = None, maximum: float | None = None
 ) -> Finding | None:
+    """The newest value is below the metric's configured ``min`` or above its ``max``
+    (``[alerts.thresholds]``)."""
     current = points[-1]
     if not math.isfinite(current.value):
         return None

@@ -80,8 +80,12 @@ def shifts(metric: str, points: Sequence[Point], higher_is_better: bool | None, 
 
 
 def ewma(metric: str, points: Sequence[Point], higher_is_better: bool | None, s: Settings) -> Finding | None:
+    """A sustained shift the wrong way: the exponentially weighted mean of the standardised residuals from
+    a lagging rolling median passes its control limit."""
     return shifts(metric, points, higher_is_better, s)[-1][0]
 
 
 def cusum(metric: str, points: Sequence[Point], higher_is_better: bool | None, s: Settings) -> Finding | None:
+    """A slow drift the wrong way: the cumulative sum of the standardised residuals beyond their slack
+    passes its decision limit, though no single point stands out."""
     return shifts(metric, points, higher_is_better, s)[-1][1]

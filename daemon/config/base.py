@@ -7,9 +7,18 @@ code, a test) resolves against the working directory.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo
+
+
+@dataclass(frozen=True)
+class Written:
+    """``Annotated`` metadata: how a value is written in the config file when that is not its Python type
+    (a memory size ``"20GiB"`` stored as an ``int`` of bytes); the config reference shows this."""
+
+    form: str
 
 
 class Section(BaseModel):

@@ -7,11 +7,12 @@ Also the plain values the scheduler works with that the section hands it: a run'
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 from pydantic import Field, field_validator, model_validator
 
 from daemon import units
-from daemon.config.base import Section
+from daemon.config.base import Section, Written
 from daemon.config.runs import Backlog, RunConfig
 from inference.spec import SubsetSpec
 
@@ -81,15 +82,21 @@ def _memory(value: object) -> int | None:
     return None if value is None else units.parse_memory(value)
 
 
+#: A memory size in the config file: a string with a unit, stored as bytes.
+MemorySize = Annotated[int, Written('size with a unit, such as "20GiB" or "512MB"')]
+#: A percentage in the config file: ``"80%"`` or a number, stored as a number.
+Percent = Annotated[float, Written('percentage, such as "80%"')]
+
+
 class ResourcesConfig(Section):
     """What the evaluation node must have free before a job starts; unset means not checked."""
 
     #: Free memory on every GPU the job uses, with a unit: ``"20GiB"``.
-    min_gpu_free_memory: int | None = None
+    min_gpu_free_memory: MemorySize | None = None
     #: Utilisation of every GPU the job uses, in percent: ``"80%"``.
-    max_gpu_utilization: float | None = None
+    max_gpu_utilization: Percent | None = None
     #: Available host memory, with a unit: ``"8GiB"``.
-    min_host_free_memory: int | None = None
+    min_host_free_memory: MemorySize | None = None
     #: NVML indices of the GPUs evaluations use; default: those in CUDA_VISIBLE_DEVICES, else all.
     gpus: tuple[int, ...] | None = None
 

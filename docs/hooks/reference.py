@@ -87,7 +87,10 @@ def first_paragraph(doc: str | None) -> str:
 def cell(text: str) -> str:
     """One table cell: on one line, and a ``|`` outside a code span does not end it."""
     parts = re.split(r"(`[^`]*`)", text.replace("\n", " "))
-    return "".join(p if p.startswith("`") else p.replace("|", "&#124;") for p in parts).strip()
+    # Outside code spans ``|`` would end the cell and ``<run>`` would be read as an HTML tag (``OUT/<run>/``
+    # showed as ``OUT//``).
+    escapes = {"|": "&#124;", "<": "&lt;", ">": "&gt;"}
+    return "".join(p if p.startswith("`") else "".join(escapes.get(c, c) for c in p) for p in parts).strip()
 
 
 def code(text: str) -> str:
@@ -206,7 +209,8 @@ def type_name(annotation: Any, links: Mapping[type, Section]) -> str:
     if annotation is type(None):
         return "unset"
     if origin is Annotated:
-        return type_name(args[0], links)
+        written = [m.form for m in args[1:] if isinstance(getattr(m, "form", None), str)]
+        return written[0] if written else type_name(args[0], links)
     if origin is Literal:
         return (
             "one of " + ", ".join(code(json.dumps(a)) for a in args)
@@ -514,13 +518,13 @@ class Rule:
 
 def anomaly_rules() -> list[Rule]:
     """Every rule a detector names in a ``Finding(rule=...)``, or as the first argument of a helper that
-    builds one. Its description is the docstring of the function named after it, else its module's."""
+    builds one. Its description is the docstring of the function named after it: a rule without one fails
+    the build (its module's docstring, shown instead, described the module)."""
     rules: dict[str, Rule] = {}
     for path in sorted(_anomaly_package().glob("*.py")):
         tree = _parsed(path)
         functions = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
         named = {f.name: first_paragraph(ast.get_docstring(f)) for f in functions}
-        module_doc = first_paragraph(ast.get_docstring(tree))
         # A helper that builds the Finding may fix its severity itself (shift's ``_finding``).
         fixed = {f.name: s for f in functions for s in [_built_severity(f)] if s is not None}
         parameters = {f.name: [a.arg for a in f.args.args] for f in functions if _builds_finding(f)}
@@ -538,7 +542,12 @@ def anomaly_rules() -> list[Rule]:
                 if given is None and "severity" in takes and takes.index("severity") < len(call.args):
                     given = call.args[takes.index("severity")]
                 severity = _severity(given) if given is not None else fixed.get(callee, "varies")
-                doc = named.get(name.value) or module_doc or named[function.name]
+                doc = named.get(name.value)
+                if not doc:
+                    raise ValueError(
+                        f"anomaly rule {name.value!r} ({path.name}) has no function {name.value}() with a "
+                        "docstring: the reference describes each rule by it"
+                    )
                 rules.setdefault(name.value, Rule(name.value, severity, doc, _module_name(path)))
     return sorted(rules.values(), key=lambda r: r.name)
 
