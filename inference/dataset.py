@@ -1,7 +1,8 @@
 """Evaluation datasets: JSONL files, one object per line, read into typed items.
 
 A row needs a prompt (``prompt_field``, or else the first of ``prompt``, ``question``, ``problem``) and a
-reference answer (``answer_field``); its id is ``id_field`` or else its line number. With a
+reference answer (``answer_field``); its id is ``id_field``, else ``unique_id`` where the file's first row
+has one (MATH500's ``test/precalculus/807.json``), else its line number. With a
 ``stratify_field`` every row needs that field too (a string or a number), and it becomes the item's stratum
 for :func:`inference.sampling.stratified_subset`. The whole file is checked before anything is evaluated,
 and every error names the file and line: ``data.jsonl:17: missing field 'answer'``. Blank lines are
@@ -21,6 +22,9 @@ from inference.errors import DatasetInvalid
 from inference.spec import Problem
 
 PROMPT_FIELDS = ("prompt", "question", "problem")
+#: The id a dataset shape carries, taken when ``id_field`` is unset and the file's first row has it: ids
+#: that name the problem survive a reordered or filtered file, line numbers do not.
+ID_FIELD = "unique_id"
 #: Longest id the database keeps (``samples.prompt_id``).
 MAX_ID_CHARS = 200
 
@@ -143,6 +147,8 @@ def read_dataset(
             row = _parse_line(raw, where)
             if row is None:
                 continue
+            if id_field is None and not first_seen and not problems and ID_FIELD in row:
+                id_field = ID_FIELD  # the file's first row decides for every row
             prompt = _text(row, _prompt_field(row, prompt_field, where), where, numbers=False)
             reference = "" if answer_field is None else _text(row, answer_field, where, numbers=True)
             prompt_id = str(number) if id_field is None else _text(row, id_field, where, numbers=True)

@@ -146,3 +146,23 @@ def test_bad_rows_are_reported_and_the_rest_kept(tmp_path: Path) -> None:
     ]
     # A limit stops reading once it has its rows: later bad rows are not the job's.
     assert read_dataset(path, id_field="id", limit=1).problems == ()
+
+
+def test_a_math500_row_is_known_by_its_unique_id(tmp_path: Path) -> None:
+    """MATH500's rows carry ``unique_id``: with no id_field set it is the id (line numbers were stored, and
+    a reordered or filtered file matched samples to the wrong problems)."""
+    path = tmp_path / "math500.jsonl"
+    rows = [
+        {"problem": "1+1", "answer": "2", "unique_id": "test/algebra/1.json"},
+        {"problem": "2+2", "answer": "4", "unique_id": "test/algebra/7.json"},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert [i.prompt_id for i in load_dataset(path)] == ["test/algebra/1.json", "test/algebra/7.json"]
+    # A row without it, once the first row had it, is a bad row named by its line.
+    path.write_text(path.read_text() + json.dumps({"problem": "3+3", "answer": "6"}) + "\n")
+    assert [(p.where, p.message) for p in read_dataset(path).problems] == [
+        (f"{path}:3", "missing field 'unique_id'")
+    ]
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text(json.dumps({"problem": "1+1", "answer": "2"}) + "\n")
+    assert [i.prompt_id for i in load_dataset(plain)] == ["1"]
