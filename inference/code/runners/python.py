@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import secrets
+from pathlib import Path
 from typing import ClassVar
 
 from inference.code.grading import Verdict, last_exception
 from inference.code.problems import TestCase
 from inference.code.runners.base import Program, Runner
-from inference.code.sandbox import FILES, Execution, Sandbox, SandboxFile
+from inference.code.sandbox import CHANNEL_IN, CHANNEL_OUT, FILES, Channel, Execution, Sandbox, SandboxFile
+
+#: The harness that runs an assert test's program and tests in the sandbox (its text, read once).
+HARNESS = SandboxFile("harness.py", (Path(__file__).parent / "python_harness.py").read_bytes())
 
 #: Exceptions raised before any line runs: the code does not compile.
 _SYNTAX = frozenset({"SyntaxError", "IndentationError", "TabError"})
@@ -27,11 +32,11 @@ class PythonRunner(Runner):
     def program(self, prepared: Program, test: TestCase, setup: str) -> Program:
         if test.code is None:
             return prepared
-        sentinel = f"evald-tests-done-{secrets.token_hex(8)}"
-        source = prepared.files[0].data.decode()
-        # ``os.write``: the solution may have replaced sys.stdout; the line is only read once it has run.
-        text = f"{source}\n\n{setup}\n{test.code}\n\nimport os as _os\n_os.write(1, b'\\n{sentinel}\\n')\n"
-        return Program((SandboxFile("main.py", text.encode()),), self._argv(), sentinel)
+        # The program's file holds its code only; the tests and the nonce go on the harness's descriptor.
+        nonce = secrets.token_hex(16)
+        hidden = json.dumps({"nonce": nonce, "setup": setup, "test": test.code}).encode()
+        argv = (str(self.executable), "-I", f"{FILES}/harness.py", CHANNEL_IN, CHANNEL_OUT, f"{FILES}/main.py")
+        return Program((*prepared.files, HARNESS), argv, Channel(hidden), nonce)
 
     def crash_verdict(self, execution: Execution, test: TestCase) -> Verdict:
         raised = last_exception(execution.stderr.decode("utf-8", "replace"))
