@@ -95,9 +95,7 @@ class SampleResult:
         return {verdict: counted[verdict] for verdict in VERDICTS if counted[verdict]}
 
 
-def same_output(
-    actual: str, expected: str, compare: Comparison = "lines", tolerance: float = 1e-6
-) -> bool:
+def same_output(actual: str, expected: str, compare: Comparison = "lines", tolerance: float = 1e-6) -> bool:
     """Whether ``actual`` is ``expected`` as ``compare`` says (:data:`COMPARISONS`)."""
     if compare == "exact":
         return _unix(actual).rstrip("\n") == _unix(expected).rstrip("\n")

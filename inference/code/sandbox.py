@@ -52,6 +52,7 @@ from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
+from inference.code.status import await_gone, child_pid, started
 from inference.errors import TaskInvalid
 
 #: Placeholders a runner writes in its command line: where its files are (read-only) and the writable tmp.
@@ -66,9 +67,6 @@ NOBODY = 65534
 
 #: ``PATH`` inside the sandbox, and where tools are looked up for it (not the worker's virtualenv).
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
-
-#: How long a killed sandbox's PID 1 may take to go (it waits for every process in its namespace).
-REAP_S = 5.0
 
 #: Top-level links into /usr on a merged-/usr system; each one that is a directory is bound read-only.
 _ROOT_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
@@ -228,7 +226,8 @@ def tmp_argv(limits: Limits, argv: Sequence[str]) -> list[str]:
     mount = _tool("mount")
     script = (
         f"{mount} -t tmpfs -o size={limits.tmp_mb << 20},nr_inodes={limits.tmp_inodes},{options} tmp /tmp"
-        f" && {mount} -t tmpfs -o size={1 << 20},nr_inodes=64,{options} shm /dev/shm && cd /tmp && unset OLDPWD"
+        f" && {mount} -t tmpfs -o size={1 << 20},nr_inodes=64,{options} shm /dev/shm"
+        " && cd /tmp && unset OLDPWD"
         f' && exec {_tool("setpriv")} --inh-caps=-all --ambient-caps=-all --bounding-set=-all -- "$@"'
     )
     return [
@@ -299,7 +298,7 @@ class Bubblewrap(Sandbox):
             )
             line[1:1] = ["--json-status-fd", str(status)]
             result = _execute(line, stdin, limits, pass_fds=[*fds, status], cwd="/", status=status)
-            if not result.timed_out and not _started(status):
+            if not result.timed_out and not started(_read(status, 1 << 16)):
                 # bwrap's setup failed, so no program ran: its stderr is bwrap's own.
                 raise TaskInvalid(self._failure(result))
             return _reported(result, ends, limits)
@@ -370,7 +369,7 @@ def _execute(
             _kill_group(process.pid)
             returncode = process.wait()
             if status is not None:
-                _await_gone(_child_pid(status))
+                await_gone(child_pid(_read(status, 1 << 16)))
         except BaseException:
             _kill_group(process.pid)
             process.wait()
@@ -410,55 +409,6 @@ def _start(
 def _kill_group(pgid: int) -> None:
     with suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
-
-
-def _status(fd: int) -> list[dict[str, object]]:
-    """bwrap's ``--json-status-fd`` documents: ``child-pid`` once the namespaces exist, ``exit-code`` once
-    its setup has finished and the command has ended."""
-    import json
-
-    text = _read(fd, 1 << 16).decode("utf-8", "replace")
-    documents: list[dict[str, object]] = []
-    decoder = json.JSONDecoder()
-    position = 0
-    while True:
-        while position < len(text) and text[position].isspace():
-            position += 1
-        if position >= len(text):
-            return documents
-        try:
-            found, position = decoder.raw_decode(text, position)
-        except ValueError:
-            return documents
-        if isinstance(found, dict):
-            documents.append(found)
-
-
-def _started(fd: int) -> bool:
-    """Whether bwrap finished its setup and ran the command (it reports the command's exit code only
-    then; a failed mount or namespace never gets one)."""
-    return any("exit-code" in document for document in _status(fd))
-
-
-def _child_pid(fd: int) -> int | None:
-    """The host pid of the sandbox's PID 1, from bwrap's status."""
-    pid = next((d.get("child-pid") for d in _status(fd) if "child-pid" in d), None)
-    return pid if isinstance(pid, int) else None
-
-
-def _await_gone(pid: int | None) -> None:
-    """Wait until ``pid`` has exited: a namespace's PID 1 exits only once every process in it has."""
-    if pid is None:
-        return
-    deadline = time.monotonic() + REAP_S
-    while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            return
-        if state in ("Z", "X"):
-            return
-        time.sleep(0.005)
 
 
 @contextmanager

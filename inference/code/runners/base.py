@@ -17,10 +17,12 @@ from typing import ClassVar
 from inference.code.grading import TestResult, Verdict, limit_verdict, same_output
 from inference.code.problems import TestCase
 from inference.code.sandbox import SYSTEM_PATH, Channel, Execution, Limits, Sandbox, SandboxFile
+from inference.errors import TaskInvalid
 
 #: What a verdict rests on, said beside the program's output when it is not a plain one.
 Judged = tuple[Verdict, str]
-from inference.errors import TaskInvalid
+EARLY_EXIT = "(exited with status 0 before its tests returned: no report from the harness)"
+FORGED = "(interfered: the harness's report descriptor holds what the harness did not write)"
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,7 @@ class Runner(ABC):
         if execution.returncode != 0:
             return self.crash_verdict(execution, test), ""
         if program.nonce is not None:
-            return "runtime_error", "(exited with status 0 before its tests returned: no report from the harness)"
+            return "runtime_error", EARLY_EXIT
         if test.expected is None:
             return "passed", ""
         stdout = execution.stdout.decode("utf-8", "replace")
@@ -104,7 +106,7 @@ def harness_verdict(execution: Execution, nonce: str) -> Judged | None:
         return None
     lines = execution.report.decode("utf-8", "replace").split("\n")
     if lines[-1] != "" or not secrets.compare_digest(lines[0], nonce):
-        return "interfered", "(interfered: the harness's report descriptor holds what the harness did not write)"
+        return "interfered", FORGED
     found = [line for line in lines[1:-1] if line]
     if found:
         return "interfered", "(interfered: " + "; ".join(found)[:1000] + ")"

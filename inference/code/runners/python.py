@@ -35,7 +35,8 @@ class PythonRunner(Runner):
         # The program's file holds its code only; the tests and the nonce go on the harness's descriptor.
         nonce = secrets.token_hex(16)
         hidden = json.dumps({"nonce": nonce, "setup": setup, "test": test.code}).encode()
-        argv = (str(self.executable), "-I", f"{FILES}/harness.py", CHANNEL_IN, CHANNEL_OUT, f"{FILES}/main.py")
+        harness = f"{FILES}/{HARNESS.name}"
+        argv = (str(self.executable), "-I", harness, CHANNEL_IN, CHANNEL_OUT, f"{FILES}/main.py")
         return Program((*prepared.files, HARNESS), argv, Channel(hidden), nonce)
 
     def crash_verdict(self, execution: Execution, test: TestCase) -> Verdict:

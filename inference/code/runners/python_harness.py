@@ -1,51 +1,43 @@
 """The trusted half of a Python assert test: this file's text runs in the sandbox as ``/sandbox/harness.py``
 (by the system ``python3 -I``, standard library only) and runs the program, then its tests, in-process.
 
-It is given two descriptors (never files, arguments or environment). It reads the first, which holds the
-nonce, the setup and the test code, and closes it *before any of the program's code runs*: the program's
-files (``/sandbox/main.py``) hold only its own code, so the tests and the nonce are on no path it can open.
-It then runs the program as ``__main__``, then the setup and the tests, whose comparisons and asserts are
-rewritten to pass each value through a check first (a value of a class the program defined that overrides
-a comparison or truth method is interference: an ``__eq__`` that is always true). Only once the tests have
-returned does it check for tampering (builtins or library functions replaced by the program's, a trace
-hook, its check replaced) and write its record, the nonce on a line and then one line per interference
-found, to the second descriptor, then leave with ``os._exit(0)`` (no atexit handler or finaliser of the program runs
-after it). An exception, ``SystemExit`` included, ends it with a traceback on stderr and exit status 1 and
-no record; an exit of any other kind (``os._exit``, a signal) leaves no record either. The judge counts a
-pass only with exactly that record, carrying the nonce it sent, and exit status 0.
+1. It reads its first descriptor (never a file, argument or environment), which holds the nonce, the
+   setup and the test code, and closes it before any of the program's code runs: ``/sandbox/main.py``
+   holds the program's code only, so neither the tests nor the nonce are on a path it can open.
+2. It compiles everything first (the tests with each comparison operand, assert condition, ``not`` and
+   ``and``/``or`` operand passed through a value check), then installs an audit hook, which nothing can
+   remove, that refuses the ways to reach the harness's memory from the program's thread
+   (``sys._current_frames``, ``gc.get_objects``/``get_referrers``/``get_referents``, ``ctypes``), to jump
+   over a test's lines (``sys.settrace``/``setprofile``) or to swap a function's code.
+3. The program, the setup and the tests run on a thread of their own; the nonce and the report descriptor
+   stay in the main thread's frame, on no frame the program can walk up to.
+4. Only once that thread has returned from the tests does the main thread look for interference (a value
+   of a class of the program's overriding a comparison or truth method, i.e. an ``__eq__`` that is always
+   true; builtins or library functions replaced by the program's; the value check altered; a refused
+   event; a thread of the program still running) and write its record, the nonce on a line and then one
+   line per interference, to its second descriptor, and leave with ``os._exit(0)`` (no atexit handler,
+   finaliser or thread of the program runs after it).
 
-What an in-process harness cannot rule out (docs/how-to/code-tasks.md says it for the reader): the program
-runs in this process, so code that goes looking for the harness (``gc``, frames, ``ctypes``) can find the
-nonce and the report descriptor and forge the record. Such a program is no longer gaming the tests but
-attacking the judge, and nothing in one process can stop it; the checks here catch what a policy stumbles
-on, not a determined exploit.
+An exception, ``SystemExit`` included, ends it with a traceback on stderr, exit status 1 and no record; an
+exit of any other kind (``os._exit``, a signal) leaves no record either. The judge counts a pass only for
+exactly that record, carrying the nonce it sent, and exit status 0.
+
+What an in-process harness cannot rule out is said in docs/how-to/code-tasks.md: the program shares the
+process, so one that walks its own thread's frames up to :func:`run` and races a thread of its own against
+the main thread, or reads memory through ``/proc/self/mem``, can still forge the outcome.
 """
 
 import ast
 import builtins
+import contextlib
 import json
 import os
 import sys
+import threading
 import traceback
 import types
-
-# Bound here, before the program runs: it may replace builtins, and the harness must not call its versions.
-from builtins import (  # noqa: A004
-    BaseException,
-    SystemExit,
-    any,
-    dict,
-    exec,
-    getattr,
-    id,
-    isinstance,
-    list,
-    open,
-    print,
-    set,
-    type,
-    vars,
-)
+from collections.abc import Callable
+from typing import Any
 
 #: The name the rewritten tests call their value check by.
 CHECK = "__evald_check__"
@@ -65,6 +57,21 @@ _PLAIN = (int, float, complex, str, bytes, bool, type(None))
 _MODULES = sys.modules
 #: Values looked at per check, at most: a check of a huge structure stops there.
 _MAX_VALUES = 1_000_000
+#: Audit events refused to the program (and reported): the ways to reach the harness's memory from
+#: outside the program's own thread (other threads' frames, every object, native memory), or to jump
+#: over a test's lines (a trace function).
+REFUSED = frozenset(
+    {
+        "sys._current_frames",
+        "gc.get_objects",
+        "gc.get_referrers",
+        "gc.get_referents",
+        "sys.settrace",
+        "sys.setprofile",
+    }
+)
+#: The audit event the value check reports interference with.
+INTERFERED = "evald.interfered"
 
 
 class _Checked(ast.NodeTransformer):
@@ -103,7 +110,7 @@ def checked_tests(source: str) -> types.CodeType:
     return compile(ast.fix_missing_locations(tree), "<tests>", "exec")
 
 
-def overriding(kind: type, program: str) -> str | None:
+def overriding(kind: type[Any], program: str) -> str | None:
     """The comparison or truth method that ``kind`` (or a class above it) takes from the program's code,
     if any: a method of a class defined in ``__main__`` that is not the tests' own."""
     for klass in kind.__mro__:
@@ -121,8 +128,12 @@ def overriding(kind: type, program: str) -> str | None:
     return None
 
 
-def value_check(program: str, found: list[str]):  # noqa: ANN201 (the harness has no typing import)
-    def check(value):  # noqa: ANN001, ANN202
+def value_check(program: str, audit: Callable[..., None]) -> Callable[[Any], Any]:
+    """The check the rewritten tests call: each value, and what it holds, is looked at for a class of the
+    program's overriding a comparison; each one found is reported as an audit event (to the harness's own
+    hook: nothing the program can reach keeps the findings)."""
+
+    def check(value: Any) -> Any:
         stack = [value]
         seen = set()
         looked = 0
@@ -130,15 +141,13 @@ def value_check(program: str, found: list[str]):  # noqa: ANN201 (the harness ha
             item = stack.pop()
             looked += 1
             kind = type(item)
-            if kind in _PLAIN:
-                continue
-            if id(item) in seen:
+            if kind in _PLAIN or id(item) in seen:
                 continue
             seen.add(id(item))
             if kind not in (list, tuple, dict, set, frozenset):
                 method = overriding(kind, program)
-                if method is not None and method not in found:
-                    found.append(method)
+                if method is not None:
+                    audit(INTERFERED, f"a value of the program's class overrides {method}")
             if isinstance(item, dict):
                 stack.extend(item.keys())
                 stack.extend(item.values())
@@ -149,11 +158,31 @@ def value_check(program: str, found: list[str]):  # noqa: ANN201 (the harness ha
     return check
 
 
-def replaced(before: dict, program: str, namespace: dict, check, hooks) -> list[str]:  # noqa: ANN001
-    """What the program changed that the tests rely on: builtins, library functions swapped for its own,
-    trace hooks, the check. ``hooks`` are ``sys.gettrace`` and ``sys.getprofile`` as they were."""
+def guard(found: list[str]) -> Callable[[str, tuple[Any, ...]], None]:
+    """The audit hook: refuses :data:`REFUSED` events, ``ctypes`` and replacing a function's code, and
+    keeps what the value check reports. Installed before the program runs; no hook can be removed."""
+
+    def hook(event: str, args: tuple[Any, ...]) -> None:
+        if event == INTERFERED:
+            if args and str(args[0]) not in found:
+                found.append(str(args[0]))
+            return
+        refused = event in REFUSED or event.startswith("ctypes.")
+        if event == "object.__setattr__" and len(args) > 1 and args[1] == "__code__":
+            refused = True
+        if refused:
+            if event not in found:
+                found.append(f"{event} refused")
+            raise RuntimeError(f"evald's harness refuses {event} while the program runs")
+
+    return hook
+
+
+def replaced(before: dict[str, Any], program: str) -> list[str]:
+    """What the program changed that the tests rely on: builtins, library functions swapped for its
+    own, a trace hook."""
     found = []
-    now = vars(builtins)
+    now = builtins.__dict__  # not vars(): the program may have replaced it
     for name, value in before.items():
         if now.get(name) is not value:
             found.append(f"builtins.{name} replaced")
@@ -162,21 +191,58 @@ def replaced(before: dict, program: str, namespace: dict, check, hooks) -> list[
             continue
         for name, value in list(vars(module).items()):
             code = getattr(value, "__code__", None)
-            if getattr(code, "co_filename", None) == program:
+            if getattr(code, "co_filename", None) == program and f"builtins.{name} replaced" not in found:
                 found.append(f"{module_name}.{name} replaced by the program's {name}")
-    if any(hook() is not None for hook in hooks):
-        found.append("a trace or profile hook left set")
-    if namespace.get(CHECK) is not check:
-        found.append("the harness's value check replaced")
     return found
 
 
+def intact(check: Callable[[Any], Any], parts: tuple[Any, ...], harness: dict[str, Any]) -> list[str]:
+    """Whether the check and the harness's globals are as they were before the program ran."""
+    if (check.__code__, check.__defaults__, *[c.cell_contents for c in check.__closure__ or ()]) != parts:
+        return ["the harness's value check altered"]
+    return [
+        f"the harness's {name} replaced" for name, value in harness.items() if _GLOBALS.get(name) is not value
+    ]
+
+
+def run(
+    code: types.CodeType,
+    setup: types.CodeType,
+    tests: types.CodeType,
+    namespace: dict[str, Any],
+    outcome: list[Any],
+) -> None:
+    """The program, its setup and its tests, on a thread of their own: the harness's main thread (the
+    nonce, the report descriptor) is on no frame they can walk up to."""
+    try:
+        exec(code, namespace)
+        exec(setup, namespace)
+        exec(tests, namespace)
+    except BaseException as exc:
+        outcome.append(exc)
+        return
+    outcome.append("returned")
+
+
 def _flush() -> None:
+    # The program may have replaced the streams with anything.
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
-        try:
-            stream.flush()
-        except BaseException:  # noqa: BLE001 (the program may have replaced the stream with anything)
-            pass
+        with contextlib.suppress(BaseException):
+            stream.flush()  # type: ignore[union-attr]
+
+
+def _failed(outcome: list[Any]) -> None:
+    _flush()
+    last = outcome[-1] if outcome else None
+    if isinstance(last, SystemExit):
+        print(
+            f"SystemExit: {last.code!r} (the program exited before its tests returned)", file=sys.__stderr__
+        )
+    elif isinstance(last, BaseException):
+        traceback.print_exception(last, file=sys.__stderr__)
+    else:
+        print(f"the tests' thread ended without returning ({outcome!r:.200})", file=sys.__stderr__)
+    _flush()
 
 
 def main() -> None:
@@ -188,43 +254,51 @@ def main() -> None:
     os.close(channel_in)
     job = json.loads(b"".join(chunks))
     nonce = job.pop("nonce")
-    before = dict(vars(builtins))
-    hooks = (sys.gettrace, sys.getprofile)
+    # Everything compiled before the program runs: it cannot reach into ast or compile the tests away.
+    with open(program, encoding="utf-8") as file:  # noqa: PTH123 (the harness imports what it must)
+        source = file.read()
+    try:
+        compiled = (compile(source, program, "exec"), compile(job["setup"], "<setup>", "exec"))
+        tests = checked_tests(job["test"])
+    except BaseException as exc:
+        _failed([exc])
+        leave(1)
     module = types.ModuleType("__main__")
     module.__file__ = program
-    module.__builtins__ = builtins
+    module.__builtins__ = builtins  # type: ignore[attr-defined]
     namespace = module.__dict__
     found: list[str] = []
-    check = value_check(program, found)
-    sys.modules["__main__"] = module
+    audit = sys.audit
+    check = value_check(program, audit)
+    parts = (check.__code__, check.__defaults__, *[c.cell_contents for c in check.__closure__ or ()])
+    harness = dict(_GLOBALS)
+    before = dict(builtins.__dict__)
+    namespace[CHECK] = check
+    _MODULES["__main__"] = module
     sys.argv = [program]
-    try:
-        # Everything compiled before the program runs: it cannot reach into ast or compile the tests away.
-        with open(program, encoding="utf-8") as file:
-            code = compile(file.read(), program, "exec")
-        setup = compile(job["setup"], "<setup>", "exec")
-        tests = checked_tests(job["test"])
-        exec(code, namespace)  # noqa: S102 (this is what the sandbox is for)
-        exec(setup, namespace)  # noqa: S102
-        namespace[CHECK] = check
-        exec(tests, namespace)  # noqa: S102
-    except SystemExit as exc:
-        _flush()
-        print(f"SystemExit: {exc.code!r} (the program exited before its tests returned)", file=sys.__stderr__)
-        _flush()
-        leave(1)
-    except BaseException:  # noqa: BLE001 (every failure is the verdict's business)
-        _flush()
-        traceback.print_exc(file=sys.__stderr__)
-        _flush()
-        leave(1)
-    interfered = found + replaced(before, program, namespace, check, hooks)
+    sys.addaudithook(guard(found))
+    outcome: list[Any] = []
+    worker = threading.Thread(target=run, args=(*compiled, tests, namespace, outcome), name="evald-tests")
+    worker.start()
+    worker.join()
+    returned = outcome == ["returned"]
+    if namespace.get(CHECK) is not check:
+        found.append("the harness's value check replaced")
+    found += replaced(before, program) + intact(check, parts, harness)
+    others = [thread.name for thread in threading.enumerate() if thread is not threading.main_thread()]
+    if others and returned:
+        found.append(f"threads of the program still running after the tests returned: {others}")
+    if not returned:
+        _failed(outcome)
+    if returned or found:
+        # Built by str's own methods (a program may have patched json): the nonce, then each finding.
+        lines = [nonce, *(line.replace("\n", " ") for line in found)]
+        write(channel_out, "\n".join(lines).encode("utf-8", "replace") + b"\n")
     _flush()
-    # Built by str's own methods (a program may have patched json): the nonce, then one line per finding.
-    lines = [nonce, *(line.replace("\n", " ") for line in interfered)]
-    write(channel_out, "\n".join(lines).encode("utf-8", "replace") + b"\n")
-    leave(0)
+    leave(0 if returned else 1)
 
+
+_GLOBALS = globals()
 
 if __name__ == "__main__":
     main()
