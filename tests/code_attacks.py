@@ -254,6 +254,18 @@ ATTACKS: tuple[Attack, ...] = (
         "import ctypes\nctypes.CDLL(None)\n" + WRONG,
     ),
     Attack(
+        "its own memory through /proc/self/mem",
+        "harness",
+        "memory = open('/proc/self/mem', 'rb')\n" + WRONG,
+        INTERFERED,
+    ),
+    Attack(
+        "another interpreter, without the harness's hook",
+        "harness",
+        "import subprocess\nsubprocess.run(['/usr/bin/python3', '-c', 'pass'])\n" + WRONG,
+        INTERFERED,
+    ),
+    Attack(
         "writing its own file",
         "harness",
         "open('/sandbox/main.py', 'w').write('def add(a, b):\\n    return a + b\\n')\n",

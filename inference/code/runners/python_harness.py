@@ -7,8 +7,9 @@
 2. It compiles everything first (the tests with each comparison operand, assert condition, ``not`` and
    ``and``/``or`` operand passed through a value check), then installs an audit hook, which nothing can
    remove, that refuses the ways to reach the harness's memory from the program's thread
-   (``sys._current_frames``, ``gc.get_objects``/``get_referrers``/``get_referents``, ``ctypes``), to jump
-   over a test's lines (``sys.settrace``/``setprofile``) or to swap a function's code.
+   (``sys._current_frames``, ``gc.get_objects``/``get_referrers``/``get_referents``, ``ctypes``,
+   ``/proc/self/mem``, another program, which would run without the hook), to jump over a test's lines
+   (``sys.settrace``/``setprofile``) or to swap a function's code.
 3. The program, the setup and the tests run on a thread of their own; the nonce and the report descriptor
    stay in the main thread's frame, on no frame the program can walk up to.
 4. Only once that thread has returned from the tests does the main thread look for interference (a value
@@ -24,7 +25,7 @@ exactly that record, carrying the nonce it sent, and exit status 0.
 
 What an in-process harness cannot rule out is said in docs/how-to/code-tasks.md: the program shares the
 process, so one that walks its own thread's frames up to :func:`run` and races a thread of its own against
-the main thread, or reads memory through ``/proc/self/mem``, can still forge the outcome.
+the main thread can still forge the outcome.
 """
 
 import ast
@@ -68,6 +69,14 @@ REFUSED = frozenset(
         "gc.get_referents",
         "sys.settrace",
         "sys.setprofile",
+        # Another program would run without this hook, and could read this process's memory.
+        "os.exec",
+        "os.posix_spawn",
+        "os.spawn",
+        "os.system",
+        "os.fork",
+        "os.forkpty",
+        "subprocess.Popen",
     }
 )
 #: The audit event the value check reports interference with.
@@ -169,6 +178,8 @@ def guard(found: list[str]) -> Callable[[str, tuple[Any, ...]], None]:
             return
         refused = event in REFUSED or event.startswith("ctypes.")
         if event == "object.__setattr__" and len(args) > 1 and args[1] == "__code__":
+            refused = True
+        if event == "open" and args and str(args[0]).startswith("/proc/") and str(args[0]).endswith("mem"):
             refused = True
         if refused:
             if event not in found:
