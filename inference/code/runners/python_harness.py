@@ -35,7 +35,6 @@ import json
 import os
 import sys
 import threading
-import traceback
 import types
 from collections.abc import Callable
 from typing import Any
@@ -250,6 +249,8 @@ def _failed(outcome: list[Any]) -> None:
             f"SystemExit: {last.code!r} (the program exited before its tests returned)", file=sys.__stderr__
         )
     elif isinstance(last, BaseException):
+        import traceback  # only for a failure: a passing run does not pay for its import
+
         traceback.print_exception(last, file=sys.__stderr__)
     else:
         print(f"the tests' thread ended without returning ({outcome!r:.200})", file=sys.__stderr__)
