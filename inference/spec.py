@@ -252,7 +252,7 @@ class SampleOutput(_Plain):
     #: Why this sample is left out of every metric (its reward raised, hung or was not a number).
     error: str | None = None
     #: ``kind = "code"``: ``passed``, or the verdict of the first test that failed (``wrong_answer``,
-    #: ``runtime_error``, ``compile_error``, ``timeout``, ``memory``).
+    #: ``runtime_error``, ``compile_error``, ``timeout``, ``memory``, ``interfered``).
     verdict: str | None = None
     tests_passed: int | None = None
     tests_total: int | None = None
