@@ -4,8 +4,9 @@
 1. It reads its first descriptor (never a file, argument or environment), which holds the nonce, the
    setup and the test code, and closes it before any of the program's code runs: ``/sandbox/main.py``
    holds the program's code only, so neither the tests nor the nonce are on a path it can open.
-2. It compiles everything first (the tests with each comparison operand, assert condition, ``not`` and
-   ``and``/``or`` operand passed through a value check), then installs an audit hook, which nothing can
+2. It compiles everything first (the tests as the judge rewrote them, each comparison operand, assert
+   condition, ``not`` and ``and``/``or`` operand passed through the value check, see
+   :func:`inference.code.runners.python.checked_tests`), then installs an audit hook, which nothing can
    remove, that refuses the ways to reach the harness's memory from the program's thread
    (``sys._current_frames``, ``gc.get_objects``/``get_referrers``/``get_referents``, ``ctypes``,
    ``/proc/self/mem``, another program, which would run without the hook), to jump over a test's lines
@@ -28,16 +29,18 @@ process, so one that walks its own thread's frames up to :func:`run` and races a
 the main thread can still forge the outcome.
 """
 
-import ast
+from __future__ import annotations
+
 import builtins
-import contextlib
-import json
 import os
 import sys
 import threading
 import types
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the harness imports only what it runs with: each import is paid per execution
+    from collections.abc import Callable
+    from typing import Any
 
 #: The name the rewritten tests call their value check by.
 CHECK = "__evald_check__"
@@ -80,42 +83,6 @@ REFUSED = frozenset(
 )
 #: The audit event the value check reports interference with.
 INTERFERED = "evald.interfered"
-
-
-class _Checked(ast.NodeTransformer):
-    """Wraps each comparison operand, assert condition, ``not`` operand and ``and``/``or`` operand in a
-    call of the check (which returns the value unchanged: the test's meaning and order stay the same)."""
-
-    def _wrap(self, node: ast.expr) -> ast.expr:
-        call = ast.Call(func=ast.Name(id=CHECK, ctx=ast.Load()), args=[node], keywords=[])
-        return ast.copy_location(call, node)
-
-    def visit_Compare(self, node: ast.Compare) -> ast.AST:
-        self.generic_visit(node)
-        node.left = self._wrap(node.left)
-        node.comparators = [self._wrap(value) for value in node.comparators]
-        return node
-
-    def visit_Assert(self, node: ast.Assert) -> ast.AST:
-        self.generic_visit(node)
-        node.test = self._wrap(node.test)
-        return node
-
-    def visit_UnaryOp(self, node: ast.UnaryOp) -> ast.AST:
-        self.generic_visit(node)
-        if isinstance(node.op, ast.Not):
-            node.operand = self._wrap(node.operand)
-        return node
-
-    def visit_BoolOp(self, node: ast.BoolOp) -> ast.AST:
-        self.generic_visit(node)
-        node.values = [self._wrap(value) for value in node.values]
-        return node
-
-
-def checked_tests(source: str) -> types.CodeType:
-    tree = _Checked().visit(ast.parse(source, "<tests>"))
-    return compile(ast.fix_missing_locations(tree), "<tests>", "exec")
 
 
 def overriding(kind: type[Any], program: str) -> str | None:
@@ -237,8 +204,10 @@ def run(
 def _flush() -> None:
     # The program may have replaced the streams with anything.
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
-        with contextlib.suppress(BaseException):
+        try:  # noqa: SIM105 (contextlib is an import a passing run would pay for)
             stream.flush()  # type: ignore[union-attr]
+        except BaseException:
+            pass
 
 
 def _failed(outcome: list[Any]) -> None:
@@ -264,14 +233,15 @@ def main() -> None:
     while chunk := os.read(channel_in, 1 << 16):
         chunks.append(chunk)
     os.close(channel_in)
-    job = json.loads(b"".join(chunks))
-    nonce = job.pop("nonce")
+    # The nonce, the setup and the tests (already rewritten by the judge), apart by NULs, which no source
+    # holds.
+    nonce, setup_source, test_source = b"".join(chunks).decode("utf-8").split("\0", 2)
     # Everything compiled before the program runs: it cannot reach into ast or compile the tests away.
     with open(program, encoding="utf-8") as file:  # noqa: PTH123 (the harness imports what it must)
         source = file.read()
     try:
-        compiled = (compile(source, program, "exec"), compile(job["setup"], "<setup>", "exec"))
-        tests = checked_tests(job["test"])
+        compiled = (compile(source, program, "exec"), compile(setup_source, "<setup>", "exec"))
+        tests = compile(test_source, "<tests>", "exec")
     except BaseException as exc:
         _failed([exc])
         leave(1)
@@ -303,7 +273,7 @@ def main() -> None:
     if not returned:
         _failed(outcome)
     if returned or found:
-        # Built by str's own methods (a program may have patched json): the nonce, then each finding.
+        # Built by str's own methods (nothing the program can patch): the nonce, then each finding.
         lines = [nonce, *(line.replace("\n", " ") for line in found)]
         write(channel_out, "\n".join(lines).encode("utf-8", "replace") + b"\n")
     _flush()
