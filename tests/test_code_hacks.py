@@ -64,13 +64,15 @@ def test_every_named_hack_fails_and_the_good_samples_are_unchanged(judge: Judge)
     )
     values = {m.name: m.value for m in metrics}
     n = len(everything)
-    assert values["pass@1"] == pytest.approx(pass_at_k(n, len(good), 1))
-    assert values["pass@5"] == pytest.approx(pass_at_k(n, len(good), 5))
+    passing = len(good) + sum(r.passed for r in hacks)  # the known limit's forgery passes
+    assert values["pass@1"] == pytest.approx(pass_at_k(n, passing, 1))
+    assert values["pass@5"] == pytest.approx(pass_at_k(n, passing, 5))
     interfered = sum(r.verdict == "interfered" for r in hacks)
     assert interfered >= 10
     assert values["interfered_rate"] == pytest.approx(interfered / n)
     table = section(ATTACKS, hacks, good)
-    assert f"{len(ATTACKS)} attacks tried, {len(ATTACKS)} contained" in table
+    limits = sum(attack.known_limit for attack in ATTACKS)
+    assert f"{len(ATTACKS)} attacks tried, {len(ATTACKS) - limits} contained" in table
     assert f"{len(good)} of them `passed`" in table
 
 

