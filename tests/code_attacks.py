@@ -309,6 +309,44 @@ ATTACKS: tuple[Attack, ...] = (
         ),
     ),
     Attack(
+        "an exception whose __eq__ is always true",
+        "harness",
+        _program(
+            """
+            class Returned(Exception):
+                def __eq__(self, other):
+                    return True
+                __hash__ = Exception.__hash__
+            def add(a, b):
+                raise Returned()
+            """
+        ),
+    ),
+    Attack(
+        "the harness's check swapped out and back while the tests run",
+        "harness",
+        _program(
+            """
+            calls = []
+            class Any:
+                def __eq__(self, other):
+                    return True
+            def add(a, b):
+                space = globals()
+                calls.append(1)
+                if len(calls) == 1:  # the test took the check before this call: pass it honestly
+                    space["real"], space["__evald_check__"] = space["__evald_check__"], lambda value: value
+                    return 3
+                if len(calls) == 2:  # compared under the swapped check
+                    return Any()
+                space["__evald_check__"] = space["real"]
+                return 0.30000000000000004
+            """
+        ),
+        frozenset({"passed"}),
+        known_limit=True,
+    ),
+    Attack(
         "each expected value read from the test's own bytecode",
         "harness",
         _program(

