@@ -126,6 +126,15 @@ class CodeSpec(_Plain):
     #: ``fenced``: the last fenced code block of the response; ``append``: the prefix and the response
     #: (a base model completing a function); ``auto``: a fenced block if there is one, else ``append``.
     extract: Literal["auto", "fenced", "append"] = "auto"
+    #: Stdin/stdout tests: how a program's output is compared with the expected one. ``exact``: the same
+    #: text (line endings and final newlines aside); ``lines``: line by line, trailing spaces and blank
+    #: lines ignored; ``tokens``: the same whitespace-separated tokens (Codeforces' default checker);
+    #: ``float``: tokens, numbers equal within ``float_tolerance`` absolute or relative, integers exactly;
+    #: ``auto``: what the dataset's shape implies: ``float`` for APPS (``input_output``), CodeContests
+    #: (``public_tests``) and LiveCodeBench (``public_test_cases``) rows, ``tokens`` for ``tests``.
+    compare: Literal["auto", "exact", "lines", "tokens", "float"] = "auto"
+    #: ``compare = "float"``: the absolute or relative difference two numbers may have (0: equal values).
+    float_tolerance: float = Field(default=1e-6, ge=0)
 
 
 class TaskSpec(_Plain):
@@ -243,7 +252,7 @@ class SampleOutput(_Plain):
     #: Why this sample is left out of every metric (its reward raised, hung or was not a number).
     error: str | None = None
     #: ``kind = "code"``: ``passed``, or the verdict of the first test that failed (``wrong_answer``,
-    #: ``runtime_error``, ``compile_error``, ``timeout``, ``memory``).
+    #: ``runtime_error``, ``compile_error``, ``timeout``, ``memory``, ``interfered``).
     verdict: str | None = None
     tests_passed: int | None = None
     tests_total: int | None = None

@@ -183,6 +183,9 @@ def test_limits_and_tracebacks_read_as_verdicts() -> None:
     assert limit_verdict(0, timed_out=True) == "timeout"
     assert limit_verdict(128 + 24, timed_out=False) == "timeout"  # SIGXCPU
     assert limit_verdict(128 + 11, timed_out=False) is None  # SIGSEGV: a crash
+    # A SIGKILL before the CPU limit could have been reached was sent by the program to itself.
+    assert limit_verdict(128 + 9, timed_out=False, wall_s=0.2, cpu_s=1.0) is None
+    assert limit_verdict(128 + 9, timed_out=False, wall_s=1.5, cpu_s=1.0) == "timeout"
     trace = 'Traceback (most recent call last):\n  File "x", line 1\nAssertionError: 3 != 4\n'
     assert last_exception(trace) == "AssertionError"
     assert last_exception("  File 'x'\nnumpy.core._exceptions._ArrayMemoryError: no\n") == "_ArrayMemoryError"

@@ -108,15 +108,13 @@ class Judge:
     def _run(self, prepared: Program, problem: CodeProblem, test: TestCase) -> TestResult:
         program = self.runner.program(prepared, test, problem.setup)
         stdin = (test.stdin or "").encode()
-        execution = self.sandbox.run(program.argv, program.files, stdin, self.limits)
-        verdict = self.runner.verdict(execution, test, program)
+        execution = self.sandbox.run(program.argv, program.files, stdin, self.limits, program.channel)
+        verdict, note = self.runner.verdict(execution, test, program, self.limits)
         output = ""
         if verdict != "passed":
             stdout = execution.stdout.decode("utf-8", "replace")
             stderr = execution.stderr.decode("utf-8", "replace")
-            if program.sentinel is not None:
-                stdout = stdout.replace(f"\n{program.sentinel}\n", "")
-            output = _joined(stdout[:STDOUT_CHARS], stderr[-STDERR_CHARS:])
+            output = _joined(stdout[:STDOUT_CHARS], stderr[-STDERR_CHARS:], note)
             if verdict == "timeout":
                 output = _joined(output, f"(stopped by the time limit after {execution.wall_s:.1f} s)")
         return TestResult(

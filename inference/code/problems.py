@@ -15,6 +15,7 @@ reported as a :class:`~inference.spec.Problem` named by ``FILE:LINE``, like any 
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 from collections.abc import Sequence
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from inference.code.grading import Comparison
 from inference.dataset import MAX_ID_CHARS, Item
 from inference.errors import DatasetInvalid
 from inference.spec import CodeSpec, Problem
@@ -29,6 +31,14 @@ from inference.spec import CodeSpec, Problem
 PROMPT_FIELDS = ("prompt", "question", "problem", "text", "question_content", "description")
 ASSERT_FIELDS = ("test", "test_list")
 STDIO_FIELDS = ("tests", "input_output", "public_tests", "public_test_cases")
+#: ``compare = "auto"``: the comparison each stdio field's datasets judge with (their checkers tokenise,
+#: and APPS, CodeContests and LiveCodeBench accept numbers that differ only in formatting or precision).
+AUTO_COMPARE: dict[str, Comparison] = {
+    "input_output": "float",
+    "public_tests": "float",
+    "public_test_cases": "float",
+    "tests": "tokens",
+}
 #: Fields a row's reference solution (shown beside samples, never run) is taken from.
 REFERENCE_FIELDS = ("canonical_solution", "code", "solution")
 
@@ -44,6 +54,10 @@ class TestCase:
     code: str | None = None
     stdin: str | None = None
     expected: str | None = None
+    #: Stdin/stdout tests: how the output is compared (:data:`~inference.code.grading.COMPARISONS`).
+    compare: Comparison = "lines"
+    #: ``compare = "float"``: the absolute or relative difference two numbers may have.
+    tolerance: float = 1e-6
 
 
 @dataclass(frozen=True)
@@ -127,7 +141,11 @@ def _problem(
     if assert_style:
         tests = _assert_tests(row[field], entry_point, where, field)
     else:
-        tests = _stdio_tests(row[field], where, field)
+        compare = AUTO_COMPARE.get(field, "tokens") if spec.compare == "auto" else spec.compare
+        tests = tuple(
+            dataclasses.replace(test, compare=compare, tolerance=spec.float_tolerance)
+            for test in _stdio_tests(row[field], where, field)
+        )
     if not tests:
         raise DatasetInvalid(f"{where}: field {field!r} holds no tests")
     prefix_name = spec.prefix_field or (prompt_name if entry_point is not None else None)

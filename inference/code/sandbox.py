@@ -5,8 +5,10 @@ The bubblewrap sandbox (:class:`Bubblewrap`) gives the command:
 - no network (a new network namespace with only loopback, so 127.0.0.1 is its own);
 - a read-only view of ``/usr`` (and the ``/bin``, ``/lib`` links into it) plus the interpreter's or
   compiler's own prefix when it lives elsewhere: no ``/home``, ``/root``, ``/etc``, no daemon state;
-- its files, copied in read-only under ``/sandbox``, and a private, size-limited tmpfs at ``/tmp``;
-  the root and ``/dev`` are remounted read-only, so nothing else can be written;
+- its files, copied in read-only under ``/sandbox``, and a private tmpfs at ``/tmp`` bounded in size and
+  in inodes (``nr_inodes``: a program making 200,000 empty folders would otherwise pin ~150 MB of
+  kernel memory that no size limit counts); the root and ``/dev`` are remounted read-only, so nothing
+  else can be written;
 - an empty environment (bwrap itself starts with none, so even ``/proc/1/environ`` is empty), no
   inherited descriptors, a new session (no terminal to push input into);
 - rlimits (CPU seconds, address space, processes, file size, open files) set by ``prlimit`` inside the
@@ -14,9 +16,18 @@ The bubblewrap sandbox (:class:`Bubblewrap`) gives the command:
   do not share one budget, and the worker's threads do not count against it;
 - an unprivileged user: a root worker starts bwrap as ``nobody``, because the kernel never applies
   RLIMIT_NPROC to root (a fork bomb would not be stopped);
+- a status it cannot forge: whether the sandbox started is read from bwrap's ``--json-status-fd``
+  (an ``exit-code`` document only once bwrap's setup has finished), which stays outside the sandbox;
+  what anything inside writes, on any descriptor, is the program's output and never a sandbox failure;
 - a wall clock: past it the process group is killed. bwrap runs with ``--unshare-pid`` and
   ``--die-with-parent``, so the sandbox's PID 1 dying takes every descendant with it, a ``setsid``
   daemon included; the wait only returns once that PID 1 is gone.
+
+bwrap 0.8's ``--tmpfs`` takes a size and permissions but no inode count, so ``/tmp`` is mounted by the
+sandbox itself: bwrap gives the command ``CAP_SYS_ADMIN`` (and ``CAP_SETPCAP``) in its own user namespace
+only, ``unshare --mount`` makes a mount namespace that namespace owns, ``mount -t tmpfs -o
+size=,nr_inodes=`` mounts ``/tmp``, and ``setpriv`` drops every capability (bounding set, inheritable,
+ambient; ``no_new_privs`` is already set) before the model's code runs.
 
 No cgroup is used (none is delegated to the worker), so memory is bounded by address space and the tmpfs
 size, not by resident memory.
@@ -41,20 +52,21 @@ from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
+from inference.code.status import await_gone, child_pid, started
 from inference.errors import TaskInvalid
 
 #: Placeholders a runner writes in its command line: where its files are (read-only) and the writable tmp.
 FILES = "{files}"
 TMP = "{tmp}"
+#: Placeholders for the harness's descriptors (see :class:`Channel`): what it reads first, what it reports on.
+CHANNEL_IN = "{channel_in}"
+CHANNEL_OUT = "{channel_out}"
 
 #: The unprivileged user a root worker runs sandboxes as (Debian's ``nobody``).
 NOBODY = 65534
 
 #: ``PATH`` inside the sandbox, and where tools are looked up for it (not the worker's virtualenv).
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
-
-#: How long a killed sandbox's PID 1 may take to go (it waits for every process in its namespace).
-REAP_S = 5.0
 
 #: Top-level links into /usr on a merged-/usr system; each one that is a directory is bound read-only.
 _ROOT_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
@@ -71,6 +83,21 @@ class Limits:
     file_mb: int
     open_files: int
     tmp_mb: int
+
+    @property
+    def tmp_inodes(self) -> int:
+        """Inodes the ``/tmp`` tmpfs may hold: 1024 per MiB (an inode and its dentry take under 1 KiB of
+        kernel memory, so a full ``/tmp`` pins no more kernel memory than its size), 1024 at least."""
+        return max(1024, self.tmp_mb * 1024)
+
+
+@dataclass(frozen=True)
+class Channel:
+    """Two descriptors for a trusted harness that runs inside the sandbox before the program's code:
+    ``data`` to read (and close) first, and an empty one to report on. They are passed as descriptors,
+    never files, arguments or environment, so nothing in them is on any path a program can open."""
+
+    data: bytes
 
 
 @dataclass(frozen=True)
@@ -90,6 +117,8 @@ class Execution:
     stderr: bytes
     wall_s: float
     timed_out: bool = False
+    #: What was written on the :class:`Channel`'s report descriptor (empty without a channel).
+    report: bytes = b""
 
     @property
     def signal(self) -> int | None:
@@ -103,9 +132,15 @@ class Sandbox(ABC):
 
     @abstractmethod
     def run(
-        self, argv: Sequence[str], files: Sequence[SandboxFile], stdin: bytes, limits: Limits
+        self,
+        argv: Sequence[str],
+        files: Sequence[SandboxFile],
+        stdin: bytes,
+        limits: Limits,
+        channel: Channel | None = None,
     ) -> Execution:
-        """Run ``argv`` (whose ``{files}`` and ``{tmp}`` are filled in) to its end or its wall clock."""
+        """Run ``argv`` (whose ``{files}``, ``{tmp}``, ``{channel_in}`` and ``{channel_out}`` are filled
+        in) to its end or its wall clock."""
 
     def check(self, limits: Limits) -> None:
         """Run a trivial command; a sandbox that cannot start is :class:`TaskInvalid` saying why."""
@@ -141,10 +176,12 @@ def bwrap_argv(
     *,
     readable: Sequence[Path] = (),
     root: Path = Path("/"),
+    channel: tuple[int, int] | None = None,
 ) -> list[str]:
     """The bwrap command line running ``argv`` (already under prlimit), each file read from its
     descriptor into ``/sandbox``; ``readable`` are extra host folders bound read-only (a toolchain
-    outside ``/usr``)."""
+    outside ``/usr``); ``channel`` the harness's descriptors, filled in for ``{channel_in}`` and
+    ``{channel_out}``."""
     line = [
         _tool("bwrap"),
         "--unshare-all",
@@ -159,6 +196,8 @@ def bwrap_argv(
         *("--setenv", "PATH", "/usr/bin:/bin"),
         *("--setenv", "HOME", "/tmp"),
         *("--setenv", "LANG", "C.UTF-8"),
+        # Only for the mounts of tmp_argv, in the sandbox's own user namespace; dropped before the code.
+        *("--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP"),
         *("--ro-bind", "/usr", "/usr"),
     ]
     for name in _ROOT_LINKS:
@@ -169,15 +208,40 @@ def bwrap_argv(
             line += ["--ro-bind", str(host), f"/{name}"]
     for folder in readable:
         line += ["--ro-bind", str(folder), str(folder)]
-    line += ["--proc", "/proc", "--dev", "/dev"]
-    line += ["--size", str(limits.tmp_mb << 20), "--tmpfs", "/tmp"]
-    # bwrap's /dev is a tmpfs of its own: /dev/shm gets a small one, then /dev and / go read-only.
-    line += ["--size", str(1 << 20), "--tmpfs", "/dev/shm", "--dir", "/sandbox"]
+    line += ["--proc", "/proc", "--dev", "/dev", "--dir", "/tmp", "--dir", "/dev/shm", "--dir", "/sandbox"]
     for file, fd in files:
         line += ["--perms", "0555" if file.executable else "0444", "--ro-bind-data", str(fd)]
         line.append(f"/sandbox/{file.name}")
-    line += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp", "--"]
-    return line + [_fill(arg, files="/sandbox", tmp="/tmp") for arg in argv]
+    line += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/", "--"]
+    filled = [_fill(arg, files="/sandbox", tmp="/tmp", channel=channel) for arg in argv]
+    return line + tmp_argv(limits, filled)
+
+
+def tmp_argv(limits: Limits, argv: Sequence[str]) -> list[str]:
+    """``argv`` after mounting ``/tmp`` (and ``/dev/shm``) with a size and an inode count, then dropping
+    every capability: bwrap's own ``--tmpfs`` cannot bound inodes. The mounts need a mount namespace the
+    sandbox's user namespace owns (``--disable-userns`` runs the command in a nested one), hence
+    ``unshare``."""
+    options = "mode=1777,nosuid,nodev,noexec"
+    mount = _tool("mount")
+    script = (
+        f"{mount} -t tmpfs -o size={limits.tmp_mb << 20},nr_inodes={limits.tmp_inodes},{options} tmp /tmp"
+        f" && {mount} -t tmpfs -o size={1 << 20},nr_inodes=64,{options} shm /dev/shm"
+        " && cd /tmp && unset OLDPWD"
+        f' && exec {_tool("setpriv")} --inh-caps=-all --ambient-caps=-all --bounding-set=-all -- "$@"'
+    )
+    return [
+        _tool("unshare"),
+        "--mount",
+        "--propagation",
+        "private",
+        "--",
+        "/bin/sh",
+        "-c",
+        script,
+        "sh",
+        *argv,
+    ]
 
 
 class Bubblewrap(Sandbox):
@@ -201,33 +265,47 @@ class Bubblewrap(Sandbox):
         super().check(limits)
 
     def _failure(self, result: Execution) -> str:
-        said = result.stderr.decode("utf-8", "replace").strip() or f"exit status {result.returncode}"
+        # Only bwrap's own lines: no program's output ever reaches a job's error.
+        lines = result.stderr.decode("utf-8", "replace").splitlines()
+        said = "; ".join(line for line in lines if line.startswith("bwrap: "))[:2000]
+        said = said or f"exit status {result.returncode}"
         return (
             f"bwrap cannot start a sandbox here ({said}): it needs unprivileged user namespaces "
             "(sysctl user.max_user_namespaces > 0; kernel.unprivileged_userns_clone = 1 on older Debian "
-            "kernels; no AppArmor rule restricting them). The model's code is never run unsandboxed "
-            "unless the task says sandbox = 'none'"
+            "kernels; no AppArmor rule restricting them) in which it may mount a tmpfs. The model's code "
+            "is never run unsandboxed unless the task says sandbox = 'none'"
         )
 
     def run(
-        self, argv: Sequence[str], files: Sequence[SandboxFile], stdin: bytes, limits: Limits
+        self,
+        argv: Sequence[str],
+        files: Sequence[SandboxFile],
+        stdin: bytes,
+        limits: Limits,
+        channel: Channel | None = None,
     ) -> Execution:
         with ExitStack() as stack:
             descriptors = [(file, stack.enter_context(_memfd(file.name, file.data))) for file in files]
-            info = stack.enter_context(_memfd("info", b""))
-            # The program's stderr goes to a descriptor of its own: what bwrap itself says on its stderr
-            # is then a sandbox failure, which no program can fake. bash: dash takes no descriptor above 9.
-            err = stack.enter_context(_memfd("stderr", b""))
-            redirect = ["/bin/bash", "-c", f'exec 2>&{err} {err}>&-; exec "$@"', "bash"]
+            # bwrap writes it from outside the sandbox: nothing the program does reaches it.
+            status = stack.enter_context(_memfd("status", b""))
+            fds = [fd for _, fd in descriptors]
+            ends = None
+            if channel is not None:
+                ends = (
+                    stack.enter_context(_memfd("in", channel.data)),
+                    stack.enter_context(_memfd("out", b"")),
+                )
+                fds += ends
             line = bwrap_argv(
-                [*redirect, *prlimit_argv(limits, argv)], descriptors, limits, readable=self.readable
+                prlimit_argv(limits, argv), descriptors, limits, readable=self.readable, channel=ends
             )
-            line[1:1] = ["--info-fd", str(info)]
-            fds = [fd for _, fd in descriptors] + [info, err]
-            result = _execute(line, stdin, limits, pass_fds=fds, cwd="/", info=info)
-            if result.stderr and not result.timed_out:
+            line[1:1] = ["--json-status-fd", str(status)]
+            result = _execute(line, stdin, limits, pass_fds=[*fds, status], cwd="/", status=status)
+            # No exit code from bwrap: its setup failed (it exits 1, and no program ran), or bwrap itself
+            # was killed (the OOM killer), which is the execution's failure, not the sandbox's.
+            if not result.timed_out and result.returncode <= 128 and not started(_read(status, 1 << 16)):
                 raise TaskInvalid(self._failure(result))
-            return dataclasses.replace(result, stderr=_read(err, (limits.file_mb << 20) + 1))
+            return _reported(result, ends, limits)
 
 
 class Bare(Sandbox):
@@ -236,17 +314,31 @@ class Bare(Sandbox):
     name = "none"
 
     def run(
-        self, argv: Sequence[str], files: Sequence[SandboxFile], stdin: bytes, limits: Limits
+        self,
+        argv: Sequence[str],
+        files: Sequence[SandboxFile],
+        stdin: bytes,
+        limits: Limits,
+        channel: Channel | None = None,
     ) -> Execution:
-        with tempfile.TemporaryDirectory(prefix="evald-code-") as folder:
+        with tempfile.TemporaryDirectory(prefix="evald-code-") as folder, ExitStack() as stack:
             for file in files:
                 path = Path(folder) / file.name
                 path.write_bytes(file.data)
                 path.chmod(0o555 if file.executable else 0o444)
             if os.geteuid() == 0:
                 os.chown(folder, NOBODY, NOBODY)
-            line = prlimit_argv(limits, [_fill(arg, files=folder, tmp=folder) for arg in argv])
-            return _execute(line, stdin, limits, pass_fds=(), cwd=folder, info=None)
+            ends = None
+            if channel is not None:
+                ends = (
+                    stack.enter_context(_memfd("in", channel.data)),
+                    stack.enter_context(_memfd("out", b"")),
+                )
+            filled = [_fill(arg, files=folder, tmp=folder, channel=ends) for arg in argv]
+            result = _execute(
+                prlimit_argv(limits, filled), stdin, limits, pass_fds=ends or (), cwd=folder, status=None
+            )
+            return _reported(result, ends, limits)
 
 
 def sandbox_for(name: str, readable: Sequence[Path] = ()) -> Sandbox:
@@ -264,7 +356,7 @@ def _execute(
     *,
     pass_fds: Sequence[int],
     cwd: str,
-    info: int | None,
+    status: int | None,
 ) -> Execution:
     # Descriptors, not pipes: nothing to drain while waiting, and RLIMIT_FSIZE bounds what is written.
     with _memfd("stdin", stdin) as into, _memfd("stdout", b"") as out, _memfd("stderr", b"") as err:
@@ -280,8 +372,8 @@ def _execute(
             timed_out = True
             _kill_group(process.pid)
             returncode = process.wait()
-            if info is not None:
-                _await_gone(_child_pid(info))
+            if status is not None:
+                await_gone(child_pid(_read(status, 1 << 16)))
         except BaseException:
             _kill_group(process.pid)
             process.wait()
@@ -291,6 +383,12 @@ def _execute(
             returncode = 128 - returncode
         cap = (limits.file_mb << 20) + 1
         return Execution(returncode, _read(out, cap), _read(err, cap), wall, timed_out)
+
+
+def _reported(result: Execution, ends: tuple[int, int] | None, limits: Limits) -> Execution:
+    if ends is None:
+        return result
+    return dataclasses.replace(result, report=_read(ends[1], (limits.file_mb << 20) + 1))
 
 
 def _start(
@@ -315,34 +413,6 @@ def _start(
 def _kill_group(pgid: int) -> None:
     with suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
-
-
-def _child_pid(info: int) -> int | None:
-    """The host pid of the sandbox's PID 1, from bwrap's ``--info-fd`` JSON."""
-    import json
-
-    text = _read(info, 1 << 16).decode("utf-8", "replace").strip()
-    try:
-        found, _ = json.JSONDecoder().raw_decode(text)
-        pid = found.get("child-pid")
-    except (ValueError, AttributeError):
-        return None
-    return pid if isinstance(pid, int) else None
-
-
-def _await_gone(pid: int | None) -> None:
-    """Wait until ``pid`` has exited: a namespace's PID 1 exits only once every process in it has."""
-    if pid is None:
-        return
-    deadline = time.monotonic() + REAP_S
-    while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            return
-        if state in ("Z", "X"):
-            return
-        time.sleep(0.005)
 
 
 @contextmanager
@@ -376,8 +446,11 @@ def _tool(name: str) -> str:
     return found
 
 
-def _fill(arg: str, *, files: str, tmp: str) -> str:
-    return arg.replace(FILES, files).replace(TMP, tmp)
+def _fill(arg: str, *, files: str, tmp: str, channel: tuple[int, int] | None = None) -> str:
+    arg = arg.replace(FILES, files).replace(TMP, tmp)
+    if channel is not None:
+        arg = arg.replace(CHANNEL_IN, str(channel[0])).replace(CHANNEL_OUT, str(channel[1]))
+    return arg
 
 
 def _readable_by_sandbox(folder: Path) -> bool:

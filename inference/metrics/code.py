@@ -3,7 +3,8 @@
 ``pass@k`` is :class:`~inference.metrics.passk.PassAtK` over the samples' ``correct`` (every test passed).
 ``test_pass_rate`` gives partial credit: a sample's passed tests over its tests, averaged over samples.
 Each ``VERDICT_rate`` is the share of samples whose verdict (their first failing test's) it is; with the
-share that passed (``accuracy``) they sum to one.
+share that passed (``accuracy``) they sum to one. ``interfered_rate`` is the share of samples that tampered
+with their tests or the judge's harness (a policy learning to game the judge): an alert rule can watch it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from inference.metrics.base import CODE, SampleMetric, SampleRecord, proportion_
 from inference.spec import MetricValue, TaskKind
 
 #: The failing verdicts a rate is reported for (see :mod:`inference.code.grading`).
-FAILURES = ("wrong_answer", "runtime_error", "compile_error", "timeout", "memory")
+FAILURES = ("wrong_answer", "runtime_error", "compile_error", "timeout", "memory", "interfered")
 
 
 class TestPassRate(SampleMetric):

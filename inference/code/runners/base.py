@@ -7,6 +7,7 @@ execution back as a verdict, since what a crash looks like depends on the langua
 
 from __future__ import annotations
 
+import secrets
 import shutil
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -15,8 +16,13 @@ from typing import ClassVar
 
 from inference.code.grading import TestResult, Verdict, limit_verdict, same_output
 from inference.code.problems import TestCase
-from inference.code.sandbox import SYSTEM_PATH, Execution, Limits, Sandbox, SandboxFile
+from inference.code.sandbox import SYSTEM_PATH, Channel, Execution, Limits, Sandbox, SandboxFile
 from inference.errors import TaskInvalid
+
+#: What a verdict rests on, said beside the program's output when it is not a plain one.
+Judged = tuple[Verdict, str]
+EARLY_EXIT = "(exited with status 0 before its tests returned: no report from the harness)"
+FORGED = "(interfered: the harness's report descriptor holds what the harness did not write)"
 
 
 @dataclass(frozen=True)
@@ -25,9 +31,11 @@ class Program:
 
     files: tuple[SandboxFile, ...]
     argv: tuple[str, ...]
-    #: A line the program prints once its tests have all run: a program that exits with 0 before then
-    #: (``sys.exit(0)`` in the solution) has not passed them.
-    sentinel: str | None = None
+    #: A harnessed program's hidden input (the nonce and its tests), on a descriptor, never in a file.
+    channel: Channel | None = None
+    #: The nonce the harness's report must carry for a pass: sent only in ``channel``, which the harness
+    #: reads and closes before the program's code runs.
+    nonce: str | None = None
 
 
 class Runner(ABC):
@@ -70,19 +78,41 @@ class Runner(ABC):
     def crash_verdict(self, execution: Execution, test: TestCase) -> Verdict:
         """The verdict of a failed run (non-zero exit), limits aside."""
 
-    def verdict(self, execution: Execution, test: TestCase, program: Program) -> Verdict:
-        limit = limit_verdict(execution.returncode, execution.timed_out)
+    def verdict(self, execution: Execution, test: TestCase, program: Program, limits: Limits) -> Judged:
+        """The verdict, and what it rests on when that is not the program's own output."""
+        if program.nonce is not None:
+            harnessed = harness_verdict(execution, program.nonce)
+            if harnessed is not None:
+                return harnessed
+        limit = limit_verdict(execution.returncode, execution.timed_out, execution.wall_s, limits.cpu_s)
         if limit is not None:
-            return limit
+            return limit, ""
         if execution.returncode != 0:
-            return self.crash_verdict(execution, test)
-        stdout = execution.stdout.decode("utf-8", "replace")
-        if program.sentinel is not None:
-            # Exited early, and successfully, before the tests: not a pass, and no answer was wrong.
-            return "passed" if program.sentinel in stdout.splitlines() else "runtime_error"
+            return self.crash_verdict(execution, test), ""
+        if program.nonce is not None:
+            return "runtime_error", EARLY_EXIT
         if test.expected is None:
-            return "passed"
-        return "passed" if same_output(stdout, test.expected) else "wrong_answer"
+            return "passed", ""
+        stdout = execution.stdout.decode("utf-8", "replace")
+        same = same_output(stdout, test.expected, test.compare, test.tolerance)
+        return ("passed" if same else "wrong_answer"), ""
+
+
+def harness_verdict(execution: Execution, nonce: str) -> Judged | None:
+    """What the harness's report says: ``passed`` only for exactly its record, with ``nonce``, and exit
+    status 0; ``interfered`` for a record listing interference, or a report it did not write; ``None``
+    (the exit decides) when there is no report at all."""
+    if not execution.report:
+        return None
+    lines = execution.report.decode("utf-8", "replace").split("\n")
+    if lines[-1] != "" or not secrets.compare_digest(lines[0], nonce):
+        return "interfered", FORGED
+    found = [line for line in lines[1:-1] if line]
+    if found:
+        return "interfered", "(interfered: " + "; ".join(found)[:1000] + ")"
+    if execution.returncode != 0 or execution.timed_out:
+        return None
+    return "passed", ""
 
 
 def compile_limits(limits: Limits, seconds: float, memory_mb: int) -> Limits:

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import ast
 import secrets
+from pathlib import Path
 from typing import ClassVar
 
 from inference.code.grading import Verdict, last_exception
 from inference.code.problems import TestCase
 from inference.code.runners.base import Program, Runner
-from inference.code.sandbox import FILES, Execution, Sandbox, SandboxFile
+from inference.code.runners.python_harness import CHECK
+from inference.code.sandbox import CHANNEL_IN, CHANNEL_OUT, FILES, Channel, Execution, Sandbox, SandboxFile
+
+#: The harness that runs an assert test's program and tests in the sandbox (its text, read once).
+HARNESS = SandboxFile("harness.py", (Path(__file__).parent / "python_harness.py").read_bytes())
 
 #: Exceptions raised before any line runs: the code does not compile.
 _SYNTAX = frozenset({"SyntaxError", "IndentationError", "TabError"})
@@ -27,11 +33,12 @@ class PythonRunner(Runner):
     def program(self, prepared: Program, test: TestCase, setup: str) -> Program:
         if test.code is None:
             return prepared
-        sentinel = f"evald-tests-done-{secrets.token_hex(8)}"
-        source = prepared.files[0].data.decode()
-        # ``os.write``: the solution may have replaced sys.stdout; the line is only read once it has run.
-        text = f"{source}\n\n{setup}\n{test.code}\n\nimport os as _os\n_os.write(1, b'\\n{sentinel}\\n')\n"
-        return Program((SandboxFile("main.py", text.encode()),), self._argv(), sentinel)
+        # The program's file holds its code only; the tests and the nonce go on the harness's descriptor.
+        nonce = secrets.token_hex(16)
+        hidden = "\0".join((nonce, setup, checked_tests(test.code))).encode()
+        harness = f"{FILES}/{HARNESS.name}"
+        argv = (str(self.executable), "-I", harness, CHANNEL_IN, CHANNEL_OUT, f"{FILES}/main.py")
+        return Program((*prepared.files, HARNESS), argv, Channel(hidden), nonce)
 
     def crash_verdict(self, execution: Execution, test: TestCase) -> Verdict:
         raised = last_exception(execution.stderr.decode("utf-8", "replace"))
@@ -46,3 +53,45 @@ class PythonRunner(Runner):
     def _argv(self) -> tuple[str, ...]:
         # -I: no user site, no PYTHON* variables, no script folder first on sys.path.
         return (str(self.executable), "-I", f"{FILES}/main.py")
+
+
+class _Checked(ast.NodeTransformer):
+    """Wraps each comparison operand, assert condition, ``not`` operand and ``and``/``or`` operand in a
+    call of the check (which returns the value unchanged: the test's meaning and order stay the same)."""
+
+    def _wrap(self, node: ast.expr) -> ast.expr:
+        call = ast.Call(func=ast.Name(id=CHECK, ctx=ast.Load()), args=[node], keywords=[])
+        return ast.copy_location(call, node)
+
+    def visit_Compare(self, node: ast.Compare) -> ast.AST:
+        self.generic_visit(node)
+        node.left = self._wrap(node.left)
+        node.comparators = [self._wrap(value) for value in node.comparators]
+        return node
+
+    def visit_Assert(self, node: ast.Assert) -> ast.AST:
+        self.generic_visit(node)
+        node.test = self._wrap(node.test)
+        return node
+
+    def visit_UnaryOp(self, node: ast.UnaryOp) -> ast.AST:
+        self.generic_visit(node)
+        if isinstance(node.op, ast.Not):
+            node.operand = self._wrap(node.operand)
+        return node
+
+    def visit_BoolOp(self, node: ast.BoolOp) -> ast.AST:
+        self.generic_visit(node)
+        node.values = [self._wrap(value) for value in node.values]
+        return node
+
+
+def checked_tests(source: str) -> str:
+    """The test code with its comparisons and asserts passed through the harness's value check, as
+    source (the harness need not import ``ast``); a test that does not parse is left as it is, for the
+    harness to report as a syntax error."""
+    try:
+        tree = ast.parse(source, "<tests>")
+    except (SyntaxError, ValueError):
+        return source
+    return ast.unparse(ast.fix_missing_locations(_Checked().visit(tree)))
