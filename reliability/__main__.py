@@ -91,7 +91,13 @@ def markdown(rows: Sequence[Figures], command: str, total: float) -> str:
 
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     machine = f"{platform.machine()}, {platform.python_implementation()} {platform.python_version()}"
-    return report.render(rows, command=command, when=when, machine=machine, total_s=total)
+    from tests import code_attacks
+
+    # The code judge's reward hacks, judged in the real sandbox at the same run: the file is written whole,
+    # so a section kept by hand would be lost at the next run.
+    return report.render(
+        rows, command=command, when=when, machine=machine, total_s=total, judge=code_attacks.report()
+    )
 
 
 if __name__ == "__main__":

