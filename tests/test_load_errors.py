@@ -64,4 +64,4 @@ def test_out_of_memory_and_our_own_errors_keep_their_kinds(tmp_path: Path) -> No
         raise ZeroDivisionError("a bug of ours")
     refused = pytest.raises(CheckpointInvalid, match="cannot load the tokenizer: recursion limit exceeded")
     with refused, _converting_errors(tmp_path, "tokenizer"):
-        raise Exception("recursion limit exceeded")  # noqa: TRY002 (what the tokenizers library raises)
+        raise Exception("recursion limit exceeded")  # what the tokenizers library raises
