@@ -262,8 +262,9 @@ def assess(
     """Readiness of a ``save_pretrained`` directory from its snapshot and small files (pure).
 
     ``headers`` holds the header of each weight file that exists, keyed by relative path. What the
-    headers and the config say against each other (:func:`content_verdict`) is judged before the files'
-    sizes: a header read whole and a parsed config are final, a file's size may still grow. Raises
+    headers and the config say against each other (:func:`validation.content_verdict`) is judged
+    before the files' sizes: a header read whole and a parsed config are final, a file's size may
+    still grow. Raises
     :class:`FileRefused` for a ``config.json`` or index that is not strict JSON (NaN, a key twice, nested
     too deep).
     """
@@ -292,7 +293,7 @@ def assess(
     except json.JSONDecodeError as exc:
         config, unparsed = None, exc
     if isinstance(config, dict):
-        contradiction = content_verdict(config, {s: headers[s] for s in shards})
+        contradiction = validation.content_verdict(config, {s: headers[s].tensors for s in shards})
         if contradiction is not None:
             return contradiction
     for shard in shards:
@@ -305,39 +306,6 @@ def assess(
     if not isinstance(config, dict):
         return Verdict(Readiness.INVALID, f"{CONFIG_FILE} is not a JSON object")
     return Verdict.complete()
-
-
-def content_verdict(config: dict[str, object], headers: dict[str, ShardHeader]) -> Verdict | None:
-    """Why ``config.json`` cannot describe a model, or the headers contradict it (pure); ``None`` when
-    they agree. Final: neither a parsed config nor a header read whole changes by waiting
-    (:mod:`inference.layouts.validation` has the rules and their bounds)."""
-    problem = validation.config_problem(config)
-    if problem is not None:
-        return Verdict(Readiness.INVALID, f"{CONFIG_FILE}: {problem}", final=True)
-    for shard, header in headers.items():
-        problem = validation.shape_problem(shard, header.tensors, config)
-        if problem is not None:
-            return Verdict(Readiness.INVALID, problem, final=True)
-    total = sum(tensor.nbytes for header in headers.values() for tensor in header.tensors)
-    problem = validation.size_problem(total, config)
-    if problem is not None:
-        return Verdict(Readiness.INVALID, f"weights implausible for {CONFIG_FILE}: {problem}", final=True)
-    return None
-
-
-def tokenizer_verdict(texts: dict[str, str | None]) -> Verdict | None:
-    """Why the tokenizer's JSON files (:data:`TOKENIZER_JSON_FILES` present, name → text) would fail the
-    worker's load, or ``None`` (pure). One that does not parse may be written still (trainers save the
-    tokenizer after the weights): incomplete. Raises :class:`FileRefused` for one that is not strict
-    JSON (NaN, a key twice, nested deeper than the ``tokenizers`` library reads)."""
-    for name, text in texts.items():
-        if text is None:
-            continue
-        try:
-            files.parse_json(text, name)
-        except json.JSONDecodeError as exc:
-            return Verdict(Readiness.INCOMPLETE, f"{name} is not whole JSON yet ({exc})")
-    return None
 
 
 def looks_like(snapshot: Snapshot) -> bool:
@@ -388,7 +356,8 @@ def inspect(directory: Path, snapshot: Snapshot) -> Verdict:
     if verdict.readiness is not Readiness.COMPLETE:
         return verdict
     present = [name for name in TOKENIZER_JSON_FILES if name in snapshot.names()]
-    return tokenizer_verdict({name: files.read_text(directory / name) for name in present}) or verdict
+    texts = {name: files.read_text(directory / name) for name in present}
+    return validation.tokenizer_verdict(texts) or verdict
 
 
 class HfLayout(Layout):

@@ -15,17 +15,25 @@ reserved GPU; a check here costs microseconds, so what it can tell is told here:
   :data:`PLAUSIBLE_BYTES_PER_PARAMETER` bytes per parameter the config implies
   (:func:`implied_parameters`): a sparse 1 TB file with consistent offsets beside the config of a small
   model is refused from its header, unread.
+- **Tokenizer files** (:func:`tokenizer_verdict`): strict JSON, as ``config.json`` and the index, nested
+  no deeper than the ``tokenizers`` library reads.
 
-Each check returns the problem in words, or ``None``; the layout turns a problem into a final ``invalid``
-verdict, since neither a header read whole nor a parsed config changes by waiting.
+Each check returns the problem in words, or ``None``; :func:`content_verdict` turns a problem into a final
+``invalid`` verdict, since neither a header read whole nor a parsed config changes by waiting.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from inference.layouts import files
+from inference.layouts.base import Readiness, Verdict
+
+CONFIG_FILE = "config.json"
 
 #: Bits per element of every dtype ``safetensors`` 0.8 accepts (its ``Dtype`` enum); another is refused
 #: by the library at load, so it is refused here first.
@@ -277,4 +285,37 @@ def shape_problem(shard: str, tensors: Iterable[Tensor], config: Mapping[str, An
         if rows_wrong or width_wrong:
             wanted = f"[{vocab}, {hidden if hidden is not None else '…'}]"
             return f"{shard}: tensor {tensor.name!r} is {list(tensor.shape)}, config.json gives {wanted}"
+    return None
+
+
+def content_verdict(config: Mapping[str, Any], tensors: Mapping[str, Iterable[Tensor]]) -> Verdict | None:
+    """Why ``config.json`` cannot describe a model, or the shards' tensors (shard → its header's tensors)
+    contradict it; ``None`` when they agree (pure). Final: neither a parsed config nor a header read whole
+    changes by waiting."""
+    problem = config_problem(config)
+    if problem is not None:
+        return Verdict(Readiness.INVALID, f"{CONFIG_FILE}: {problem}", final=True)
+    for shard, found in tensors.items():
+        problem = shape_problem(shard, found, config)
+        if problem is not None:
+            return Verdict(Readiness.INVALID, problem, final=True)
+    total = sum(tensor.nbytes for found in tensors.values() for tensor in found)
+    problem = size_problem(total, config)
+    if problem is not None:
+        return Verdict(Readiness.INVALID, f"weights implausible for {CONFIG_FILE}: {problem}", final=True)
+    return None
+
+
+def tokenizer_verdict(texts: Mapping[str, str | None]) -> Verdict | None:
+    """Why the tokenizer's JSON files (name → text, ``None``: not there) would fail the worker's load, or
+    ``None`` (pure). One that does not parse may be written still (trainers save the tokenizer after the
+    weights): incomplete. Raises :class:`~inference.errors.FileRefused` for one that is not strict JSON
+    (NaN, a key twice, nested deeper than the ``tokenizers`` library reads)."""
+    for name, text in texts.items():
+        if text is None:
+            continue
+        try:
+            files.parse_json(text, name)
+        except json.JSONDecodeError as exc:
+            return Verdict(Readiness.INCOMPLETE, f"{name} is not whole JSON yet ({exc})")
     return None
