@@ -264,9 +264,8 @@ def assess(
     ``headers`` holds the header of each weight file that exists, keyed by relative path. What the
     headers and the config say against each other (:func:`validation.content_verdict`) is judged
     before the files' sizes: a header read whole and a parsed config are final, a file's size may
-    still grow. Raises
-    :class:`FileRefused` for a ``config.json`` or index that is not strict JSON (NaN, a key twice, nested
-    too deep).
+    still grow. Raises :class:`FileRefused` for a ``config.json`` or index that is not strict JSON (NaN,
+    a key twice, nested too deep).
     """
     names = snapshot.names()
     if CONFIG_FILE not in names:
