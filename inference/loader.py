@@ -105,17 +105,55 @@ def shape_mismatches(directory: Path) -> str | None:
     return f"tensor shape does not match config.json: {shown}{more}"
 
 
+#: Errors the libraries raise about what a checkpoint holds: a config value of the wrong type (transformers'
+#: strict config fields raise ``TypeError`` wrapped in huggingface_hub's ``StrictDataclassError``), a
+#: shape that contradicts config.json (``RuntimeError``), a tokenizer file the ``tokenizers`` library
+#: cannot read (a bare ``Exception`` from Rust: see :func:`_about_content`). Each is the same on every
+#: attempt, so it is ``checkpoint_invalid`` at the first, not a crash retried.
+CONTENT_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    ValueError,
+    RuntimeError,
+    TypeError,
+    KeyError,
+    IndexError,
+    AttributeError,
+    OverflowError,
+    RecursionError,
+)
+
+
+def _about_content(exc: BaseException) -> bool:
+    """Whether ``exc``, raised while a library read the checkpoint, is about the checkpoint's content.
+
+    Out of memory is not (it depends on the host, and keeps its kind); neither is anything our own code
+    raises on purpose. ``tokenizers`` raises plain ``Exception`` for a file it cannot parse (serde's
+    "recursion limit exceeded", "data did not match any variant"): only that exact class is taken, not
+    its subclasses, which are other libraries' own errors.
+    """
+    import torch
+    from safetensors import SafetensorError
+
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return False
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+
+        strict: tuple[type[BaseException], ...] = (StrictDataclassError,)
+    except ImportError:  # an older huggingface_hub has no strict dataclasses: nothing to catch
+        strict = ()
+    return isinstance(exc, (*CONTENT_ERRORS, SafetensorError, *strict)) or type(exc) is Exception
+
+
 @contextmanager
 def _converting_errors(
     directory: Path, what: str, diagnose: Callable[[], str | None] | None = None
 ) -> Iterator[None]:
-    """Turn the libraries' errors about ``directory`` into ours; out-of-memory and bugs pass through.
+    """Turn the libraries' errors about ``directory``'s content (:func:`_about_content`) into
+    :class:`CheckpointInvalid`, at the first attempt; out-of-memory and other errors pass through.
 
     ``diagnose`` is asked, after a library error, for a message that names what is wrong better than the
     library's own (the tensor whose shape does not fit)."""
-    import torch
-    from safetensors import SafetensorError
-
     try:
         yield
     except CheckpointInvalid:
@@ -125,12 +163,12 @@ def _converting_errors(
     except FileNotFoundError as exc:
         # Every file was there when checked; one missing now was deleted under us.
         raise _vanished(directory, exc) from exc
-    except torch.OutOfMemoryError:
-        raise
-    except (OSError, ValueError, RuntimeError, SafetensorError) as exc:
+    except Exception as exc:
+        if not _about_content(exc):
+            raise
         if not directory.is_dir():
             raise _vanished(directory, exc) from exc
-        message = " ".join(str(exc).split())
+        message = " ".join(str(exc).split()) or type(exc).__name__
         better = diagnose() if diagnose is not None else None
         if better is not None:
             raise CheckpointInvalid(f"{directory}: cannot load the {what}: {better}") from exc

@@ -27,6 +27,11 @@ SECONDS: dict[str, int] = {
     "test_status_slurm.py": 40,
     "test_web_attempts.py": 15,
     "test_status_surfaces.py": 12,
+    # Added 2026-12-06 (issue 41: content checks at scan time), measured alone under load.
+    "test_content_checks_daemon.py": 65,
+    "test_content_checks_property.py": 42,
+    "test_content_checks.py": 17,
+    "test_load_errors.py": 40,
     "test_worker_failures.py": 120,
     "test_web_browser.py": 92,
     "test_never_partial.py": 90,

@@ -114,21 +114,45 @@ def test_incomplete_for_too_long_becomes_invalid(database: Database, source: Pat
     root.mkdir()
     discovery = _discovery(database, root, clock)
 
+    def drop(path: Path) -> None:
+        next(path.glob("model-00001-*.safetensors")).unlink()  # a shard the index names, never written
+
+    copy_checkpoint(source, root / "step_3", drop)
+    discovery.scan()
+    assert _states(database) == {"step_3": "discovered"}
+    clock.now += 29
+    discovery.tick()
+    assert _states(database) == {"step_3": "discovered"}  # a missing shard may still come
+    clock.now += 2
+    discovery.tick()
+    with database.session() as s:
+        row = queries.checkpoint_rows(s)[0]
+    assert row.state == "invalid"
+    assert row.reason is not None and row.reason.startswith(
+        "still incomplete after 31 s unchanged: shard model-00001-"
+    )
+
+
+def test_a_shard_cut_short_is_named_once_quiet(database: Database, source: Path, tmp_path: Path) -> None:
+    """A shard shorter than its header says is named at the quiet period (2 s here), not held until
+    invalid_after_secs (30 s) as "still incomplete" (issue 41)."""
+    root, clock = tmp_path / "run", Clock()
+    root.mkdir()
+    discovery = _discovery(database, root, clock)
+
     def truncate(path: Path) -> None:
         shard = next(path.glob("model-00001-*.safetensors"))
         os.truncate(shard, shard.stat().st_size - 10)
 
     copy_checkpoint(source, root / "step_3", truncate)
     discovery.scan()
-    assert _states(database) == {"step_3": "discovered"}
-    clock.now += 31
+    assert _states(database) == {"step_3": "discovered"}  # a write in progress looks the same at first
+    clock.now += 2
     discovery.tick()
     with database.session() as s:
         row = queries.checkpoint_rows(s)[0]
     assert row.state == "invalid"
-    assert row.reason is not None and row.reason.startswith(
-        "still incomplete after 31 s unchanged: model-00001-"
-    )
+    assert row.reason is not None and row.reason.startswith("model-00001-") and "truncated" in row.reason
 
 
 def test_ignored_names_vanished_and_outside_symlinks(

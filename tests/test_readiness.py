@@ -47,7 +47,7 @@ def test_complete_checkpoints(single: Path, sharded: Path) -> None:
 
 
 @pytest.mark.parametrize("layout", ["single", "sharded"])
-def test_every_intermediate_state_of_a_slow_write_is_incomplete(
+def test_no_intermediate_state_of_a_slow_write_is_complete_or_refused_while_it_changes(
     layout: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     source: Path = request.getfixturevalue(layout)
@@ -56,7 +56,13 @@ def test_every_intermediate_state_of_a_slow_write_is_incomplete(
     for step in replay(source, target, chunks=4):
         snapshot = take_snapshot(target)
         kind = detect(target, snapshot, "auto")
-        states.append((step, None if kind is None else inspect(target, snapshot, kind).readiness))
+        verdict = None if kind is None else inspect(target, snapshot, kind)
+        states.append((step, None if verdict is None else verdict.readiness))
+        # A file still being written may look cut short, never broken for good: the folder waits while
+        # it changes (quiet_for 0), whatever the verdict says.
+        assert verdict is None or not verdict.final, (step, verdict)
+        if verdict is not None:
+            assert _decide(verdict, 0.0) is not Decision.INVALID, (step, verdict)
     *partial, last = states
     assert last[1] is Readiness.COMPLETE
     early = [step for step, readiness in partial if readiness is Readiness.COMPLETE]
@@ -64,15 +70,22 @@ def test_every_intermediate_state_of_a_slow_write_is_incomplete(
     assert early == [], early
 
 
-def test_truncated_shard_is_incomplete_with_sizes(single: Path, tmp_path: Path) -> None:
+def test_a_truncated_shard_is_named_once_quiet_not_after_invalid_after_secs(
+    single: Path, tmp_path: Path
+) -> None:
     target = tmp_path / "step_10"
     target.mkdir()
     (target / "config.json").write_bytes((single / "config.json").read_bytes())
     data = (single / "model.safetensors").read_bytes()
     (target / "model.safetensors").write_bytes(data[: len(data) - 100])
     verdict = _verdict(target)
-    assert verdict.readiness is Readiness.INCOMPLETE
-    assert f"model.safetensors: truncated ({len(data) - 100} of {len(data)} bytes)" == verdict.reason
+    assert verdict == Verdict(
+        Readiness.INVALID, f"model.safetensors: truncated ({len(data) - 100} of {len(data)} bytes)"
+    )
+    # Still changing: it may be a write in progress. Quiet for the quiet period (5 s): named, not held
+    # until invalid_after_secs (60 s here).
+    assert _decide(verdict, 4.9) is Decision.WAIT
+    assert _decide(verdict, 5.0) is Decision.INVALID
 
 
 def test_index_naming_a_missing_shard(sharded: Path, tmp_path: Path) -> None:

@@ -123,14 +123,15 @@ def test_safetensors_are_preferred_over_bin(bin_case: LayoutCase, tmp_path: Path
     assert not proof.exists()
 
 
-def test_bin_shard_cut_short_is_incomplete(bin_case: LayoutCase, tmp_path: Path) -> None:
+def test_bin_shard_cut_short_is_refused_once_quiet(bin_case: LayoutCase, tmp_path: Path) -> None:
     checkpoint = Path(shutil.copytree(bin_case.source / bin_case.candidate, tmp_path / "checkpoint"))
     shard = checkpoint / hf_bin.SHARDS[1]
     data = shard.read_bytes()
     for cut in (3, 100, len(data) // 2, len(data) - 23, len(data) - 1):
         shard.write_bytes(data[:cut])
         verdict = layouts.hf.inspect(checkpoint, take_snapshot(checkpoint))
-        assert verdict.readiness is Readiness.INCOMPLETE, (cut, verdict)
+        # Invalid once the folder is quiet, not final: a write in progress looks the same for a moment.
+        assert verdict.readiness is Readiness.INVALID and not verdict.final, (cut, verdict)
         assert verdict.reason.startswith(hf_bin.SHARDS[1])
     shard.write_bytes(data)
     assert layouts.hf.inspect(checkpoint, take_snapshot(checkpoint)) == layouts.Verdict.complete()

@@ -134,7 +134,13 @@ def test_deep_json_is_refused_by_name_and_shallow_json_parses() -> None:
             files.parse_json(deep, CONFIG_FILE)
         assert str(caught.value) == "config.json holds JSON nested too deep to parse"
     assert files.parse_json('["[[[[[[", "{{{{", "\\"[[["]', CONFIG_FILE) == ["[[[[[[", "{{{{", '"[[[']
-    assert files.parse_json("[" * 500 + "]" * 500, CONFIG_FILE) is not None
+    deepest = files.MAX_JSON_DEPTH
+    assert files.parse_json("[" * deepest + "]" * deepest, CONFIG_FILE) is not None
+    # Deeper than the bound but not than the parser's recursion: refused by the bound, with it named.
+    for deeper in ("[" * (deepest + 1) + "]" * (deepest + 1), '{"a":' * 500 + "1" + "}" * 500):
+        with pytest.raises(FileRefused) as caught:
+            files.parse_json(deeper, CONFIG_FILE)
+        assert str(caught.value) == f"config.json {files.TOO_DEEP} (more than {deepest} levels)"
     with pytest.raises(json.JSONDecodeError):
         files.parse_json('{"half": ', CONFIG_FILE)  # half-written: the caller decides, not refused
 
@@ -183,8 +189,8 @@ def test_deep_json_in_config_index_and_header_makes_it_invalid_by_name(good: Pat
         path.write_bytes(struct.pack("<Q", len(header)) + header)
 
     header = replaced(good, tmp_path / "step_60", SINGLE_FILE, deep_header)
-    # A shard's header is judged as a whole file's (a half-written one looks corrupt): not final.
-    assert judged(header) == Verdict(Readiness.INVALID, f"{SINGLE_FILE}: header {files.TOO_DEEP}")
+    # The header was read whole (all its declared bytes are there): what it holds is final.
+    assert judged(header) == refused(f"{SINGLE_FILE}: header {files.TOO_DEEP}")
     assert judged(good) == Verdict.complete()
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import stat
 from collections.abc import Callable, Iterator
@@ -32,6 +33,10 @@ MAX_JSON_BYTES = 64 * 1024 * 1024
 MAX_TAG_BYTES = 4096
 #: What a reason says of JSON the parser refused to descend into.
 TOO_DEEP = "holds JSON nested too deep to parse"
+#: The deepest JSON any file of a checkpoint may nest. Real configs, indexes and tokenizers nest under ten
+#: levels; the ``tokenizers`` library (serde_json) refuses more than 128 at load, so a deeper tokenizer
+#: would pass the scan and fail in the worker: 64 is far above every real file and below that.
+MAX_JSON_DEPTH = 64
 
 _KINDS = (
     (stat.S_ISDIR, "a directory"),
@@ -86,6 +91,30 @@ def opened(path: Path, *, limit: int | None = None) -> Iterator[IO[bytes]]:
         yield handle
 
 
+def not_a_file(path: Path) -> str | None:
+    """What ``path`` is when a file is needed there and it is none, in words: a directory, a symlink to
+    nothing or a symlink loop; ``None`` when it is a file (or not there at all: it may come)."""
+    try:
+        info = path.lstat()
+    except OSError:
+        return None
+    if stat.S_ISDIR(info.st_mode):
+        return "is a directory, not a regular file"
+    if not stat.S_ISLNK(info.st_mode):
+        return None
+    try:
+        path.stat()
+    except FileNotFoundError:
+        try:
+            target = str(path.readlink())
+        except OSError:
+            return None  # replaced meanwhile: the next look sees what it is now
+        return f"is a symlink to {target!r}, which does not exist"
+    except OSError as exc:
+        return f"is a symlink that cannot be followed ({exc.strerror})"
+    return None
+
+
 def read_bytes(path: Path, *, limit: int) -> bytes:
     """The whole of regular file ``path``, refused when larger than ``limit`` bytes (even if it grew)."""
     with opened(path, limit=limit) as handle:
@@ -107,18 +136,89 @@ def read_text(path: Path, *, limit: int = MAX_JSON_BYTES, errors: str = "strict"
         return "\ufffd"
 
 
-def parse_json(text: str, name: PurePath | str) -> Any:
-    """``json.loads(text)``, refused (:class:`FileRefused` naming ``name``) when nested too deep.
+def parse_json(text: str, name: PurePath | str, *, allow_nan: bool = False) -> Any:
+    """``json.loads(text)``, strict, bounded, and refused by name (:class:`FileRefused`) when it is not.
 
-    The parser's own recursion limit is the bound: it stops a hostile file within its first thousand
-    brackets, at no cost to a normal one (a scan of the brackets first cost twice the parse). Real
-    configs, indexes and tokenizers nest a few levels. ``json.JSONDecodeError`` passes through: callers
-    tell a half-written file from a wrong one.
+    Refused: JSON nested more than :data:`MAX_JSON_DEPTH` deep (one nested deeper than the parser recurses
+    stops it within its first thousand brackets: ``RecursionError``, caught), a key twice in one object
+    (which value wins differs between readers: Python keeps the last, another reader may keep the first),
+    ``NaN``/``Infinity`` and numbers beyond a float's range (no JSON standard has them; in a config they
+    end in a crash at load), and integers Python will not convert (more than 4,300 digits). These are
+    final: a half-written file is a prefix of the whole one, which holds the same. ``allow_nan`` admits
+    ``NaN`` and infinities where a writer puts them in good files (``trainer_state.json``'s
+    ``log_history`` of a diverging run). ``json.JSONDecodeError`` passes through: callers tell a
+    half-written file from a wrong one.
     """
+    path = PurePath(name)
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        found = dict(items)
+        if len(found) != len(items):  # a key twice: looked for in Python only then
+            seen: set[str] = set()
+            for key, _ in items:
+                if key in seen:
+                    raise FileRefused(path, f"holds the key {_short(key)} twice in one object")
+                seen.add(key)
+        return found
+
+    def constant(word: str) -> Any:
+        raise FileRefused(path, f"holds {word}, which strict JSON has no place for")
+
+    def number(literal: str) -> float:
+        value = float(literal)
+        if not math.isfinite(value):
+            raise FileRefused(path, f"holds the number {_short(literal)}, beyond a float's range")
+        return value
+
     try:
-        return json.loads(text)
+        if allow_nan:
+            value = json.loads(text, object_pairs_hook=pairs)
+        else:
+            value = json.loads(text, object_pairs_hook=pairs, parse_constant=constant, parse_float=number)
     except RecursionError as exc:
-        raise FileRefused(PurePath(name), TOO_DEEP) from exc
+        raise FileRefused(path, TOO_DEEP) from exc
+    except json.JSONDecodeError:
+        raise
+    except ValueError as exc:  # an integer of more digits than int() converts
+        raise FileRefused(path, f"holds a number that cannot be read ({exc})") from exc
+    if nesting(value) > MAX_JSON_DEPTH:
+        raise FileRefused(path, f"{TOO_DEEP} (more than {MAX_JSON_DEPTH} levels)")
+    return value
+
+
+def nesting(value: Any) -> int:
+    """How deep ``value`` (parsed JSON) nests: 0 for a scalar, 1 for a flat list or object; iterative, so
+    it never recurses itself, and it stops counting past :data:`MAX_JSON_DEPTH`.
+
+    A container holding no container (a tokenizer's 150,000 two-word merges) is counted where it is met,
+    from the types of its items, without a stack entry of its own: that halves the walk of a tokenizer
+    (``bench/scan_checks.py``).
+    """
+    if not isinstance(value, (dict, list)):
+        return 0
+    deepest = 1
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack and deepest <= MAX_JSON_DEPTH:
+        container, depth = stack.pop()
+        items = container.values() if type(container) is dict else container
+        for item in items:
+            kind = type(item)
+            if kind is not dict and kind is not list:
+                continue
+            inner = item.values() if kind is dict else item
+            if _CONTAINERS.isdisjoint(map(type, inner)):
+                deepest = max(deepest, depth + 1)
+            else:
+                stack.append((item, depth + 1))
+    return deepest
+
+
+_CONTAINERS = frozenset({dict, list})
+
+
+def _short(text: str, limit: int = 60) -> str:
+    """``text`` for a reason: quoted, and cut when long (a key may be megabytes)."""
+    return repr(text if len(text) <= limit else text[:limit] + "…")
 
 
 def shown(path: PurePath, directory: Path) -> str:

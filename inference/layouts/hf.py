@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from inference.errors import CheckpointInvalid, FileRefused
-from inference.layouts import files
+from inference.layouts import files, validation
 from inference.layouts.base import FileStat, Layout, LayoutSettings, Readiness, Shape, Snapshot, Verdict
+from inference.layouts.validation import Tensor
 
 if TYPE_CHECKING:
     import torch
@@ -43,6 +44,16 @@ SIDE_FILE_SUFFIXES = (".json", ".txt", ".model", ".jinja", ".tiktoken")
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 #: A ``torch.save`` zip lists one entry per tensor storage: a model's thousands fit in a few MB.
 MAX_CENTRAL_DIRECTORY_BYTES = 64 * 1024 * 1024
+#: JSON files transformers reads from a checkpoint besides ``config.json`` and the index: the tokenizer's.
+#: ``generation_config.json`` is not among them: transformers skips one it cannot read.
+TOKENIZER_JSON_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "chat_template.json",
+)
 
 
 @dataclass(frozen=True)
@@ -54,6 +65,11 @@ class ShardHeader:
     problem: str | None = None
     #: True if the problem may be a write in progress (too few bytes yet), False if the bytes are wrong.
     maybe_partial: bool = False
+    #: True if the header, read whole, is wrong whatever comes next (a tensor whose offsets do not fit
+    #: its shape, a key twice): refused at once.
+    final: bool = False
+    #: The tensors it declares, in data order (none for a ``.bin`` file or a header with a problem).
+    tensors: tuple[Tensor, ...] = ()
 
 
 def read_shard_header(path: Path) -> ShardHeader:
@@ -144,23 +160,22 @@ def _torch_zip_end(handle: IO[bytes]) -> ShardHeader:
 
 
 def header_expected_size(raw: bytes, length: int) -> ShardHeader:
+    """What a safetensors header read whole (``raw``, ``length`` bytes) says (pure): the file's size, or
+    why the header is wrong. Bytes that are not JSON may be a file preallocated and not written yet;
+    JSON read whole that is not strict, or tensors that do not fit their offsets, are final."""
     try:
         header = files.parse_json(raw.decode("utf-8"), "header")
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         return ShardHeader(None, f"header is not JSON ({exc})")
     except FileRefused as exc:
-        return ShardHeader(None, f"header {exc.problem}")
+        return ShardHeader(None, f"header {exc.problem}", final=True)
     if not isinstance(header, dict):
-        return ShardHeader(None, "header is not a JSON object")
-    end = 0
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        offsets = info.get("data_offsets") if isinstance(info, dict) else None
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
-            return ShardHeader(None, f"tensor {name!r} has no valid data_offsets")
-        end = max(end, offsets[1])
-    return ShardHeader(8 + length + end)
+        return ShardHeader(None, "header is not a JSON object", final=True)
+    tensors, problem = validation.header_tensors(header)
+    if problem is not None:
+        return ShardHeader(None, problem, final=True)
+    end = tensors[-1].end if tensors else 0
+    return ShardHeader(8 + length + end, tensors=tensors)
 
 
 def index_file(snapshot: Snapshot) -> str | None:
@@ -203,24 +218,38 @@ def is_bin(name: str) -> bool:
     return not name.endswith(".safetensors")
 
 
-def shard_verdict(name: str, header: ShardHeader | None, size: int | None) -> Verdict | None:
-    """Why the weights file ``name`` (its header read, its size on disk) is not whole yet or never will be;
-    ``None`` when it is (pure)."""
+def header_verdict(name: str, header: ShardHeader | None) -> Verdict | None:
+    """Why the header of weights file ``name`` is not read yet or is wrong; ``None`` when it is fine
+    (pure). A file too short for its header is ``invalid`` but not final: the caller's quiet period
+    tells a write in progress from a file that stopped short."""
     if header is None:
         return Verdict(Readiness.INCOMPLETE, f"{name}: header not read yet")
     if header.problem is not None:
-        kind = Readiness.INCOMPLETE if header.maybe_partial else Readiness.INVALID
-        return Verdict(kind, f"{name}: {header.problem}")
+        return Verdict(Readiness.INVALID, f"{name}: {header.problem}", final=header.final)
+    return None
+
+
+def size_verdict(name: str, header: ShardHeader, size: int | None) -> Verdict | None:
+    """Why weights file ``name`` is not the size its header says (pure). Shorter is ``invalid`` but not
+    final: the quiet period tells a write in progress (the folder still changes) from a file cut short,
+    which is named once the folder is quiet instead of after ``invalid_after_secs``."""
     if header.expected_size is not None and size is not None:
         if size < header.expected_size:
-            return Verdict(
-                Readiness.INCOMPLETE, f"{name}: truncated ({size} of {header.expected_size} bytes)"
-            )
+            return Verdict(Readiness.INVALID, f"{name}: truncated ({size} of {header.expected_size} bytes)")
         if size > header.expected_size:
             return Verdict(
                 Readiness.INVALID, f"{name}: {size - header.expected_size} bytes past the tensor data"
             )
     return None
+
+
+def shard_verdict(name: str, header: ShardHeader | None, size: int | None) -> Verdict | None:
+    """Why the weights file ``name`` (its header read, its size on disk) is not whole yet or never will be;
+    ``None`` when it is (pure)."""
+    problem = header_verdict(name, header)
+    if problem is not None or header is None:
+        return problem
+    return size_verdict(name, header, size)
 
 
 def assess(
@@ -232,8 +261,11 @@ def assess(
 ) -> Verdict:
     """Readiness of a ``save_pretrained`` directory from its snapshot and small files (pure).
 
-    ``headers`` holds the header of each weight file that exists, keyed by relative path. Raises
-    :class:`FileRefused` for a ``config.json`` or index nested too deep.
+    ``headers`` holds the header of each weight file that exists, keyed by relative path. What the
+    headers and the config say against each other (:func:`validation.content_verdict`) is judged
+    before the files' sizes: a header read whole and a parsed config are final, a file's size may
+    still grow. Raises :class:`FileRefused` for a ``config.json`` or index that is not strict JSON (NaN,
+    a key twice, nested too deep).
     """
     names = snapshot.names()
     if CONFIG_FILE not in names:
@@ -251,14 +283,25 @@ def assess(
     if missing:
         return Verdict(Readiness.INCOMPLETE, f"shard {missing[0]} named in {index_file(snapshot)} is missing")
     for shard in shards:
-        problem_verdict = shard_verdict(shard, headers.get(shard), snapshot.size(shard))
+        problem_verdict = header_verdict(shard, headers.get(shard))
         if problem_verdict is not None:
             return problem_verdict
+    unparsed: json.JSONDecodeError | None = None
     try:
         config = files.parse_json(config_text, CONFIG_FILE) if config_text is not None else None
     except json.JSONDecodeError as exc:
+        config, unparsed = None, exc
+    if isinstance(config, dict):
+        contradiction = validation.content_verdict(config, {s: headers[s].tensors for s in shards})
+        if contradiction is not None:
+            return contradiction
+    for shard in shards:
+        problem_verdict = size_verdict(shard, headers[shard], snapshot.size(shard))
+        if problem_verdict is not None:
+            return problem_verdict
+    if unparsed is not None:
         # The trainer writes the config before the weights, so once the weights are whole it is final.
-        return Verdict(Readiness.INVALID, f"{CONFIG_FILE} is not valid JSON: {exc}")
+        return Verdict(Readiness.INVALID, f"{CONFIG_FILE} is not valid JSON: {unparsed}")
     if not isinstance(config, dict):
         return Verdict(Readiness.INVALID, f"{CONFIG_FILE} is not a JSON object")
     return Verdict.complete()
@@ -269,12 +312,35 @@ def looks_like(snapshot: Snapshot) -> bool:
     return bool({CONFIG_FILE, SINGLE_FILE, INDEX_FILE, BIN_SINGLE_FILE, BIN_INDEX_FILE} & names)
 
 
+def broken_verdict(directory: Path, snapshot: Snapshot, shards: list[str]) -> Verdict | None:
+    """A final verdict when a file the checkpoint needs is a directory or a link to nothing (I/O edge).
+
+    Such a name is not in the snapshot (which lists files), so it would read as "not written yet" until
+    ``invalid_after_secs``; but no trainer writes a file by first making a directory or a dangling link
+    of its name. The weights looked for are the shards the index names, or every name weights may have
+    while none is found.
+    """
+    needed = [CONFIG_FILE, *(shards or (SINGLE_FILE, INDEX_FILE, BIN_SINGLE_FILE, BIN_INDEX_FILE))]
+    names = snapshot.names()
+    for name in needed:
+        if name in names:
+            continue
+        problem = files.not_a_file(directory / name)
+        if problem is not None:
+            return Verdict(Readiness.INVALID, f"{name} {problem}", final=True)
+    return None
+
+
 @files.judged
 def inspect(directory: Path, snapshot: Snapshot) -> Verdict:
-    """Read what :func:`assess` needs from ``directory`` (I/O edge) and judge it."""
+    """Read what :func:`assess` needs from ``directory`` (I/O edge) and judge it; once the rest is
+    complete, the tokenizer's JSON files too (read only then: a tokenizer may be tens of MB)."""
     index_name = index_file(snapshot)
     index_text = files.read_text(directory / index_name) if index_name is not None else None
     shards, _ = weight_files(snapshot, index_text)
+    broken = broken_verdict(directory, snapshot, shards)
+    if broken is not None:
+        return broken
     headers = {}
     for shard in shards:
         if shard in snapshot.names():
@@ -283,9 +349,14 @@ def inspect(directory: Path, snapshot: Snapshot) -> Verdict:
                 headers[shard] = read(directory / shard)
             except FileNotFoundError:
                 continue
-    return assess(
+    verdict = assess(
         snapshot, config_text=files.read_text(directory / CONFIG_FILE), index_text=index_text, headers=headers
     )
+    if verdict.readiness is not Readiness.COMPLETE:
+        return verdict
+    present = [name for name in TOKENIZER_JSON_FILES if name in snapshot.names()]
+    texts = {name: files.read_text(directory / name) for name in present}
+    return validation.tokenizer_verdict(texts) or verdict
 
 
 class HfLayout(Layout):

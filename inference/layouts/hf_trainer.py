@@ -40,7 +40,8 @@ def state_problem(step: int, state_text: str | None) -> Verdict | None:
     if state_text is None:
         return Verdict(Readiness.INCOMPLETE, f"no {TRAINER_STATE} yet (the Trainer writes it last)")
     try:
-        state = files.parse_json(state_text, TRAINER_STATE)
+        # log_history of a diverging run holds NaN losses and grad norms: a good checkpoint to evaluate.
+        state = files.parse_json(state_text, TRAINER_STATE, allow_nan=True)
     except json.JSONDecodeError as exc:
         return Verdict(Readiness.INCOMPLETE, f"{TRAINER_STATE} does not parse yet ({exc})")
     recorded = state.get("global_step") if isinstance(state, dict) else None

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, func, select, update
+from sqlalchemy import ColumnElement, and_, case, func, select, update
 from sqlalchemy.orm import Session
 
 from storage.models import Checkpoint, EvalJob, JobState, RunSchedule, utcnow
@@ -37,6 +37,12 @@ class ClaimedJob:
 CLAIMABLE = (JobState.PENDING, JobState.DEFERRED)
 
 
+#: 1 for a job that ran before and failed (a crash, a time-out; a job given back without spending an
+#: attempt, as at shutdown or a free preemption, has none spent), else 0: ordered first, so a checkpoint
+#: that failed an attempt never runs ahead of a fresh one, whatever its step.
+RETRIED = case((EvalJob.attempts > 0, 1), else_=0)
+
+
 def _pairs(rows: Iterable[Any]) -> dict[Any, Any]:
     # ``dict(result)`` would take a Result for a mapping (it has ``keys()``).
     return {key: value for key, value in rows}
@@ -58,17 +64,20 @@ def _claimable(
 def _fair_run_order(
     session: Session, runs: Collection[int] | None = None, tasks: Collection[str] | None = None
 ) -> list[int]:
-    """Runs with pending jobs, the one most in need first: the most urgent priority, then the fewest
-    running jobs, then the longest since one of its jobs started. One busy run cannot starve the rest."""
-    pending: dict[int, int] = _pairs(
-        session.execute(
-            select(Checkpoint.run_id, func.max(EvalJob.priority))
-            .select_from(EvalJob)
-            .join(Checkpoint, EvalJob.checkpoint_id == Checkpoint.id)
-            .where(_claimable(runs, tasks))
-            .group_by(Checkpoint.run_id)
-        )
+    """Runs with pending jobs, the one most in need first: one with a fresh job before one with only
+    retries (:data:`RETRIED`), then the most urgent priority, then the fewest running jobs, then the
+    longest since one of its jobs started. One busy run cannot starve the rest."""
+    rows = session.execute(
+        select(Checkpoint.run_id, func.max(EvalJob.priority), func.min(RETRIED))
+        .select_from(EvalJob)
+        .join(Checkpoint, EvalJob.checkpoint_id == Checkpoint.id)
+        .where(_claimable(runs, tasks))
+        .group_by(Checkpoint.run_id)
     )
+    pending: dict[int, int] = {}
+    only_retries: dict[int, int] = {}
+    for run_id, priority, retried in rows:
+        pending[run_id], only_retries[run_id] = priority, retried
     if len(pending) < 2:
         return list(pending)
     running: dict[int, int] = _pairs(
@@ -89,11 +98,11 @@ def _fair_run_order(
     )
     never = datetime.min.replace(tzinfo=UTC)
 
-    def need(run_id: int) -> tuple[int, int, datetime, int]:
+    def need(run_id: int) -> tuple[int, int, int, datetime, int]:
         last = started.get(run_id)
         if last is not None and last.tzinfo is None:
             last = last.replace(tzinfo=UTC)
-        return (-pending[run_id], running.get(run_id, 0), last or never, run_id)
+        return (only_retries[run_id], -pending[run_id], running.get(run_id, 0), last or never, run_id)
 
     return sorted(pending, key=need)
 
@@ -110,8 +119,9 @@ def claim_next_job(
 ) -> ClaimedJob | None:
     """Move the most urgent pending (or deferred) job to ``running`` for ``owner``.
 
-    Runs take turns (:func:`_fair_run_order`); within a run, higher priority (quick before full) comes
-    first, then the newest step, or the oldest for runs in ``oldest_first``. ``FOR UPDATE SKIP LOCKED``
+    Jobs that failed an attempt (:data:`RETRIED`) come after every fresh one. Runs take turns
+    (:func:`_fair_run_order`); within a run, higher priority (quick before full) comes first, then the
+    newest step, or the oldest for runs in ``oldest_first``. ``FOR UPDATE SKIP LOCKED``
     lets daemons on PostgreSQL share the queue without two taking one job; on SQLite the transaction
     already holds the database's write lock. ``runs`` and ``tasks`` (None: any) keep a daemon to the
     jobs its config knows: a run or task removed by a reload waits for a daemon that has it.
@@ -123,7 +133,7 @@ def claim_next_job(
             select(EvalJob)
             .join(Checkpoint, EvalJob.checkpoint_id == Checkpoint.id)
             .where(_claimable(runs, tasks, exclude_runs))
-            .order_by(Checkpoint.ready_at.desc().nulls_last(), EvalJob.priority.desc(), EvalJob.id)
+            .order_by(RETRIED, Checkpoint.ready_at.desc().nulls_last(), EvalJob.priority.desc(), EvalJob.id)
             .limit(1)
             .with_for_update(skip_locked=True, of=EvalJob)
         )
@@ -136,7 +146,7 @@ def claim_next_job(
             select(EvalJob)
             .join(Checkpoint, EvalJob.checkpoint_id == Checkpoint.id)
             .where(_claimable(runs, tasks), Checkpoint.run_id == run_id)
-            .order_by(EvalJob.priority.desc(), by_step.nulls_last(), EvalJob.id)
+            .order_by(RETRIED, EvalJob.priority.desc(), by_step.nulls_last(), EvalJob.id)
             .limit(1)
             .with_for_update(skip_locked=True, of=EvalJob)
         )
