@@ -19,10 +19,11 @@ step, and DeepSpeed AutoTP's layers are not tested with this cache. ``tp > 1`` u
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +58,9 @@ class _Sequence:
 
 class ContinuousEngine(Engine):
     name = "continuous"
+    #: Attend with :func:`~inference.engines.slots.grouped_attention` (default: on CUDA devices; the
+    #: model's own attention elsewhere, where it reads the cache once already).
+    grouped: bool | None = None
 
     def run(self, requests: Sequence[Request], decoding: Decoding) -> EngineRun:
         import torch
@@ -79,7 +83,9 @@ class ContinuousEngine(Engine):
                 f"simulated: {slots} concurrent sequences need more memory than the cap of "
                 f"{decoding.simulate_oom_above} allows"
             )
-        with torch.inference_mode():
+        device = next(iter(self.model.parameters())).device
+        grouped = self.grouped if self.grouped is not None else device.type == "cuda"
+        with torch.inference_mode(), _attention(self.model, grouped):
             latencies = _Loop(self.model, self.tokenizer, decoding, slots, sequences).run()
         stop_ids = stop_token_ids(self.model, self.tokenizer)
         generations = generations_of(
@@ -93,6 +99,26 @@ class ContinuousEngine(Engine):
         for sequence, generation in zip(sequences, generations, strict=True):
             by_request.setdefault(requests[sequence.request].index, []).append(generation)
         return EngineRun(by_request, latencies)
+
+
+@contextlib.contextmanager
+def _attention(model: Any, grouped: bool) -> Iterator[None]:
+    """The model attends with :func:`~inference.engines.slots.grouped_attention` inside the block."""
+    if not grouped:
+        yield
+        return
+    from transformers import AttentionInterface
+
+    from inference.engines.slots import GROUPED_ATTENTION, grouped_attention
+
+    AttentionInterface.register(GROUPED_ATTENTION, grouped_attention)
+    config = model.config.get_text_config()
+    before = config._attn_implementation
+    config._attn_implementation = GROUPED_ATTENTION
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
 
 
 class _Loop:

@@ -8,8 +8,11 @@ sequence. When a sequence ends, the last live one moves into its slot (one row c
 sequence's prompt is written into the next free slot.
 
 It plugs into a transformers model as its ``Cache`` (one :class:`SlotLayer` per decoder layer); the
-caller passes the 4D attention mask (:meth:`Slots.decode_mask`, :meth:`Slots.prefill_mask`), which the
-model uses as is.
+caller passes the 4D attention mask (:meth:`Slots.for_decode`, :meth:`Slots.for_prefill`), which the
+model uses as is. On a GPU the attention over it is :func:`grouped_attention`: transformers' SDPA path
+copies every key-value head once per query head it serves whenever a mask is given (``repeat_kv``),
+which for a grouped-query model (TinyLlama: 32 query heads on 4 key-value heads) moves 8 times the
+cache through memory at every step.
 """
 
 from __future__ import annotations
@@ -18,6 +21,35 @@ from typing import Any
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
+
+#: The name :func:`grouped_attention` is registered under in transformers' attention interface.
+GROUPED_ATTENTION = "evald_grouped"
+
+
+def grouped_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Attention of ``query`` ``[B, H, Q, D]`` over a grouped key-value cache ``[B, Hkv, L, D]`` with a
+    boolean mask ``[B, 1, Q, L]``, each key-value head read once for the query heads it serves (transformers'
+    head order: query head ``h`` uses key-value head ``h // (H / Hkv)``). Returns ``[B, Q, H, D]``."""
+    batch, heads, queries, dim = query.shape
+    groups = heads // key.shape[1]
+    scale = scaling if scaling is not None else dim**-0.5
+    grouped = query.reshape(batch, key.shape[1], groups * queries, dim)
+    scores = torch.matmul(grouped, key.transpose(-1, -2)).float() * scale
+    if attention_mask is not None:
+        mask = attention_mask[:, :, None].expand(batch, 1, groups, queries, attention_mask.shape[-1])
+        scores = scores.masked_fill(~mask.reshape(batch, 1, groups * queries, -1), float("-inf"))
+    weights = torch.softmax(scores, dim=-1).to(value.dtype)
+    output = torch.matmul(weights, value).reshape(batch, heads, queries, dim)
+    return output.transpose(1, 2).contiguous(), None
 
 
 class Slots:
