@@ -25,7 +25,9 @@ import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import torch
 
 from inference.engines.base import (
     Decoding,
@@ -38,9 +40,6 @@ from inference.engines.base import (
     stop_token_ids,
 )
 from inference.engines.draws import choose, sample_seed
-
-if TYPE_CHECKING:
-    import torch
 
 
 @dataclass
@@ -63,8 +62,6 @@ class ContinuousEngine(Engine):
     grouped: bool | None = None
 
     def run(self, requests: Sequence[Request], decoding: Decoding) -> EngineRun:
-        import torch
-
         sequences = [
             _Sequence(
                 request=position,
@@ -127,7 +124,6 @@ class _Loop:
     def __init__(
         self, model: Any, tokenizer: Any, decoding: Decoding, slots: int, sequences: list[_Sequence]
     ) -> None:
-        import torch
         from transformers.generation.stopping_criteria import StopStringCriteria
 
         from inference.engines.slots import Slots
@@ -152,7 +148,6 @@ class _Loop:
         # transformers 5.x renamed the forward's cache argument; older releases know only the first name.
         parameters = inspect.signature(model.forward).parameters
         self.cache_argument = "cache" if "cache" in parameters else "past_key_values"
-        self._torch = torch
 
     def run(self) -> list[float]:
         """Generate every sequence; returns the seconds in which each ``capacity`` of them ended."""
@@ -186,7 +181,6 @@ class _Loop:
         return logits
 
     def _admit(self) -> None:
-        torch = self._torch
         count = min(self.capacity - len(self.live), len(self.waiting))
         admitted = [self.waiting.popleft() for _ in range(count)]
         lengths = [len(s.prompt) for s in admitted]
@@ -200,7 +194,6 @@ class _Loop:
         self._choose(admitted, logits)
 
     def _decode(self) -> None:
-        torch = self._torch
         live = len(self.live)
         mask, positions = self.slots.for_decode(live)
         ids = torch.tensor([[s.tokens[-1]] for s in self.live], device=self.device)
@@ -210,7 +203,6 @@ class _Loop:
 
     def _choose(self, rows: list[_Sequence], logits: torch.Tensor) -> None:
         """Each row's next token, its entropy, and whether the row has ended."""
-        torch = self._torch
         from inference.entropy import token_entropy
 
         decoding = self.decoding

@@ -143,23 +143,28 @@ class SlotLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        assert self.keys is not None and self.values is not None
+        keys, values = self._tensors()
         slots = self._slots
         rows = slice(slots.first, slots.first + slots.rows)
         if slots.prefill_width:
-            self.keys[rows, :, : slots.prefill_width] = key_states
-            self.values[rows, :, : slots.prefill_width] = value_states
+            keys[rows, :, : slots.prefill_width] = key_states
+            values[rows, :, : slots.prefill_width] = value_states
         else:
             index = torch.arange(slots.rows, device=slots.device)
             at = slots.end[: slots.rows]
-            self.keys[index, :, at] = key_states[:, :, 0]
-            self.values[index, :, at] = value_states[:, :, 0]
-        return self.keys[rows, :, : slots.view], self.values[rows, :, : slots.view]
+            keys[index, :, at] = key_states[:, :, 0]
+            values[index, :, at] = value_states[:, :, 0]
+        return keys[rows, :, : slots.view], values[rows, :, : slots.view]
 
     def move(self, source: int, target: int, used: int) -> None:
-        assert self.keys is not None and self.values is not None
-        self.keys[target, :, :used] = self.keys[source, :, :used]
-        self.values[target, :, :used] = self.values[source, :, :used]
+        keys, values = self._tensors()
+        keys[target, :, :used] = keys[source, :, :used]
+        values[target, :, :used] = values[source, :, :used]
+
+    def _tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.keys is None or self.values is None:
+            raise RuntimeError("SlotLayer used before Slots.allocate")
+        return self.keys, self.values
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self._slots.view, 0
