@@ -382,8 +382,7 @@ def _generate(
 ) -> ReplicaOutput:
     """This replica's generations, by the engine ``[inference] batching`` resolves to (code tasks, judged
     batch by batch as they generate, by the fixed engine)."""
-    task = spec.task
-    topology = group.topology
+    task, topology = spec.task, group.topology
     decoding = Decoding(
         max_new_tokens=task.max_new_tokens,
         n_samples=task.n_samples,
