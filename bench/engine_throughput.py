@@ -9,7 +9,10 @@ on both engines alike). Both decode greedily with the same batch size (sequences
 must produce the same tokens; the run stops with an error if they do not.
 
 Each engine runs ``--repeats`` times, alternating, after a warm-up; medians are reported, with the ratio
-of the continuous engine's tokens/s to the fixed engine's (goal >= 3).
+of the continuous engine's tokens/s to the fixed engine's (goal >= 3). ``--transformers-cb`` also runs
+transformers' own continuous batching (``ContinuousBatchingManager``, blocks sized for the CPU: 32-token
+pages, 1,024 blocks, 512 tokens and 32 requests a batch; its default sizes sat over 40 s in warm-up here)
+on the same work, once, and says whether its texts are the same.
 
     python -m bench.engine_throughput [--prompts 256] [--batch-size 32] [--long 512] [--threads 1]
 """
@@ -51,6 +54,43 @@ def run(engine: str, model: Any, tokenizer: Any, work: Sequence[Any], batch: int
     return build_engine(engine, model, tokenizer, batch_size=batch).run(work, Decoding(max_new_tokens=long))
 
 
+def transformers_cb(
+    model: Any, tokenizer: Any, work: Sequence[Any], batch: int, long: int
+) -> tuple[float, list[str]]:
+    """Seconds (warm-up included) and texts of transformers' continuous batching over ``work``, greedy."""
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    generation = GenerationConfig(  # type: ignore[no-untyped-call]
+        max_new_tokens=long,
+        do_sample=False,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    sizes = ContinuousBatchingConfig(
+        page_size=32,
+        num_blocks=1024,
+        max_batch_tokens=512,
+        max_requests_per_batch=batch,
+        use_cuda_graph=False,
+        use_async_batching=False,
+        allow_block_sharing=False,
+    )
+    started = time.perf_counter()
+    finished: dict[str, Any] = {}
+    with model.continuous_batching_context_manager(
+        generation_config=generation, continuous_batching_config=sizes
+    ) as cb:
+        ids = [cb.add_request(list(r.prompt_ids), max_new_tokens=r.max_new_tokens) for r in work]
+        while len(finished) < len(ids):
+            result = cb.get_result(timeout=5)
+            if result is not None and result.is_finished():
+                finished[result.request_id] = result
+    seconds = time.perf_counter() - started
+    texts = [tokenizer.decode(finished[i].generated_tokens, skip_special_tokens=True) for i in ids]
+    return seconds, texts
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=256)
@@ -59,6 +99,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--transformers-cb", action="store_true", help="also run transformers' own")
     args = parser.parse_args(argv)
 
     import torch
@@ -95,6 +136,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         rates[engine] = tokens / wall
         print(f"{engine:<11} {wall:8.2f} s  {rates[engine]:9.1f} tokens/s   ({tokens} tokens, equal outputs)")
     print(f"ratio continuous / fixed: {rates['continuous'] / rates['fixed']:.2f}x (goal >= 3)")
+    if args.transformers_cb:
+        wall, texts = transformers_cb(model, tokenizer, work, args.batch_size, args.long)
+        same = sum(text == continuous[i][0].text for i, text in enumerate(texts))
+        rate = tokens / wall
+        print(f"transformers CB {wall:8.2f} s  {rate:9.1f} tokens/s   (same text: {same} of {len(texts)})")
 
 
 if __name__ == "__main__":
