@@ -10,9 +10,11 @@ stop strings, budgets), truncation, token counts and entropy against their defin
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Sequence
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -304,3 +306,16 @@ def test_a_draws_frequencies_follow_the_policy() -> None:
     kept = torch.bincount(nucleus, minlength=4).tolist()
     assert kept[2] == kept[3] == 0
     assert abs(kept[0] / 4000 - 0.625) < 0.04
+
+
+def test_the_gpu_checks_engine_step_runs_end_to_end_at_cpu_size(tmp_path: Path) -> None:
+    from bench.engine_gpu import main
+
+    main(["--tiny", "--skip", "sweep", "--json", str(tmp_path / "engines.json")])
+
+    figures = json.loads((tmp_path / "engines.json").read_text())
+    compare = figures["compare"]
+    assert compare["equal"] is True
+    assert compare["fixed"]["tokens"] == compare["continuous"]["tokens"] > 0
+    assert figures["hold"]["without_oom_retry"] is True
+    assert figures["hold"]["sequences"] == figures["hold"]["batch"]
