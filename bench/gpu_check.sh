@@ -6,13 +6,20 @@
 #
 #   bench/gpu_check.sh            # figures and logs go to $OUT (default /tmp/evald-gpu-check)
 #   DEVICE=cpu SIZE=tiny bench/gpu_check.sh   # the same steps on the CPU, to try the script first
+#   STEPS=engines bench/gpu_check.sh          # only the named steps (space-separated; default all)
 #
 # What it runs, each step with its own time limit so that one slow step leaves the others' figures:
 #  1. NVML as the scheduler reads it (daemon.scheduling.resources.read_gpus: free memory, utilisation);
 #  2. bench.gpu_sweep on a 1.1 B-parameter bf16 Llama written on the spot, at every tp the node allows;
 #  3. `evald eval` of that checkpoint through the worker on cuda, engine deepspeed then hf;
 #  4. `evald run` (SQLite) on a run folder holding it, with a GPU free-memory threshold read through
-#     NVML, until its result is stored; then `evald results`.
+#     NVML, until its result is stored; then `evald results`;
+#  5. "engines": bench.engine_gpu, continuous batching against fixed batches on long-tailed responses
+#     (TinyLlama's shape, bf16, random weights built on the spot; needs only torch and transformers):
+#     tokens/s of both in the same call, the fraction of the bf16 roofline, peak memory, a concurrency
+#     sweep, and 512 concurrent sequences of 4,096 tokens with no out-of-memory retry. Its sizes can be
+#     set with ENGINE_ARGS (e.g. "--long 1024 --hold-tokens 1024" for a short lease).
+# Steps 1-4 are "nvml sweep eval run".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/evald-gpu-check}"
@@ -25,7 +32,9 @@ SIZE="${SIZE:-small}"
 if [ "$DEVICE" = cuda ]; then DTYPE=bfloat16; THRESHOLD='min_gpu_free_memory = "8GiB"'; else
   DTYPE=float32; THRESHOLD=""; export DS_ACCELERATOR=cpu; fi
 
+STEPS="${STEPS:-nvml sweep eval run engines}"
 step() { echo; echo "=== $1 ($(date -u +%T))"; }
+wants() { case " $STEPS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
 step "environment"
 deps=""
@@ -40,20 +49,37 @@ nvidia-smi -L
 print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())
 print("deepspeed", deepspeed.__version__, "transformers", transformers.__version__)'
 
+if wants engines; then
+  step "engines: continuous against fixed batches (bench.engine_gpu)"
+  tiny=""; [ "$SIZE" = tiny ] && tiny="--tiny"
+  # shellcheck disable=SC2086
+  timeout "${ENGINE_TIMEOUT:-540}" "$PY" -m bench.engine_gpu $tiny ${ENGINE_ARGS:-} --json "$OUT/engines.json" 2>&1 \
+    | grep -v -E "^\s*$|Warning|warn"
+  echo "exit ${PIPESTATUS[0]}"
+fi
+wants nvml || wants sweep || wants eval || wants run || { step "done"; exit 0; }
+
+if wants nvml; then
 step "NVML through the scheduler's reader"
 "$PY" -c 'from daemon.scheduling.resources import read_gpus
 for g in read_gpus():
     print(g)' 2>&1
+fi
 
+if wants sweep || wants eval || wants run; then
 step "checkpoint: Llama of size $SIZE, $DTYPE"
 "$PY" -c "from pathlib import Path; from bench.gpu_sweep import write_checkpoint; write_checkpoint(Path('$WORK/run/checkpoint-100'), '$SIZE', '$DTYPE')"
 # Written last, as the HF Trainer does: the folder is a complete Trainer checkpoint from here on.
 echo '{"global_step": 100, "log_history": []}' >"$WORK/run/checkpoint-100/trainer_state.json"
 du -sh "$WORK/run/checkpoint-100"
 
+fi
+
+if wants sweep; then
 step "bench.gpu_sweep"
 timeout 300 "$PY" -m bench.gpu_sweep --device "$DEVICE" --checkpoint "$WORK/run/checkpoint-100" --json "$OUT/sweep.json" 2>&1 \
   | grep -v -E "^\s*$|Warning|warn" | tail -20
+fi
 
 cat > "$WORK/evald.toml" <<EOF
 [database]
@@ -96,13 +122,16 @@ $THRESHOLD
 state_dir = "$WORK/state"
 EOF
 
+if wants eval; then
 for engine in deepspeed hf; do
   step "evald eval on $DEVICE, engine $engine"
   timeout 180 "$PY" -m daemon --config "$WORK/evald.toml" eval --engine "$engine" --format json \
     "$WORK/run/checkpoint-100" >"$OUT/eval-$engine.json" 2>"$OUT/eval-$engine.log"
   echo "exit $?"; cat "$OUT/eval-$engine.json"; tail -5 "$OUT/eval-$engine.log"
 done
+fi
 
+if wants run; then
 step "evald run on $DEVICE (on cuda with an NVML threshold)"
 "$PY" -m daemon --config "$WORK/evald.toml" db upgrade
 timeout 200 "$PY" -m daemon --config "$WORK/evald.toml" run >"$OUT/daemon.log" 2>&1 &
@@ -118,4 +147,5 @@ done
 "$PY" -m daemon --config "$WORK/evald.toml" status 2>&1 | tail -15
 kill -TERM "$daemon" 2>/dev/null; wait "$daemon"
 grep -E "resources|gpu|job\.(succeeded|failed)" "$OUT/daemon.log" | cut -c1-300 | tail -15
+fi
 step "done"

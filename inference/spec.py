@@ -188,6 +188,8 @@ class TaskSpec(_Plain):
 
 class InferenceSpec(_Plain):
     engine: Engine = "deepspeed"
+    #: How generation batches sequences (``inference.engines``): ``auto`` picks per device and tp.
+    batching: Literal["auto", "fixed", "continuous"] = "auto"
     #: ``cpu`` or ``cuda``; a worker group puts rank r on the r-th visible device of its node.
     device: str = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"

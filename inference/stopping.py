@@ -4,7 +4,8 @@
 rank leaves the decoding loop while its peers wait in the next forward pass's all-reduce, and the group
 hangs. :class:`RowEnds` replaces generate's own EOS rule: each rank states which rows have ended, the
 replica votes per row (``vote``: the majority, the tp head on a tie), and every rank applies the
-verdict, so all leave the loop at the same step. It also records where each row ended.
+verdict, so all leave the loop at the same step. It also records where each row ended. A row whose own
+token budget (``budgets``) is below the batch's ends when it is used up.
 """
 
 from __future__ import annotations
@@ -29,11 +30,13 @@ class RowEnds(StoppingCriteria):
         tokenizer: PreTrainedTokenizerBase,
         stop: Sequence[str],
         vote: RowVote | None,
+        budgets: Sequence[int] | None = None,
     ) -> None:
         self._prompt_length = prompt_length
         self._end_ids = sorted(set(end_ids))
         self._stop = StopStringCriteria(tokenizer, list(stop)) if stop else None
         self._vote = vote
+        self._budgets = None if budgets is None else torch.tensor(list(budgets))
         self._ended: torch.Tensor | None = None
         #: Per row, how many tokens it generated when it ended (its end included); 0: it never ended.
         self.ended_at: list[int] = []
@@ -45,11 +48,13 @@ class RowEnds(StoppingCriteria):
         if self._ended is None:
             self._ended = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
             self.ended_at = [0] * input_ids.shape[0]
+        generated = input_ids.shape[1] - self._prompt_length
         mine = self._ended | torch.isin(input_ids[:, -1], ends)
         if self._stop is not None:
             mine |= self._stop(input_ids, scores).to(mine.device)
+        if self._budgets is not None:
+            mine |= self._budgets.to(mine.device) <= generated
         verdict = self._vote(mine) if self._vote is not None else mine
-        generated = input_ids.shape[1] - self._prompt_length
         for row in torch.nonzero(verdict & ~self._ended).flatten().tolist():
             self.ended_at[row] = generated
         self._ended = verdict

@@ -24,6 +24,7 @@ from inference.code.problems import CodeDataset, read_problems
 from inference.code.stream import JudgingStream, generate_judging
 from inference.consistency import token_digest
 from inference.dataset import Item, read_dataset
+from inference.engines import build_engine, requests_of, resolve
 from inference.errors import TaskInvalid
 from inference.faults import Faults
 from inference.generation import (
@@ -71,7 +72,7 @@ from inference.topology import deal_by_length, restore_order
 
 if TYPE_CHECKING:
     import torch
-    from transformers import PreTrainedTokenizerBase
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 log = structlog.get_logger("inference.task")
 
@@ -291,45 +292,7 @@ def _evaluate(
             latencies=tuple(latencies),
         )
     else:
-        decoding = Decoding(
-            max_new_tokens=task.max_new_tokens,
-            n_samples=task.n_samples,
-            temperature=task.temperature,
-            top_p=task.top_p,
-            stop=task.stop,
-            seed=spec.seed,
-            entropy=any(metric.name == "entropy" for metric in metrics),
-            simulate_oom_above=faults.oom_above_batch,
-        )
-        agree, agree_ends = (vote, vote.ends) if topology.tp > 1 else (None, None)
-        if code is None:
-            generated, latencies = run_batches(
-                loaded.model,
-                loaded.tokenizer,
-                share.batches,
-                decoding,
-                item_keys=share.items,
-                agree=agree,
-                agree_ends=agree_ends,
-            )
-        else:
-            # Rank 0's own batches are judged while it generates the next (inference.code.stream).
-            generated, latencies = generate_judging(
-                loaded.model,
-                loaded.tokenizer,
-                share.batches,
-                decoding,
-                code,
-                item_keys=share.items,
-                agree=agree,
-                agree_ends=agree_ends,
-            )
-        mine = ReplicaOutput(
-            generations=[(share.items[local], generations) for local, generations in generated.items()],
-            latencies=tuple(latencies),
-            checked=vote.checked,
-            disagreements=tuple(vote.disagreements),
-        )
+        mine = _generate(spec, group, vote, loaded.model, loaded.tokenizer, share, metrics, faults, code)
     # A single rank on a GPU has no group device: the configured one is where the model went.
     on_gpu = spec.inference.device.startswith("cuda")
     mine = dataclasses.replace(
@@ -403,6 +366,69 @@ def _evaluate(
             grading_s=0.0 if graded is None else graded.seconds,
         ),
         consistency=consistency,
+    )
+
+
+def _generate(
+    spec: JobSpec,
+    group: WorkerGroup,
+    vote: TpVote,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    share: ReplicaShare,
+    metrics: Sequence[Metric],
+    faults: Faults,
+    code: JudgingStream | None,
+) -> ReplicaOutput:
+    """This replica's generations, by the engine ``[inference] batching`` resolves to (code tasks, judged
+    batch by batch as they generate, by the fixed engine)."""
+    task, topology = spec.task, group.topology
+    decoding = Decoding(
+        max_new_tokens=task.max_new_tokens,
+        n_samples=task.n_samples,
+        temperature=task.temperature,
+        top_p=task.top_p,
+        stop=task.stop,
+        seed=spec.seed,
+        entropy=any(metric.name == "entropy" for metric in metrics),
+        simulate_oom_above=faults.oom_above_batch,
+    )
+    agree, agree_ends = (vote, vote.ends) if topology.tp > 1 else (None, None)
+    engine = resolve(spec.inference.batching, device=spec.inference.device, tp=topology.tp)
+    if code is not None:
+        # Rank 0's own batches are judged while it generates the next (inference.code.stream).
+        engine = "fixed"
+        generated, latencies = generate_judging(
+            model,
+            tokenizer,
+            share.batches,
+            decoding,
+            code,
+            item_keys=share.items,
+            agree=agree,
+            agree_ends=agree_ends,
+        )
+    elif engine == "fixed":
+        generated, latencies = run_batches(
+            model,
+            tokenizer,
+            share.batches,
+            decoding,
+            item_keys=share.items,
+            agree=agree,
+            agree_ends=agree_ends,
+        )
+    else:
+        run = build_engine(engine, model, tokenizer, batch_size=task.batch_size).run(
+            requests_of(share.batches, share.items), decoding
+        )
+        generated, latencies = run.generations, run.latencies
+    log.info("task.generated", engine=engine, batching=spec.inference.batching, rank=topology.rank)
+    return ReplicaOutput(
+        generations=[(share.items[local], generations) for local, generations in generated.items()],
+        latencies=tuple(latencies),
+        checked=vote.checked,
+        disagreements=tuple(vote.disagreements),
     )
 
 

@@ -200,6 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         checkpoint=str(spec.checkpoint_path),
         task=spec.task.name,
         engine=spec.inference.engine,
+        batching=spec.inference.batching,
         tp=spec.inference.tp,
         dp=spec.inference.dp,
         batch_size=spec.task.batch_size,

@@ -9,6 +9,7 @@ from pydantic import AfterValidator, Field, ValidationInfo, field_validator, mod
 
 from daemon.config.base import Section, existing_file
 from daemon.config.worker_env import refused_extra
+from inference.engines import tp_limit
 from inference.spec import Engine, InferenceSpec
 
 
@@ -38,6 +39,14 @@ class InferenceConfig(Section):
 
     #: ``deepspeed`` (AutoTP, any tp) or ``hf`` (plain transformers, tp = 1).
     engine: Engine = "deepspeed"
+    #: How generation batches its sequences. ``continuous``: a sequence that ends frees its slot for the
+    #: next waiting prompt at once, so long, uneven responses (reasoning traces) waste no steps on
+    #: finished rows; tp = 1 only. ``fixed``: batches of prompts of similar length, each decoding until
+    #: its longest row ends; any tp. ``auto``: ``fixed`` at tp > 1, else the engine measured faster on
+    #: the device (``continuous`` on ``cpu``; ``fixed`` on ``cuda`` until a GPU figure says otherwise,
+    #: BENCHMARKS.md). Code tasks, judged batch by batch as they generate, always use ``fixed``.
+    #: ``batch_size`` is how many sequences either holds at once; an out-of-memory error halves it.
+    batching: Literal["auto", "fixed", "continuous"] = "auto"
     #: ``cpu`` or ``cuda``; on ``cuda`` rank r of a worker group takes the r-th visible GPU of its node
     #: (``[scheduling.resources] gpus`` says which are visible).
     device: str = "cpu"
@@ -82,6 +91,9 @@ class InferenceConfig(Section):
     def _layout(self) -> InferenceConfig:
         if self.engine == "hf" and self.tp > 1:
             raise ValueError(f"engine 'hf' cannot shard a model (tp = {self.tp}): use engine = \"deepspeed\"")
+        limit = tp_limit(self.batching, self.tp)
+        if limit is not None:
+            raise ValueError(limit)
         if self.hostfile is not None and self.tp * self.dp > 1:
             slots = hostfile_slots(self.hostfile)
             if slots != self.tp * self.dp:
@@ -94,6 +106,7 @@ class InferenceConfig(Section):
     def spec(self) -> InferenceSpec:
         return InferenceSpec(
             engine=self.engine,
+            batching=self.batching,
             device=self.device,
             dtype=self.dtype,
             threads=self.threads,
