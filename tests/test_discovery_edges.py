@@ -419,3 +419,45 @@ def test_a_daemon_whose_run_root_becomes_a_loop_watches_the_others_and_refuses_t
     checked = evald("config", "check", str(config))
     assert checked.returncode != 0 and f"run 'other': root {other} is a symlink loop" in checked.stderr
     database.dispose()
+
+
+def test_a_write_that_stalls_past_the_quiet_period_and_goes_on_is_judged_again(
+    database: Database, source: Path, tmp_path: Path
+) -> None:
+    """A weights file short of its header is named invalid once the folder is quiet (not after
+    invalid_after_secs); a trainer's write that stalled that long on a slow filesystem and then went on
+    must not leave the checkpoint invalid for good: its folder changed, so it is judged again."""
+    root, clock = tmp_path / "run", Clock()
+    folder = copy_checkpoint(source, root / "step_7")
+    weights = (source / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(weights[: len(weights) // 2])
+    discovery = _discovery(database, {"r": root}, clock)
+    with structlog.testing.capture_logs() as captured:
+        _settle(discovery, clock)
+    (state, _, reason) = _checkpoints(database)["step_7"][1:] + ("",)
+    assert _checkpoints(database)["step_7"][1] == "invalid", reason
+    with database.session() as s:
+        assert queries.job_rows(s) == []
+    (folder / "model.safetensors").write_bytes(weights)  # the write goes on and ends
+    with structlog.testing.capture_logs() as again:
+        _settle(discovery, clock)
+    assert _checkpoints(database)["step_7"][:2] == (7, "ready")
+    with database.session() as s:
+        assert [j.checkpoint for j in queries.job_rows(s)] == ["step_7"]
+    assert [e["event"] for e in again if e["event"].startswith("checkpoint.")][:1] == ["checkpoint.reopened"]
+    # An invalid folder that does not change stays as it was named, said once.
+    _settle(discovery, clock)
+    assert [e["event"] for e in captured].count("checkpoint.invalid") == 1
+    # A restarted daemon takes the listing of what it finds invalid at its first rescan, then the same.
+    (folder / "model.safetensors").write_bytes(b"")
+    copy_checkpoint(source, root / "step_8", lambda f: (f / "model.safetensors").write_bytes(b""))
+    restarted = _discovery(database, {"r": root}, clock)
+    _settle(restarted, clock)
+    assert _checkpoints(database)["step_8"][1] == "invalid"
+    shutil.copy(source / "model.safetensors", root / "step_8" / "model.safetensors")
+    fresh = _discovery(database, {"r": root}, clock)
+    _settle(fresh, clock)  # its first rescan: the listing as it is now is the one compared later
+    assert _checkpoints(database)["step_8"][1] == "invalid"
+    (root / "step_8" / "model.safetensors").touch()
+    _settle(fresh, clock)
+    assert _checkpoints(database)["step_8"][:2] == (8, "ready")

@@ -41,7 +41,7 @@ from daemon.watching.folders import (
 from daemon.watching.ledger import Ledger
 from daemon.watching.object_runs import ObjectRuns, Paused
 from daemon.watching.readiness import Decision, Outcome, decide
-from daemon.watching.runs import Candidate, RunState, WatchedRun, ignored_key, link_problem
+from daemon.watching.runs import Candidate, RunState, WatchedRun, fingerprint, ignored_key, link_problem
 from inference import layouts
 from inference.layouts import Readiness, Verdict
 from inference.layouts.base import TreeRefused
@@ -86,6 +86,8 @@ class Discovery:
                     state.recorded.add(path)
                 else:
                     state.settled.add(path)
+                if checkpoint_state is CheckpointState.INVALID:
+                    state.invalid[path] = None  # its listing taken at the first rescan
             self._runs[run.config.name] = state
 
     def paused(self) -> Paused:
@@ -151,6 +153,8 @@ class Discovery:
             for path in found:
                 if str(path) not in state.settled:
                     self._look(state, path)
+                elif str(path) in state.invalid:
+                    self._reopen_if_changed(state, path)
             # What was passed over and is gone (a tmp folder renamed into place) is forgotten.
             present_names = {ignored_key(p) for p in (*found, *passed_over, *(p for p, _ in strays))}
             if self._root_model(state):
@@ -160,6 +164,8 @@ class Discovery:
             # Recorded ones deleted while nobody watched are marked vanished: left as discovered, they
             # would hold every newer checkpoint back from planning.
             present = {str(p) for p in found}
+            for key in [k for k in state.invalid if k not in present]:
+                del state.invalid[key]  # gone: nothing left to judge again
             for key in [*state.recorded, *state.candidates, *state.unreadable]:
                 if key not in present and key not in state.settled:
                     self._look(state, Path(key))
@@ -188,6 +194,8 @@ class Discovery:
         for target in dict.fromkeys(targets):
             if str(target) not in state.settled:
                 self._look(state, target)
+            elif str(target) in state.invalid:
+                self._reopen_if_changed(state, target)
 
     def tick(self) -> None:
         """Re-look at candidates whose quiet period or incomplete limit may have run out."""
@@ -308,6 +316,30 @@ class Discovery:
                 candidate.recorded = True
                 log.info("checkpoint.discovered", run=state.run.config.name, path=str(path), layout=layout)
             candidate.last_reason = outcome.reason
+
+    def _reopen_if_changed(self, state: RunState, path: Path) -> None:
+        """An invalid checkpoint whose files changed since it was named is judged again: a weights file
+        short of its header is named once the folder is quiet, and a write that stalled that long and then
+        went on must not leave a good checkpoint invalid for good."""
+        key = str(path)
+        try:
+            now = fingerprint(layouts.take_snapshot(path))
+        except (OSError, TreeRefused):
+            return  # gone, unreadable or past the bounds: as it was named
+        was = state.invalid[key]
+        if was is None or was == now:
+            state.invalid[key] = now
+            return
+        del state.invalid[key]
+        state.settled.discard(key)
+        state.recorded.add(key)
+        log.info(
+            "checkpoint.reopened",
+            run=state.run.config.name,
+            path=key,
+            reason="its files changed since it was named invalid",
+        )
+        self._look(state, path)
 
     def _gone(self, state: RunState, path: Path) -> None:
         key = str(path)

@@ -66,6 +66,10 @@ class RunState:
     waiting: dict[str, str] = field(default_factory=dict)
     #: Ready checkpoints whose weights each rescan stats, until one changes (said once) or goes.
     evaluated: dict[str, Evaluated] = field(default_factory=dict)
+    #: Invalid checkpoints and their listing's fingerprint when they were named (None: taken at the next
+    #: look): one whose files change since is judged again (a write that stalled past the quiet period and
+    #: went on), never left invalid for good.
+    invalid: dict[str, int | None] = field(default_factory=dict)
     root_missing_logged: bool = False
     root_unreadable_logged: bool = False
 
@@ -80,6 +84,11 @@ class RunState:
         self.recorded.discard(key)
         self.unreadable.pop(key, None)
         self.settled.add(key)
+
+
+def fingerprint(snapshot: Snapshot) -> int:
+    """What a folder's listing was (names, sizes, times, types), as one number to compare later."""
+    return hash(snapshot.files)
 
 
 def name(state: RunState, path: Path) -> str:
