@@ -10,8 +10,7 @@ from typing import Any
 from daemon.analysis import report
 from daemon.analysis.report.tracker_rows import trackers_text
 from daemon.analysis.run_status import run_summaries, tracker_summaries
-from daemon.cli.base import load, open_current
-from daemon.cli.results import terminal_width
+from daemon.cli.base import load, open_current, terminal_width
 from daemon.config import Config
 from daemon.running import remote
 from daemon.running.executors.base import ExecutorError, ExecutorUnavailable
