@@ -80,7 +80,7 @@ def add_daemon_commands(commands: Commands) -> None:
         commands, "run", Handler("run", "cmd_run"), "run the daemon in the foreground (what systemd starts)"
     )
     serve = _command(
-        commands, "serve", Handler("run", "cmd_serve"), "the read-only HTTP API, dashboard and /metrics"
+        commands, "serve", Handler("serve", "cmd_serve"), "the read-only HTTP API, dashboard and /metrics"
     )
     serve.add_argument("--host", help="address to bind (default: [web] host, 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default: [web] port, 8321)")
@@ -92,7 +92,7 @@ def add_daemon_commands(commands: Commands) -> None:
     demo = _command(
         commands,
         "demo",
-        Handler("run", "cmd_demo"),
+        Handler("demo", "cmd_demo"),
         "train a tiny model and watch evald evaluate every checkpoint",
     )
     demo.add_argument(
