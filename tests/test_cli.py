@@ -271,3 +271,20 @@ def test_the_start_check_reads_the_fields_subsets_stratify_by(tmp_path: Path) ->
         DatasetInvalid, match=r"no usable rows, all 6 are bad: .*missing field 'levle' \(stratify_field\)"
     ):
         dataset_problems(load_config(path))
+
+
+def test_status_checks_the_resource_thresholds_as_the_daemon_does(
+    tmp_path: Path, dataset: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The daemon's probe is built (and the service imported) only where a threshold is set: one that no
+    host meets and one every host meets, read the way the daemon reads them before starting a job."""
+    url = f"sqlite:///{tmp_path / 'e.db'}"
+    upgraded(url).dispose()
+    for free, met in (("1B", True), ("1000000GiB", False)):
+        extra = f'[scheduling.resources]\nmin_host_free_memory = "{free}"'
+        path = str(write_config(tmp_path, url, dataset=dataset, scheduling_extra=extra))
+        assert main(["--config", path, "status", "--format", "json"]) == 0
+        resources = json.loads(capsys.readouterr().out)["resources"]
+        assert resources["met"] is met, resources
+        if not met:
+            assert resources["unmet"][0].startswith("host: available memory"), resources

@@ -128,6 +128,10 @@ def test_status_reads_the_revision_without_alembic(tmp_path: Path, config: Path)
     code, modules = loaded(tmp_path, "--config", str(config), "status")
     assert code == 0
     assert under(modules, *NEVER_TO_READ) == []
+    # With no resource threshold set and the local executor, neither the daemon's loop nor its executors:
+    # no probe to build, no Slurm queue to read. (The scheduling policy that the runs' status shares with
+    # the planner reads daemon.watching's run model.)
+    assert under(modules, "daemon.service", "daemon.running", "daemon.web") == []
 
 
 def handlers(parser: argparse.ArgumentParser) -> Iterator[tuple[str, Handler]]:
