@@ -10,7 +10,9 @@ interleaved with the commands so the machine's load falls on all alike:
 - ``sqlite3 read``: a Python process that reads the same rows ``evald results --run toy`` prints (the same
   join, order and columns) with the standard library's ``sqlite3`` and prints them.
 
-Prints the median and the fastest of ``--rounds`` runs of each, and the median's ratio to both baselines.
+Prints the median and the fastest wall time of ``--rounds`` runs of each, the median's ratio to both
+baselines, and the median CPU time (user and system) of the process, which the machine's other load
+changes less than the wall time.
 
     python -m bench.cli_latency [--rounds 15] [--checkpoints 56]
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -110,13 +113,20 @@ def evald(config: Path, *args: str) -> list[str]:
     return [sys.executable, "-m", "daemon", "--config", str(config), *args]
 
 
-def timed(command: list[str]) -> tuple[float, str]:
-    began = time.perf_counter()
+def _cpu() -> float:
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def timed(command: list[str]) -> tuple[float, float, str]:
+    """Wall seconds from start to exit, the process's CPU seconds (user and system: what the machine's
+    other load changes least), and what it printed."""
+    cpu, began = _cpu(), time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, check=False)
-    elapsed = time.perf_counter() - began
+    elapsed, used = time.perf_counter() - began, _cpu() - cpu
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command)}: exit {done.returncode}: {done.stderr.strip()[-2000:]}")
-    return elapsed, done.stdout
+    return elapsed, used, done.stdout
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,23 +146,25 @@ def main(argv: list[str] | None = None) -> int:
             "evald results --run toy": evald(config, "results", "--run", "toy"),
             "evald status": evald(config, "status"),
         }
-        rows = timed(cases["sqlite3 read"])[1].count("\n")
-        printed = timed(cases["evald results --run toy"])[1].count("\n") - 2  # its header and rule
+        rows = timed(cases["sqlite3 read"])[2].count("\n")
+        printed = timed(cases["evald results --run toy"])[2].count("\n") - 2  # its header and rule
         if rows != printed or rows != 2 * args.checkpoints:
             raise SystemExit(f"the baseline read {rows} rows, evald results printed {printed}")
         times: dict[str, list[float]] = {name: [] for name in cases}
+        cpus: dict[str, list[float]] = {name: [] for name in cases}
         for _ in range(args.rounds):
             for name, command in cases.items():
-                times[name].append(timed(command)[0])
-    start = statistics.median(times["python -c pass"])
-    read = statistics.median(times["sqlite3 read"])
+                elapsed, used, _ = timed(command)
+                times[name].append(elapsed)
+                cpus[name].append(used)
+    start, read = statistics.median(times["python -c pass"]), statistics.median(times["sqlite3 read"])
     print(f"{rows} result rows, {args.rounds} rounds, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}")
-    print(f"{'':28} {'median':>9} {'fastest':>9} {'/ start':>8} {'/ read':>8}")
+    print(f"{'':24} {'wall median':>11} {'fastest':>8} {'/ start':>8} {'/ read':>7} {'CPU median':>11}")
     for name, seconds in times.items():
         median = statistics.median(seconds)
         print(
-            f"{name:28} {median * 1000:7.0f}ms {min(seconds) * 1000:7.0f}ms "
-            f"{median / start:7.1f}x {median / read:7.1f}x"
+            f"{name:24} {median * 1000:9.0f}ms {min(seconds) * 1000:6.0f}ms {median / start:7.1f}x "
+            f"{median / read:6.1f}x {statistics.median(cpus[name]) * 1000:9.0f}ms"
         )
     return 0
 

@@ -139,7 +139,7 @@ def handlers(parser: argparse.ArgumentParser) -> Iterator[tuple[str, Handler]]:
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for name, sub in action.choices.items():
-                handler = sub.get_default("func")
+                handler = sub.get_default("handler")
                 if handler is not None:
                     yield name, handler
                 yield from ((f"{name} {inner}", h) for inner, h in handlers(sub))

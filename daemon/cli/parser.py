@@ -37,9 +37,6 @@ class Handler:
         )
         return handler
 
-    def __call__(self, args: argparse.Namespace) -> int:
-        return self.resolve()(args)
-
 
 def _name(value: str) -> str:
     """A ``--run``/``--task``/``--metric`` value, checked as the API checks its filters."""
@@ -66,7 +63,7 @@ def _job_id(value: str) -> int:
 
 def _command(commands: Commands, name: str, handler: Handler, help: str) -> argparse.ArgumentParser:
     sub: argparse.ArgumentParser = commands.add_parser(name, help=help)
-    sub.set_defaults(func=handler)
+    sub.set_defaults(handler=handler)
     return sub
 
 
