@@ -1,6 +1,6 @@
 """The ``evald`` command line: :func:`main` parses (:mod:`daemon.cli.parser`) and calls the command's
-handler, one module per group of commands, each a thin layer over config, storage, analysis and the
-service; every error a person can act on ends as one line on stderr and an exit status.
+handler, one module per command (``export``'s formats share one), each a thin layer over config, storage,
+analysis and the service; every error a person can act on ends as one line on stderr and an exit status.
 
 Imports follow the command: the parser imports no command's module, and :func:`main` imports logging only
 once the arguments are good, so ``evald --help`` costs argparse alone and each command imports what it
