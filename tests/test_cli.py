@@ -288,3 +288,18 @@ def test_status_checks_the_resource_thresholds_as_the_daemon_does(
         assert resources["met"] is met, resources
         if not met:
             assert resources["unmet"][0].startswith("host: available memory"), resources
+
+
+def test_a_statement_the_database_refuses_is_one_line_naming_it(
+    tmp_path: Path, dataset: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The driver's error is reported as the CLI's one line (the command imported SQLAlchemy; `main`
+    does not need to): a database at the current revision whose tables are gone, not an outage."""
+    url = f"sqlite:///{tmp_path / 'e.db'}"
+    database = upgraded(url)
+    with database.engine.begin() as conn:
+        conn.exec_driver_sql("DROP TABLE results")
+    database.dispose()
+    path = str(write_config(tmp_path, url, dataset=dataset))
+    assert main(["--config", path, "results"]) == 1
+    assert _errors(capsys) == ["evald: error: StatementFailed: OperationalError: no such table: results"]
