@@ -45,6 +45,8 @@ NEVER_TO_READ = (
     "starlette",
     "uvicorn",
 )
+#: On a SQLite database: PostgreSQL's dialect and driver.
+NEVER_ON_SQLITE = ("sqlalchemy.dialects.postgresql", "psycopg", "psycopg_pool")
 #: ``--help`` and a usage error: none of the above, nor the database, the config's models or logging.
 NEVER_FOR_HELP = (
     *NEVER_TO_READ,
@@ -112,7 +114,7 @@ def test_help_and_a_usage_error_import_the_parser_alone(tmp_path: Path, argv: li
 def test_results_reads_the_revision_without_alembic(tmp_path: Path, config: Path) -> None:
     code, modules = loaded(tmp_path, "--config", str(config), "results", "--run", "toy")
     assert code == 0
-    assert under(modules, *NEVER_TO_READ) == []
+    assert under(modules, *NEVER_TO_READ, *NEVER_ON_SQLITE) == []
     assert "storage.schema" in modules and "storage.migrations" not in modules
     # Nor the daemon's loop, its workers or the other commands.
     assert under(modules, "daemon.service", "daemon.running", "daemon.watching", "daemon.web") == []
@@ -127,7 +129,7 @@ def test_results_reads_the_revision_without_alembic(tmp_path: Path, config: Path
 def test_status_reads_the_revision_without_alembic(tmp_path: Path, config: Path) -> None:
     code, modules = loaded(tmp_path, "--config", str(config), "status")
     assert code == 0
-    assert under(modules, *NEVER_TO_READ) == []
+    assert under(modules, *NEVER_TO_READ, *NEVER_ON_SQLITE) == []
     # With no resource threshold set and the local executor, neither the daemon's loop nor its executors:
     # no probe to build, no Slurm queue to read. (The scheduling policy that the runs' status shares with
     # the planner reads daemon.watching's run model.)
