@@ -11,7 +11,6 @@ from typing import IO, Any
 from urllib.parse import quote
 
 from sqlalchemy import Engine, create_engine, event, text
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
@@ -86,8 +85,15 @@ def reason(exc: BaseException) -> str:
 
 def insert_for(session: Session) -> Any:
     """The dialect's ``insert`` (PostgreSQL's or SQLite's), whose ``on_conflict_do_nothing`` makes a write
-    idempotent when daemons sharing a database make it at the same moment."""
-    return postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+    idempotent when daemons sharing a database make it at the same moment. Each dialect's module is
+    imported here, by the engine that uses it, not by every command that opens a SQLite file."""
+    if session.get_bind().dialect.name == "postgresql":
+        from sqlalchemy.dialects import postgresql
+
+        return postgresql.insert
+    from sqlalchemy.dialects import sqlite
+
+    return sqlite.insert
 
 
 def normalise_url(url: str) -> str:

@@ -1,25 +1,35 @@
-"""Schema migrations: apply them, and tell whether a database is at the newest one."""
+"""Schema migrations: apply them (alembic), and the newest one read from the migration files.
+
+Alembic (with mako and pygments) is imported by the calls that migrate or read the migration files, not
+by importing this module: whether a database is at the newest revision is :mod:`storage.schema`'s, which
+needs neither, and the daemon, the web server and every CLI command ask it before they start.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import Connection
 
-from alembic import command
-from storage.database import Database, describe_url
+from storage.database import Database
 from storage.errors import SchemaOutdated, StatementFailed
+from storage.schema import current_revision, require_current
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+
+__all__ = ["current_revision", "downgrade", "head_revision", "require_current", "upgrade"]
 
 #: The repository keeps migrations beside the import packages, as the design card draws it.
 ALEMBIC_DIR = Path(__file__).resolve().parent.parent / "alembic"
 
 
 def _config() -> Config:
+    from alembic.config import Config
+
     if not (ALEMBIC_DIR / "env.py").is_file():
         raise SchemaOutdated(f"migrations not found at {ALEMBIC_DIR}: install evald from its repository")
     config = Config()
@@ -28,19 +38,19 @@ def _config() -> Config:
 
 
 def head_revision() -> str:
+    """The newest revision in the migration files (:data:`storage.schema.HEAD_REVISION` is kept equal)."""
+    from alembic.script import ScriptDirectory
+
     head = ScriptDirectory.from_config(_config()).get_current_head()
     if head is None:
         raise SchemaOutdated(f"no migrations in {ALEMBIC_DIR}")
     return head
 
 
-def current_revision(database: Database) -> str | None:
-    with database.engine.connect() as conn:
-        return MigrationContext.configure(conn).get_current_revision()
-
-
 def upgrade(database: Database, revision: str = "head") -> tuple[str | None, str]:
     """Apply every pending migration up to ``revision``; returns (revision before, revision after)."""
+    from alembic import command
+
     database.check_reachable()
     before = current_revision(database)
     config = _config()
@@ -52,6 +62,8 @@ def upgrade(database: Database, revision: str = "head") -> tuple[str | None, str
 
 def downgrade(database: Database, revision: str) -> None:
     """Undo migrations down to ``revision`` (what ``alembic downgrade`` does, in the same transaction)."""
+    from alembic import command
+
     database.check_reachable()
     config = _config()
     with schema_transaction(database) as conn:
@@ -84,16 +96,3 @@ def schema_transaction(database: Database) -> Iterator[Connection]:
         finally:
             if raw is not None:
                 raw.execute("PRAGMA foreign_keys=ON")
-
-
-def require_current(database: Database) -> None:
-    """Refuse to work on a database whose schema is older (or newer) than this code."""
-    database.check_reachable()
-    head = head_revision()
-    current = current_revision(database)
-    if current != head:
-        found = "no evald schema" if current is None else f"schema revision {current}"
-        raise SchemaOutdated(
-            f"database {describe_url(database.url)} has {found}, this evald needs {head}: "
-            "run `evald db upgrade`"
-        )

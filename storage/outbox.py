@@ -332,14 +332,6 @@ def give_up(session: Session, message_id: int, error: str) -> None:
     )
 
 
-def retry_at(session: Session, message_id: int, when: datetime, error: str) -> None:
-    session.execute(
-        update(OutboxMessage)
-        .where(OutboxMessage.id == message_id)
-        .values(next_attempt_at=when, last_error=error)
-    )
-
-
 def disable_endpoint(session: Session, endpoint: str, reason: str) -> int:
     """Stop sending to ``endpoint``: its pending messages become ``disabled``; returns how many."""
     standing = session.get(WebhookEndpoint, endpoint, with_for_update=True)

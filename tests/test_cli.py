@@ -271,3 +271,35 @@ def test_the_start_check_reads_the_fields_subsets_stratify_by(tmp_path: Path) ->
         DatasetInvalid, match=r"no usable rows, all 6 are bad: .*missing field 'levle' \(stratify_field\)"
     ):
         dataset_problems(load_config(path))
+
+
+def test_status_checks_the_resource_thresholds_as_the_daemon_does(
+    tmp_path: Path, dataset: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The daemon's probe is built (and the service imported) only where a threshold is set: one that no
+    host meets and one every host meets, read the way the daemon reads them before starting a job."""
+    url = f"sqlite:///{tmp_path / 'e.db'}"
+    upgraded(url).dispose()
+    for free, met in (("1B", True), ("1000000GiB", False)):
+        extra = f'[scheduling.resources]\nmin_host_free_memory = "{free}"'
+        path = str(write_config(tmp_path, url, dataset=dataset, scheduling_extra=extra))
+        assert main(["--config", path, "status", "--format", "json"]) == 0
+        resources = json.loads(capsys.readouterr().out)["resources"]
+        assert resources["met"] is met, resources
+        if not met:
+            assert resources["unmet"][0].startswith("host: available memory"), resources
+
+
+def test_a_statement_the_database_refuses_is_one_line_naming_it(
+    tmp_path: Path, dataset: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The driver's error is reported as the CLI's one line (the command imported SQLAlchemy; `main`
+    does not need to): a database at the current revision whose tables are gone, not an outage."""
+    url = f"sqlite:///{tmp_path / 'e.db'}"
+    database = upgraded(url)
+    with database.engine.begin() as conn:
+        conn.exec_driver_sql("DROP TABLE results")
+    database.dispose()
+    path = str(write_config(tmp_path, url, dataset=dataset))
+    assert main(["--config", path, "results"]) == 1
+    assert _errors(capsys) == ["evald: error: StatementFailed: OperationalError: no such table: results"]

@@ -434,8 +434,7 @@ def test_a_write_that_stalls_past_the_quiet_period_and_goes_on_is_judged_again(
     discovery = _discovery(database, {"r": root}, clock)
     with structlog.testing.capture_logs() as captured:
         _settle(discovery, clock)
-    (state, _, reason) = _checkpoints(database)["step_7"][1:] + ("",)
-    assert _checkpoints(database)["step_7"][1] == "invalid", reason
+    assert _checkpoints(database)["step_7"][1] == "invalid", _checkpoints(database)["step_7"]
     with database.session() as s:
         assert queries.job_rows(s) == []
     (folder / "model.safetensors").write_bytes(weights)  # the write goes on and ends

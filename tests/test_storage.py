@@ -13,7 +13,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 
-from storage import migrations, queries, scheduling
+from storage import migrations, queries, scheduling, schema
 from storage.database import Database
 from storage.errors import DatabaseUnreachable, InstanceLocked, SchemaOutdated
 from storage.models import Base, CheckpointState, EvalJob, JobState, Result, UTCDateTime
@@ -104,6 +104,46 @@ def test_old_schema_is_refused_with_the_fix(database_url: str) -> None:
     try:
         with pytest.raises(SchemaOutdated, match="run `evald db upgrade`"):
             migrations.require_current(db)
+    finally:
+        db.dispose()
+
+
+def test_the_head_revision_this_code_needs_is_alembics_head() -> None:
+    """:mod:`storage.schema` knows the newest revision without reading the migration files (every command
+    asks it): a migration added without moving :data:`storage.schema.HEAD_REVISION` fails here."""
+    assert migrations.head_revision() == schema.HEAD_REVISION
+
+
+def _alembic_revision(db: Database) -> str | None:
+    with db.engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def test_the_revision_is_read_from_the_database_as_alembic_reads_it(database_url: str) -> None:
+    db = Database(database_url)
+    try:
+        assert schema.current_revision(db) is None and _alembic_revision(db) is None
+        migrations.upgrade(db)
+        assert schema.current_revision(db) == _alembic_revision(db) == schema.HEAD_REVISION
+        schema.require_current(db)
+        # A revision this code does not know (a newer evald's) is refused as an older one is.
+        with db.engine.begin() as conn:
+            conn.execute(text("UPDATE alembic_version SET version_num = '9999'"))
+        assert schema.current_revision(db) == _alembic_revision(db) == "9999"
+        needs = f"has schema revision 9999, this evald needs {schema.HEAD_REVISION}: run `evald db upgrade`"
+        with pytest.raises(SchemaOutdated, match=needs):
+            schema.require_current(db)
+        # Two rows: a branched history evald never makes (alembic refuses it too).
+        with db.engine.begin() as conn:
+            conn.execute(text("INSERT INTO alembic_version (version_num) VALUES ('0001')"))
+        with pytest.raises(SchemaOutdated, match=r"several schema revisions \(0001, 9999\)"):
+            schema.require_current(db)
+        # An empty version table is an unmigrated database, as alembic reads it.
+        with db.engine.begin() as conn:
+            conn.execute(text("DELETE FROM alembic_version"))
+        assert schema.current_revision(db) is None and _alembic_revision(db) is None
+        with pytest.raises(SchemaOutdated, match="has no evald schema"):
+            schema.require_current(db)
     finally:
         db.dispose()
 

@@ -1,21 +1,41 @@
-"""``evald``'s arguments: every command, its options and help, and the handler each one calls."""
+"""``evald``'s arguments: every command, its options and help, and the handler each one calls.
+
+The parser is built without importing any command's implementation: each command names its handler
+(:class:`Handler`, a module of :mod:`daemon.cli` and a function in it) and only the one that runs is
+imported, so ``evald --help`` or a typo costs argparse alone and ``evald results`` never imports what
+``evald run`` needs. This module imports only the light checks of values (:mod:`daemon.filter_values`)
+and the constants that appear in choices and defaults; ``tests/test_cli_imports.py`` holds it there.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from daemon import filter_values
-from daemon.analysis import curves
-from daemon.cli import retry
-from daemon.cli.config_check import cmd_config_check
-from daemon.cli.db import cmd_db_upgrade
-from daemon.cli.evaluate import cmd_eval
-from daemon.cli.export import cmd_export_lm_eval, cmd_export_tensorboard, cmd_export_tracker
-from daemon.cli.results import cmd_alerts, cmd_compare, cmd_history, cmd_plot, cmd_results, cmd_samples
-from daemon.cli.run import cmd_demo, cmd_run, cmd_serve
-from daemon.cli.status import cmd_status
-from daemon.cli.webhook import cmd_webhook_test
-from daemon.scheduling import stages
+from daemon.analysis.significance import FDR
+from daemon.scheduling.stages import FULL, QUICK
+
+STAGES = (FULL, QUICK)
+#: ``add_subparsers()``'s return: argparse does not name its type publicly.
+Commands = Any
+
+
+@dataclass(frozen=True)
+class Handler:
+    """A command's handler, ``daemon.cli.<module>.<function>``, imported when the command runs."""
+
+    module: str
+    function: str
+
+    def resolve(self) -> Callable[[argparse.Namespace], int]:
+        handler: Callable[[argparse.Namespace], int] = getattr(
+            importlib.import_module(f"daemon.cli.{self.module}"), self.function
+        )
+        return handler
 
 
 def _name(value: str) -> str:
@@ -41,18 +61,24 @@ def _job_id(value: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="evald", description="Sidecar evaluation daemon for LLM RL training."
-    )
-    parser.add_argument("--config", help="config file (default: $EVALD_CONFIG, then ./evald.toml)")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+def _command(commands: Commands, name: str, handler: Handler, help: str) -> argparse.ArgumentParser:
+    sub: argparse.ArgumentParser = commands.add_parser(name, help=help)
+    sub.set_defaults(handler=handler)
+    return sub
 
-    commands.add_parser("run", help="run the daemon in the foreground (what systemd starts)").set_defaults(
-        func=cmd_run
-    )
 
-    serve = commands.add_parser("serve", help="the read-only HTTP API, dashboard and /metrics")
+def _formats(sub: argparse.ArgumentParser, *formats: str) -> None:
+    sub.add_argument("--format", choices=("table", *formats), default="table")
+
+
+def add_daemon_commands(commands: Commands) -> None:
+    """The commands that keep running: ``run``, ``serve``, ``demo``."""
+    _command(
+        commands, "run", Handler("run", "cmd_run"), "run the daemon in the foreground (what systemd starts)"
+    )
+    serve = _command(
+        commands, "serve", Handler("serve", "cmd_serve"), "the read-only HTTP API, dashboard and /metrics"
+    )
     serve.add_argument("--host", help="address to bind (default: [web] host, 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default: [web] port, 8321)")
     serve.add_argument(
@@ -60,9 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="serve a non-loopback --host without a token anyway (the data is open to the network)",
     )
-    serve.set_defaults(func=cmd_serve)
-
-    demo = commands.add_parser("demo", help="train a tiny model and watch evald evaluate every checkpoint")
+    demo = _command(
+        commands,
+        "demo",
+        Handler("demo", "cmd_demo"),
+        "train a tiny model and watch evald evaluate every checkpoint",
+    )
     demo.add_argument(
         "--workdir", help="where the demo builds its workspace (default: a new temporary folder)"
     )
@@ -71,9 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--serve", action="store_true", help="serve the dashboard while it runs, and after it until Ctrl-C"
     )
     demo.add_argument("--port", type=int, default=0, help="the dashboard's port (default: any free one)")
-    demo.set_defaults(func=cmd_demo)
 
-    evaluate = commands.add_parser("eval", help="evaluate one checkpoint now, without the daemon")
+
+def add_eval_command(commands: Commands) -> None:
+    """``eval``: one checkpoint now, without the daemon."""
+    evaluate = _command(
+        commands, "eval", Handler("evaluate", "cmd_eval"), "evaluate one checkpoint now, without the daemon"
+    )
     evaluate.add_argument("checkpoint")
     evaluate.add_argument("--task", type=_name, help="only this task (default: every task in the config)")
     evaluate.add_argument("--format", choices=("table", "json"), default="table")
@@ -82,27 +115,35 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--engine", choices=("deepspeed", "hf"), help="override [inference] engine")
     evaluate.add_argument("--tp", type=int, help="override [inference] tp: tensor-parallel ranks per replica")
     evaluate.add_argument("--dp", type=int, help="override [inference] dp: data-parallel replicas")
-    evaluate.set_defaults(func=cmd_eval)
 
-    results = commands.add_parser("results", help="stored results")
+
+def add_result_commands(commands: Commands) -> None:
+    """What was stored, as tables: ``results``, ``alerts``, ``compare``."""
+    results = _command(commands, "results", Handler("results", "cmd_results"), "stored results")
     results.add_argument("--run", type=_name)
     results.add_argument("--task", type=_name)
-    results.add_argument("--stage", choices=(stages.FULL, stages.QUICK))
+    results.add_argument("--stage", choices=STAGES)
     results.add_argument("--metric", type=_name)
     results.add_argument("--step-min", help="only steps at or above this (inclusive)")
     results.add_argument("--step-max", help="only steps at or below this (inclusive)")
     results.add_argument("--steps", metavar="A:B", help="a step range, inclusive (100:500, 100: or :500)")
-    results.add_argument("--format", choices=("table", "json", "csv"), default="table")
-    results.set_defaults(func=cmd_results)
+    _formats(results, "json", "csv")
 
-    alerts = commands.add_parser("alerts", help="alerts: what fired, when, and whether it was delivered")
+    alerts = _command(
+        commands,
+        "alerts",
+        Handler("alerts", "cmd_alerts"),
+        "alerts: what fired, when, and whether it was delivered",
+    )
     alerts.add_argument("--run", type=_name, help="only this run")
     alerts.add_argument("--state", choices=("firing", "resolved"), help="only alerts in this state")
-    alerts.add_argument("--format", choices=("table", "json"), default="table")
-    alerts.set_defaults(func=cmd_alerts)
+    _formats(alerts, "json")
 
-    compare = commands.add_parser(
-        "compare", help="two runs at matched steps: the difference, tested (paired where prompts are shared)"
+    compare = _command(
+        commands,
+        "compare",
+        Handler("compare", "cmd_compare"),
+        "two runs at matched steps: the difference, tested (paired where prompts are shared)",
     )
     compare.add_argument(
         "--run", action="append", type=_name, required=True, help="give twice: --run A --run B"
@@ -111,19 +152,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--metric", type=_name, help="only this metric (default: every metric both runs have)"
     )
     compare.add_argument("--task", type=_name, help="only this task")
-    compare.add_argument("--stage", choices=(stages.FULL, stages.QUICK), help="only this stage")
+    compare.add_argument("--stage", choices=STAGES, help="only this stage")
     compare.add_argument("--smooth", default="none", help="none (default), ema:W (e.g. ema:0.6) or window:N")
     compare.add_argument(
         "--fdr",
         type=float,
-        default=curves.FDR,
+        default=FDR,
         help="false discovery rate over every point tested, Benjamini-Hochberg (default: 0.05)",
     )
-    compare.add_argument("--format", choices=("table", "json", "csv"), default="table")
-    compare.set_defaults(func=cmd_compare)
+    _formats(compare, "json", "csv")
 
-    plot = commands.add_parser(
-        "plot", help="a metric's curves as a PNG, PDF or SVG: error bands, alerts, best checkpoint"
+
+def add_plot_command(commands: Commands) -> None:
+    """``plot``: a metric's curves drawn to a file."""
+    plot = _command(
+        commands,
+        "plot",
+        Handler("plot", "cmd_plot"),
+        "a metric's curves as a PNG, PDF or SVG: error bands, alerts, best checkpoint",
     )
     plot.add_argument(
         "--run", action="append", type=_name, required=True, help="a run to draw (repeat to overlay runs)"
@@ -132,78 +178,144 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument(
         "--task", type=_name, help="only this task (default: one curve per task with the metric)"
     )
-    plot.add_argument("--stage", choices=(stages.FULL, stages.QUICK), help="only this stage")
+    plot.add_argument("--stage", choices=STAGES, help="only this stage")
     plot.add_argument("--smooth", default="none", help="none (default), ema:W (e.g. ema:0.6) or window:N")
     plot.add_argument("--title", help="the chart's title (default: the metric and runs)")
     plot.add_argument("--out", required=True, help="the file to write: .png, or .pdf/.svg (vector)")
-    plot.set_defaults(func=cmd_plot)
 
+
+def add_export_commands(commands: Commands) -> None:
+    """``export FORMAT``: stored results in TensorBoard's, lm-eval's or a tracker's shape."""
     export = commands.add_parser("export", help="write stored results in another tool's format")
-    export_commands = export.add_subparsers(dest="export_command", required=True, metavar="FORMAT")
-    tensorboard = export_commands.add_parser(
-        "tensorboard", help="a run's results as TensorBoard event files (one scalar per metric, x = step)"
+    formats = export.add_subparsers(dest="export_command", required=True, metavar="FORMAT")
+    tensorboard = _command(
+        formats,
+        "tensorboard",
+        Handler("export", "cmd_export_tensorboard"),
+        "a run's results as TensorBoard event files (one scalar per metric, x = step)",
     )
     tensorboard.add_argument("--run", type=_name, required=True)
     tensorboard.add_argument("--out", required=True, help="log folder; the files go to OUT/<run>/")
     tensorboard.add_argument(
         "--replace", action="store_true", help="remove event files an earlier export left in OUT/<run>/"
     )
-    tensorboard.set_defaults(func=cmd_export_tensorboard)
-    lm_eval = export_commands.add_parser(
-        "lm-eval", help="one checkpoint's results in lm-evaluation-harness's results JSON shape"
+    lm_eval = _command(
+        formats,
+        "lm-eval",
+        Handler("export", "cmd_export_lm_eval"),
+        "one checkpoint's results in lm-evaluation-harness's results JSON shape",
     )
     lm_eval.add_argument("--run", type=_name, required=True)
     lm_eval.add_argument("--step", type=_step, required=True, help="the checkpoint's step")
     lm_eval.add_argument("--out", help="the JSON file to write (default: standard output)")
-    lm_eval.set_defaults(func=cmd_export_lm_eval)
     for kind in ("mlflow", "wandb"):
-        tracker = export_commands.add_parser(
-            kind, help=f"send a run's stored results to the [[trackers]] {kind} (idempotent backfill)"
+        tracker = _command(
+            formats,
+            kind,
+            Handler("export", "cmd_export_tracker"),
+            f"send a run's stored results to the [[trackers]] {kind} (idempotent backfill)",
         )
         tracker.add_argument("--run", type=_name, required=True)
         tracker.add_argument("--tracker", help="the tracker's name, when several of this kind are configured")
-        tracker.set_defaults(func=cmd_export_tracker)
 
+
+def add_webhook_commands(commands: Commands) -> None:
+    """``webhook test``."""
     webhook = commands.add_parser("webhook", help="webhook tools")
-    webhook_commands = webhook.add_subparsers(dest="webhook_command", required=True)
-    test = webhook_commands.add_parser(
-        "test", help="send a signed test alert to a webhook and show the answer"
+    tools = webhook.add_subparsers(dest="webhook_command", required=True)
+    test = _command(
+        tools,
+        "test",
+        Handler("webhook", "cmd_webhook_test"),
+        "send a signed test alert to a webhook and show the answer",
     )
     test.add_argument("name", help="the webhook's name in the config")
-    test.set_defaults(func=cmd_webhook_test)
 
-    history = commands.add_parser("history", help="every worker run of one job: retries, OOM, errors")
+
+def add_job_commands(commands: Commands) -> None:
+    """One job's story and what to do about it: ``history``, ``retry``, ``samples``."""
+    history = _command(
+        commands,
+        "history",
+        Handler("history", "cmd_history"),
+        "every worker run of one job: retries, OOM, errors",
+    )
     history.add_argument("job", type=_job_id, help="job id (as `evald status` shows it)")
-    history.add_argument("--format", choices=("table", "json"), default="table")
-    history.set_defaults(func=cmd_history)
-    retry.add_parser(commands, job_id=_job_id, name=_name, step=_step)
+    _formats(history, "json")
 
-    samples = commands.add_parser(
-        "samples", help="one job's per-sample outputs, and the inputs it left out of its metrics"
+    retry = _command(
+        commands,
+        "retry",
+        Handler("retry", "cmd_retry"),
+        "queue a failed or cancelled job again (by id, or a run's with --failed/--cancelled)",
+    )
+    retry.add_argument("job", nargs="?", type=_job_id, help="the job's id (as `evald status` shows it)")
+    retry.add_argument("--run", type=_name, help="retry this run's jobs: with --failed and/or --cancelled")
+    retry.add_argument("--failed", action="store_true", help="the run's failed jobs (cancelled ones too)")
+    retry.add_argument(
+        "--cancelled", action="store_true", help="the run's jobs cancelled (scancel, checkpoint deleted)"
+    )
+    retry.add_argument("--step", type=_step, help="only the jobs of the checkpoint at this step")
+    retry.add_argument("--task", type=_name, help="only this task's jobs")
+    _formats(retry, "json")
+
+    samples = _command(
+        commands,
+        "samples",
+        Handler("samples", "cmd_samples"),
+        "one job's per-sample outputs, and the inputs it left out of its metrics",
     )
     samples.add_argument("--run", type=_name, required=True)
     samples.add_argument("--step", type=_step, required=True, help="the checkpoint's step")
     samples.add_argument("--task", type=_name, required=True)
-    samples.add_argument(
-        "--stage", choices=(stages.FULL, stages.QUICK), help="default: full where it ran, else quick"
-    )
+    samples.add_argument("--stage", choices=STAGES, help="default: full where it ran, else quick")
     samples.add_argument(
         "--wrong-only", action="store_true", help="only samples graded wrong (not those left out by an error)"
     )
-    samples.add_argument("--format", choices=("table", "json"), default="table")
-    samples.set_defaults(func=cmd_samples)
+    _formats(samples, "json")
 
-    status = commands.add_parser("status", help="checkpoints and jobs by state, per run")
-    status.add_argument("--format", choices=("table", "json"), default="table")
-    status.set_defaults(func=cmd_status)
 
+def add_status_command(commands: Commands) -> None:
+    """``status``: the runs, the queue and the resources now."""
+    status = _command(
+        commands, "status", Handler("status", "cmd_status"), "checkpoints and jobs by state, per run"
+    )
+    _formats(status, "json")
+
+
+def add_tool_commands(commands: Commands) -> None:
+    """``config check`` and ``db upgrade``."""
     config = commands.add_parser("config", help="config file tools")
-    config_commands = config.add_subparsers(dest="config_command", required=True, metavar="COMMAND")
-    check = config_commands.add_parser("check", help="validate a config file")
+    config_tools = config.add_subparsers(dest="config_command", required=True, metavar="COMMAND")
+    check = _command(
+        config_tools, "check", Handler("config_check", "cmd_config_check"), "validate a config file"
+    )
     check.add_argument("file")
-    check.set_defaults(func=cmd_config_check)
-
     db = commands.add_parser("db", help="database tools")
-    db_commands = db.add_subparsers(dest="db_command", required=True, metavar="COMMAND")
-    db_commands.add_parser("upgrade", help="apply schema migrations").set_defaults(func=cmd_db_upgrade)
+    db_tools = db.add_subparsers(dest="db_command", required=True, metavar="COMMAND")
+    _command(db_tools, "upgrade", Handler("db", "cmd_db_upgrade"), "apply schema migrations")
+
+
+#: Every group of commands, in the order ``evald --help`` lists them.
+GROUPS: tuple[Callable[[Commands], None], ...] = (
+    add_daemon_commands,
+    add_eval_command,
+    add_result_commands,
+    add_plot_command,
+    add_export_commands,
+    add_webhook_commands,
+    add_job_commands,
+    add_status_command,
+    add_tool_commands,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="evald", description="Sidecar evaluation daemon for LLM RL training."
+    )
+    parser.add_argument("--config", help="config file (default: $EVALD_CONFIG, then ./evald.toml)")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in GROUPS:
+        add(commands)
     return parser

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict
-from typing import Any
 
 import structlog
 
@@ -22,25 +21,6 @@ from storage import queries
 from storage.queries.retry import RetryTarget, retry_job_rows
 
 log = structlog.get_logger("daemon.cli.retry")
-
-
-def add_parser(
-    commands: Any, *, job_id: Callable[[str], int], name: Callable[[str], str], step: Callable[[str], int]
-) -> None:
-    """``evald retry``'s arguments, with the parser's checked types for a job id, a name and a step."""
-    retry = commands.add_parser(
-        "retry", help="queue a failed or cancelled job again (by id, or a run's with --failed/--cancelled)"
-    )
-    retry.add_argument("job", nargs="?", type=job_id, help="the job's id (as `evald status` shows it)")
-    retry.add_argument("--run", type=name, help="retry this run's jobs: with --failed and/or --cancelled")
-    retry.add_argument("--failed", action="store_true", help="the run's failed jobs (cancelled ones too)")
-    retry.add_argument(
-        "--cancelled", action="store_true", help="the run's jobs cancelled (scancel, checkpoint deleted)"
-    )
-    retry.add_argument("--step", type=step, help="only the jobs of the checkpoint at this step")
-    retry.add_argument("--task", type=name, help="only this task's jobs")
-    retry.add_argument("--format", choices=("table", "json"), default="table")
-    retry.set_defaults(func=cmd_retry)
 
 
 def _selection(args: argparse.Namespace) -> None:

@@ -1,11 +1,11 @@
-"""``evald run``, ``evald serve`` and ``evald demo``: the commands that keep running."""
+"""``evald run``: the daemon in the foreground, what systemd starts; SIGTERM and SIGINT stop it, SIGHUP
+reloads its config."""
 
 from __future__ import annotations
 
 import argparse
 import signal
 import sys
-from pathlib import Path
 
 import structlog
 
@@ -14,12 +14,11 @@ from daemon.cli.base import load
 from daemon.cli.datasets import dataset_problems
 from daemon.config import Config, config_path, load_config
 from daemon.errors import ConfigError
+from daemon.service import Service, open_database
+from daemon.service.signals import answered_on_a_thread
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from daemon.service import Service, open_database
-    from daemon.service.signals import answered_on_a_thread
-
     config = load(args)
     problems = dataset_problems(config)
     logs.configure(sys.stdout, fmt=config.daemon.log_format, level=config.daemon.log_level)
@@ -59,26 +58,3 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         database.dispose()
     return 0
-
-
-def cmd_serve(args: argparse.Namespace) -> int:
-    from daemon.web.exposure import open_problem
-    from daemon.web.server import serve
-
-    config = load(args)
-    host = args.host or config.web.host
-    exposed = open_problem(config.web, host)
-    if exposed is not None and not (args.insecure_no_token or config.web.allow_open):
-        raise ConfigError("web.host", [f"evald serve refused: {exposed}"])
-    logs.configure(sys.stdout, fmt=config.daemon.log_format, level=config.daemon.log_level)
-    if exposed is not None:
-        structlog.get_logger("daemon.web").warning("web.open_without_token", host=host)
-    serve(config, host=host, port=args.port or config.web.port)
-    return 0
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    from daemon.demo import run_demo
-
-    workdir = Path(args.workdir) if args.workdir else None
-    return run_demo(workdir, as_json=args.json, serve=args.serve, port=args.port)

@@ -10,13 +10,9 @@ from typing import Any
 from daemon.analysis import report
 from daemon.analysis.report.tracker_rows import trackers_text
 from daemon.analysis.run_status import run_summaries, tracker_summaries
-from daemon.cli.base import load, open_current
-from daemon.cli.results import terminal_width
+from daemon.cli.base import load, open_current, terminal_width
 from daemon.config import Config
-from daemon.running import remote
-from daemon.running.executors.base import ExecutorError, ExecutorUnavailable
-from daemon.running.executors.slurm_output import SlurmError
-from daemon.service import resource_probe
+from daemon.scheduling.resources import Check
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -29,9 +25,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     finally:
         database.dispose()
     cluster = slurm_queue(config)
-    # The thresholds as they stand now, read the way the daemon reads them before starting a job.
-    probe = resource_probe(config)
-    check = probe.check() if probe is not None else None
+    check = resource_check(config)
     if args.format == "json":
         shown: dict[str, Any] = {"runs": runs, "resources": report.resources(check), "trackers": trackers}
         if cluster is not None:
@@ -47,9 +41,27 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def resource_check(config: Config) -> Check | None:
+    """The thresholds as they stand now, read the way the daemon reads them before starting a job; None
+    where none is set. The daemon's service, which builds the probe, is imported only where one is."""
+    if not config.scheduling.resources.thresholds().any_set:
+        return None
+    from daemon.service import resource_probe
+
+    probe = resource_probe(config)
+    return probe.check() if probe is not None else None
+
+
 def slurm_queue(config: Config) -> dict[str, Any] | None:
     """evald's jobs in the Slurm queue now (``[executor] kind = "slurm"``; None otherwise): id, evald job
-    and attempt, run, state, reason, nodes; or the error that kept squeue from answering."""
+    and attempt, run, state, reason, nodes; or the error that kept squeue from answering. The executors'
+    code is imported only for a Slurm executor (the local one has no queue to show)."""
+    if config.executor.kind != "slurm":
+        return None
+    from daemon.running import remote
+    from daemon.running.executors.base import ExecutorError, ExecutorUnavailable
+    from daemon.running.executors.slurm_output import SlurmError
+
     try:
         executor = remote.make_executor(config)
     except ExecutorError as exc:

@@ -3,12 +3,10 @@
 Hierarchy::
 
     EvaldError                   (daemon.errors)
-    └── DeliveryError
-        └── SignatureInvalid     a webhook request failed verification (the message names the check)
-
-    Exception
-    └── SinkError                a delivery that did not happen: the relay records it and decides (not an
-        │                        EvaldError, it never reaches a person as one)
+    ├── DeliveryError
+    │   └── SignatureInvalid     a webhook request failed verification (the message names the check)
+    └── SinkError                a delivery that did not happen: the relay records it (the outbox row's
+        │                        last error) and decides
         ├── SinkUnavailable      down, unreachable, slow, 5xx: tried again after a backoff, nothing is lost
         ├── SinkRefused          the credentials were refused: the sink pauses, messages wait
         ├── SinkRejected         this message can never be taken: given up (after ``after`` tries)
@@ -30,7 +28,7 @@ class SignatureInvalid(DeliveryError):
     pass
 
 
-class SinkError(Exception):
+class SinkError(EvaldError):
     """A delivery that did not happen; ``str(exc)`` is what the outbox row keeps as its last error.
 
     ``status`` is the receiver's HTTP status where it answered one (kept in the attempt's history instead

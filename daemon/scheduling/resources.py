@@ -18,6 +18,7 @@ import psutil
 import structlog
 
 from daemon.config.scheduling import Thresholds as Thresholds
+from daemon.errors import EvaldError
 from daemon.units import format_bytes
 
 log = structlog.get_logger("evald.resources")
@@ -44,7 +45,7 @@ class HostReading:
     total_bytes: int
 
 
-class GpusUnavailable(Exception):
+class GpusUnavailable(EvaldError):
     """NVML could not be asked: no library, no driver, no such GPU. ``reason`` says which."""
 
     def __init__(self, reason: str) -> None:

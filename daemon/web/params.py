@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from starlette.datastructures import QueryParams
 
 from daemon import filter_values
+from daemon.errors import EvaldError
 from daemon.filter_values import MAX_INT, ValueRefused, shown, step_range_problem
 
 #: Rows one page may hold; a larger ``limit`` is refused (400), not silently cut.
@@ -27,7 +28,7 @@ def check_text(name: str, value: str) -> str:
         raise bad(name, str(exc)) from None
 
 
-class ApiError(Exception):
+class ApiError(EvaldError):
     """An answer other than 200: its status and a message naming what was wrong and what exists."""
 
     def __init__(self, status: int, message: str, *, parameter: str | None = None) -> None:

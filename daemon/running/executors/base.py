@@ -30,6 +30,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from daemon.errors import EvaldError
+
 
 class Phase(StrEnum):
     """Where a job that has not ended is."""
@@ -176,7 +178,7 @@ class Ended:
 Status = Active | Ended
 
 
-class ExecutorError(RuntimeError):
+class ExecutorError(EvaldError, RuntimeError):
     """A job could not be handed to the executor, and handing it again as it is would fail too (a bad
     partition, a job folder outside the shared one). The message names what is wrong."""
 
@@ -187,7 +189,7 @@ class ExecutorMisconfigured(ExecutorError):
     evald's queue until the config (or the cluster) is fixed. The message names the setting."""
 
 
-class ExecutorUnavailable(RuntimeError):
+class ExecutorUnavailable(EvaldError, RuntimeError):
     """The executor cannot answer now (slurmctld restarting): nothing is known to have changed; ask
     again later."""
 

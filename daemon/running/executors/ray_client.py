@@ -16,17 +16,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from daemon.errors import EvaldError
+
 #: Seconds one request to the dashboard may take before the head counts as away.
 REQUEST_TIMEOUT_S = 15.0
 
 _STATUS = re.compile(r"status code (\d+)")
 
 
-class RayUnreachable(Exception):
+class RayUnreachable(EvaldError):
     """The cluster does not answer (head down, restarting, or the address resolves to nothing)."""
 
 
-class RayRefused(Exception):
+class RayRefused(EvaldError):
     """The Jobs API refused a request (a bad runtime_env, a duplicate submission id): the message is Ray's."""
 
 

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from daemon.errors import EvaldError
+
 #: What the tools print when the controller is away (restart, outage, a network cut).
 _UNREACHABLE = (
     "unable to contact slurm controller",
@@ -60,7 +62,7 @@ _SQUEUE_FIELDS = SQUEUE_FORMAT.count("|") + 1
 SACCT_FIELDS = ("JobID", "JobName", "State", "ExitCode", "NodeList", "Submit", "Start", "End", "Partition")
 
 
-class SlurmError(RuntimeError):
+class SlurmError(EvaldError, RuntimeError):
     """A Slurm command failed (the message quotes what it printed)."""
 
     def __init__(self, command: Sequence[str], message: str, returncode: int | None = None) -> None:

@@ -1,0 +1,173 @@
+"""CLI latency: how long ``evald --help``, ``evald results --run toy`` and ``evald status`` take, end to end.
+
+Each command is a new ``python -m daemon`` process (what the ``evald`` script runs), timed from start to
+exit with its output read, on a SQLite database made by evald's own commands and queries: ``evald db
+upgrade``, then ``--checkpoints`` checkpoints of one run, each with one succeeded ``arith`` job of two
+metrics (112 result rows by default, as the issue measured). Two baselines are run in the same rounds,
+interleaved with the commands so the machine's load falls on all alike:
+
+- ``python -c pass``: the interpreter's own start, below which no command can go;
+- ``sqlite3 read``: a Python process that reads the same rows ``evald results --run toy`` prints (the same
+  join, order and columns) with the standard library's ``sqlite3`` and prints them.
+
+Prints the median and the fastest wall time of ``--rounds`` runs of each, the median's ratio to both
+baselines, and the median CPU time (user and system) of the process, which the machine's other load
+changes less than the wall time.
+
+    python -m bench.cli_latency [--rounds 15] [--checkpoints 56]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from inference.toy import problems
+from storage import queries
+from storage.database import Database
+from storage.models import CheckpointState
+
+CONFIG = """\
+[database]
+url = "sqlite:///{db}"
+
+[[runs]]
+name = "toy"
+root = "{root}"
+
+[[tasks]]
+name = "arith"
+dataset = "{dataset}"
+prompt_field = "problem"
+id_field = "id"
+
+[daemon]
+state_dir = "{state}"
+"""
+
+#: The rows ``evald results --run toy`` prints (storage.queries.result_rows), in its order.
+RESULTS_SQL = """
+SELECT runs.name, checkpoints.name, checkpoints.step, checkpoints.epoch, eval_jobs.task, eval_jobs.stage,
+       results.metric, results.value, results.n, results.stderr, eval_jobs.finished_at
+FROM results JOIN eval_jobs ON results.job_id = eval_jobs.id
+JOIN checkpoints ON eval_jobs.checkpoint_id = checkpoints.id JOIN runs ON checkpoints.run_id = runs.id
+WHERE runs.name = 'toy'
+ORDER BY runs.name, checkpoints.step, checkpoints.name, eval_jobs.task, eval_jobs.stage, results.metric,
+         results.id
+"""
+
+
+def workspace(folder: Path, checkpoints: int) -> tuple[Path, Path]:
+    """The config and its database, the database brought to the schema by ``evald db upgrade``."""
+    root, db = folder / "run", folder / "evald.db"
+    root.mkdir()
+    dataset = folder / "arith.jsonl"
+    assert problems.main(["--out", str(dataset), "--n", "5", "--seed", "3"]) == 0
+    config = folder / "evald.toml"
+    config.write_text(CONFIG.format(db=db, root=root, dataset=dataset, state=folder / "state"))
+    timed(evald(config, "db", "upgrade"))
+    database = Database(f"sqlite:///{db}")
+    try:
+        with database.session() as s:
+            run_id = queries.ensure_run(s, "toy", str(root))
+            for i in range(1, checkpoints + 1):
+                step = i * 10
+                checkpoint_id = queries.record_checkpoint(
+                    s,
+                    run_id=run_id,
+                    path=str(root / f"step_{step}"),
+                    name=f"step_{step}",
+                    step=step,
+                    epoch=None,
+                    layout="hf",
+                    state=CheckpointState.READY,
+                )
+                queries.enqueue_jobs(s, checkpoint_id=checkpoint_id, step=step, tasks=["arith"])
+                job = queries.claim_next_job(s, "bench:1")
+                assert job is not None
+                queries.complete_job(
+                    s,
+                    job_id=job.id,
+                    owner="bench:1",
+                    duration_s=1.0,
+                    load_s=0.1,
+                    metrics=[
+                        queries.MetricRow("accuracy", min(1.0, 0.2 + i / (2 * checkpoints)), 5, 0.18),
+                        queries.MetricRow("wall_s", 1.0, None, None),
+                    ],
+                    samples=[],
+                )
+    finally:
+        database.dispose()
+    return config, db
+
+
+def evald(config: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "daemon", "--config", str(config), *args]
+
+
+def _cpu() -> float:
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def timed(command: list[str]) -> tuple[float, float, str]:
+    """Wall seconds from start to exit, the process's CPU seconds (user and system: what the machine's
+    other load changes least), and what it printed."""
+    cpu, began = _cpu(), time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    elapsed, used = time.perf_counter() - began, _cpu() - cpu
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command)}: exit {done.returncode}: {done.stderr.strip()[-2000:]}")
+    return elapsed, used, done.stdout
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--checkpoints", type=int, default=56, help="two result rows each")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="evald-cli-bench-") as tmp:
+        config, db = workspace(Path(tmp), args.checkpoints)
+        baseline_read = (
+            f"import sqlite3\nfor row in sqlite3.connect({str(db)!r}).execute({RESULTS_SQL!r}): print(row)"
+        )
+        cases = {
+            "python -c pass": [sys.executable, "-c", "pass"],
+            "sqlite3 read": [sys.executable, "-c", baseline_read],
+            "evald --help": [sys.executable, "-m", "daemon", "--help"],
+            "evald results --run toy": evald(config, "results", "--run", "toy"),
+            "evald status": evald(config, "status"),
+        }
+        rows = timed(cases["sqlite3 read"])[2].count("\n")
+        printed = timed(cases["evald results --run toy"])[2].count("\n") - 2  # its header and rule
+        if rows != printed or rows != 2 * args.checkpoints:
+            raise SystemExit(f"the baseline read {rows} rows, evald results printed {printed}")
+        times: dict[str, list[float]] = {name: [] for name in cases}
+        cpus: dict[str, list[float]] = {name: [] for name in cases}
+        for _ in range(args.rounds):
+            for name, command in cases.items():
+                elapsed, used, _ = timed(command)
+                times[name].append(elapsed)
+                cpus[name].append(used)
+    start, read = statistics.median(times["python -c pass"]), statistics.median(times["sqlite3 read"])
+    print(f"{rows} result rows, {args.rounds} rounds, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}")
+    print(f"{'':24} {'wall median':>11} {'fastest':>8} {'/ start':>8} {'/ read':>7} {'CPU median':>11}")
+    for name, seconds in times.items():
+        median = statistics.median(seconds)
+        print(
+            f"{name:24} {median * 1000:9.0f}ms {min(seconds) * 1000:6.0f}ms {median / start:7.1f}x "
+            f"{median / read:6.1f}x {statistics.median(cpus[name]) * 1000:9.0f}ms"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
