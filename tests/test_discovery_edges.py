@@ -449,7 +449,8 @@ def test_a_write_that_stalls_past_the_quiet_period_and_goes_on_is_judged_again(
     assert [e["event"] for e in captured].count("checkpoint.invalid") == 1
     # A restarted daemon takes the listing of what it finds invalid at its first rescan, then the same.
     (folder / "model.safetensors").write_bytes(b"")
-    copy_checkpoint(source, root / "step_8", lambda f: (f / "model.safetensors").write_bytes(b""))
+    copy_checkpoint(source, root / "step_8", lambda f: (f / "model.safetensors").unlink())
+    (root / "step_8" / "model.safetensors").write_bytes(b"")
     restarted = _discovery(database, {"r": root}, clock)
     _settle(restarted, clock)
     assert _checkpoints(database)["step_8"][1] == "invalid"
