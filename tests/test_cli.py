@@ -12,6 +12,7 @@ import pytest
 
 from daemon.cli import main
 from daemon.cli.datasets import dataset_problems
+from daemon.cli.devices import device_problem
 from daemon.config import load_config
 from inference.errors import DatasetInvalid
 from storage import queries
@@ -47,6 +48,38 @@ def test_config_check_ok(tmp_path: Path, dataset: Path, capsys: pytest.CaptureFi
     path = write_config(tmp_path, f"sqlite:///{tmp_path / 'e.db'}", dataset=dataset)
     assert main(["config", "check", str(path)]) == 0
     assert capsys.readouterr().out.startswith(f"{path}: ok (1 runs, 1 tasks")
+
+
+def test_config_check_takes_the_global_config_option(
+    tmp_path: Path, dataset: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``evald --config X config check`` failed with "required: file"."""
+    path = write_config(tmp_path, f"sqlite:///{tmp_path / 'e.db'}", dataset=dataset)
+    assert main(["--config", str(path), "config", "check"]) == 0
+    assert capsys.readouterr().out.startswith(f"{path}: ok (1 runs, 1 tasks")
+    monkeypatch.setenv("EVALD_CONFIG", str(path))
+    assert main(["config", "check"]) == 0
+    assert capsys.readouterr().out.startswith(f"{path}: ok")
+
+
+def test_a_cuda_device_on_a_host_without_cuda_is_refused_up_front(
+    tmp_path: Path, dataset: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It passed ``config check``, then failed in the worker with torch's traceback on one line."""
+    import torch
+
+    assert not torch.cuda.is_available()  # this machine: no GPU, a CPU build of torch
+    path = write_config(tmp_path, f"sqlite:///{tmp_path / 'e.db'}", dataset=dataset)
+    path.write_text(path.read_text().replace("[inference]\n", '[inference]\ndevice = "cuda"\n', 1))
+    for command in (["config", "check", str(path)], ["--config", str(path), "run"]):
+        assert main(command) == 2, command
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert line.startswith(f"evald: {path}: inference.device: 'cuda', but this torch"), line
+        assert 'set device = "cpu"' in line and "GPU node" in line
+    # Under Slurm or Ray the workers run elsewhere: this host does not speak for them.
+    config = load_config(path)
+    slurm = config.model_copy(update={"executor": config.executor.model_copy(update={"kind": "slurm"})})
+    assert device_problem(slurm) is None
 
 
 def test_unreachable_database_is_one_line_and_exit_1(tmp_path: Path, dataset: Path) -> None:

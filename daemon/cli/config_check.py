@@ -9,15 +9,23 @@ import sys
 from pathlib import Path
 
 from daemon.cli.datasets import check_datasets
-from daemon.config import load_config
+from daemon.cli.devices import device_problem
+from daemon.config import config_path, load_config
+from daemon.errors import ConfigError
 from storage.database import describe_url
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:
-    config = load_config(Path(args.file))
+    # The file given, else the global option's (``evald --config X config check``), $EVALD_CONFIG, then
+    # ./evald.toml: the same file any other command would read.
+    path = Path(args.file) if args.file is not None else config_path(args.config)
+    config = load_config(path)
     check_datasets(config)
+    problem = device_problem(config)
+    if problem is not None:
+        raise ConfigError(str(path), [problem])
     database = describe_url(config.database.url)
-    print(f"{args.file}: ok ({len(config.runs)} runs, {len(config.tasks)} tasks, database {database})")
+    print(f"{path}: ok ({len(config.runs)} runs, {len(config.tasks)} tasks, database {database})")
     from daemon.web.exposure import open_problem
 
     exposed = open_problem(config.web, config.web.host)

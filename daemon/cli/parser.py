@@ -290,7 +290,9 @@ def add_tool_commands(commands: Commands) -> None:
     check = _command(
         config_tools, "check", Handler("config_check", "cmd_config_check"), "validate a config file"
     )
-    check.add_argument("file")
+    check.add_argument(
+        "file", nargs="?", help="the config file (default: --config, then $EVALD_CONFIG, then ./evald.toml)"
+    )
     db = commands.add_parser("db", help="database tools")
     db_tools = db.add_subparsers(dest="db_command", required=True, metavar="COMMAND")
     _command(db_tools, "upgrade", Handler("db", "cmd_db_upgrade"), "apply schema migrations")
