@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import sqlite3
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -15,11 +16,11 @@ from daemon.cli.datasets import dataset_problems
 from daemon.cli.devices import device_problem
 from daemon.config import load_config
 from inference.errors import DatasetInvalid
-from storage import queries
+from storage import migrations, queries, schema
 from storage.database import Database
 from storage.models import CheckpointState
 from tests.conftest import ToyRun
-from tests.harness import evald, upgraded, write_config, write_dataset
+from tests.harness import evald, running_daemon, upgraded, write_config, write_dataset
 
 
 @pytest.fixture
@@ -100,12 +101,36 @@ def test_unreachable_database_is_one_line_and_exit_1(tmp_path: Path, dataset: Pa
 def test_run_refuses_an_old_schema(tmp_path: Path, dataset: Path) -> None:
     url = f"sqlite:///{tmp_path / 'e.db'}"
     path = write_config(tmp_path, url, dataset=dataset)
+    old = Database(url)
+    migrations.upgrade(old, "0001")
+    old.dispose()
     done = evald("--config", str(path), "run")
     assert done.returncode == 1
     assert done.stderr.strip().endswith("run `evald db upgrade`")
     upgrade = evald("--config", str(path), "db", "upgrade")
-    assert upgrade.returncode == 0 and "upgraded from empty to revision" in upgrade.stdout
+    assert upgrade.returncode == 0 and "upgraded from 0001 to revision" in upgrade.stdout
     assert "already at revision" in evald("--config", str(path), "db", "upgrade").stdout
+
+
+def test_run_creates_a_new_sqlite_database_itself(tmp_path: Path, dataset: Path) -> None:
+    """The embedded default needed `evald db upgrade` before the first `evald run`."""
+    url = f"sqlite:///{tmp_path / 'new.db'}"
+    path = write_config(tmp_path, url, dataset=dataset)
+    log = tmp_path / "daemon.log"
+    with running_daemon(path, log) as daemon:
+        assert daemon.stop() == 0
+    created = [json.loads(line) for line in log.read_text().splitlines() if '"db.created"' in line]
+    assert [e["revision"] for e in created] == [schema.HEAD_REVISION]
+    database = Database(url)
+    assert schema.current_revision(database) == schema.HEAD_REVISION
+    database.dispose()
+    # A file holding another program's tables is never migrated into.
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE notes (body TEXT)")
+    path = write_config(tmp_path, f"sqlite:///{other}", dataset=dataset)
+    done = evald("--config", str(path), "run")
+    assert done.returncode == 1 and "has no evald schema" in done.stderr
 
 
 def _stored(url: str) -> Database:
