@@ -284,13 +284,31 @@ def unlogged(faults: Sequence[Fault], lines: Sequence[tuple[datetime, str, str]]
     return missing
 
 
+def _files_outside(folder: Path, skip: Sequence[Path]) -> list[Path]:
+    """The files under ``folder``, never walking into ``skip`` (the checkpoints: a scenario's trees may be
+    thousands of folders deep, which ``rglob`` recurses into once per level)."""
+    found, stack = [], [folder]
+    while stack:
+        current = stack.pop()
+        try:
+            entries = list(current.iterdir())
+        except OSError:
+            continue
+        for path in entries:
+            if any(path == s or path.is_relative_to(s) for s in skip):
+                continue
+            if path.is_dir() and not path.is_symlink():
+                stack.append(path)
+            elif path.is_file():
+                found.append(path)
+    return found
+
+
 def find_secrets(folder: Path, secrets: Sequence[str], *, skip: Sequence[Path] = ()) -> list[str]:
     """``FILE: secret #i`` for every file under ``folder`` (outside ``skip``) holding a secret."""
     needles = [s.encode() for s in secrets if s]
     found = []
-    for path in sorted(folder.rglob("*")):
-        if not path.is_file() or any(path.is_relative_to(s) for s in skip):
-            continue
+    for path in sorted(_files_outside(folder, skip)):
         try:
             data = path.read_bytes()
         except OSError:
