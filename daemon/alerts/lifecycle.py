@@ -26,8 +26,8 @@ from daemon.anomaly import Finding, Point
 from daemon.anomaly.detector import judge
 from daemon.anomaly.series import difference_noise
 from daemon.config import Config
-from daemon.delivery.notice import notice_body
-from daemon.delivery.queue import TrackerQueue
+from daemon.delivery.alert_notice import notice_body
+from daemon.delivery.tracker_queue import TrackerQueue
 from daemon.scheduling import stages
 from inference.metrics import higher_is_better
 from storage import alerting, outbox, queries

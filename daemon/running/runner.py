@@ -1,6 +1,6 @@
 """Runs claimed jobs through their executor and stores what they return: the loop's one entry point.
 
-The runner ties the parts of :mod:`daemon.running` together: :mod:`.queue` says whether and what to
+The runner ties the parts of :mod:`daemon.running` together: :mod:`.job_queue` says whether and what to
 claim, :mod:`.dispatch` hands each attempt to its executor (:mod:`.executors`: worker processes here, or
 Slurm) and follows it, :mod:`.attempt` says what an attempt's end becomes, :mod:`.recording` writes it,
 and :mod:`.lease` keeps each claim's lease fresh and handles one that was lost. A job whose checkpoint is
@@ -46,7 +46,7 @@ from daemon.running.dispatch import Dispatcher
 from daemon.running.executor_watch import ExecutorWatch
 from daemon.running.executors.base import JobRef
 from daemon.running.fetches import Fetches, object_run
-from daemon.running.queue import SCRATCH_FULL, JobQueue, build_spec, halved
+from daemon.running.job_queue import SCRATCH_FULL, JobQueue, build_spec, halved
 from daemon.running.recording import Recorder
 from daemon.running.workers import Outcome
 from daemon.scheduling.planner import Planner
