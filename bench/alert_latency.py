@@ -24,8 +24,8 @@ import structlog
 
 from daemon.alerts.lifecycle import Alerter
 from daemon.config import Config, Secret, parse_config
-from daemon.delivery.outbox import Relay
 from daemon.delivery.receiver import WebhookReceiver
+from daemon.delivery.relay import Relay
 from daemon.delivery.sinks.webhook import Endpoint
 from storage import migrations, queries
 from storage.database import Database

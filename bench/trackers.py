@@ -39,7 +39,7 @@ import structlog
 from daemon.alerts.lifecycle import Alerter
 from daemon.config import Config, parse_config
 from daemon.delivery.messages import ALERT_PREFIX
-from daemon.delivery.outbox import Relay
+from daemon.delivery.relay import Relay
 from daemon.delivery.trackers import tracker_routes
 from storage import migrations, queries
 from storage.database import Database

@@ -196,7 +196,9 @@ def _run(
     # The dashboard from the start, so the curves can be watched growing as checkpoints are evaluated.
     server = _serve(config_path, port, progress) if serve else None
     try:
-        code = _evaluate(workdir, config_path, database, receiver, secret, as_json=as_json, progress=progress)
+        code = _run_trainer_and_daemon(
+            workdir, config_path, database, receiver, secret, as_json=as_json, progress=progress
+        )
         if server is not None:
             serve_until_interrupted(server.url, progress)
         return code
@@ -255,7 +257,7 @@ def serve_until_interrupted(url: str, progress: TextIO, poll_secs: float = 0.1) 
         return interrupt.signal
 
 
-def _evaluate(
+def _run_trainer_and_daemon(
     workdir: Path,
     config_path: Path,
     database: Database,
@@ -265,6 +267,9 @@ def _evaluate(
     as_json: bool,
     progress: TextIO,
 ) -> int:
+    """Start the toy trainer and a real daemon (``evald run``) on ``config_path``, follow them until every
+    checkpoint is evaluated and the alerts and tracker messages arrived, stop both, and print what came
+    out; a daemon that did not exit cleanly raises."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", SECRET_ENV: secret.reveal_text()}
     daemon_log = (workdir / "daemon.log").open("wb")
     daemon = subprocess.Popen(
@@ -299,6 +304,20 @@ def _evaluate(
         database.dispose()
     if daemon_code != 0:
         raise EvaldError(f"the daemon exited with status {daemon_code}; see {workdir / 'daemon.log'}")
+    _print_outcome(rows, alerts, config_path, database, as_json=as_json)
+    return 0
+
+
+def _print_outcome(
+    rows: list[queries.ResultRow],
+    alerts: list[dict[str, Any]],
+    config_path: Path,
+    database: Database,
+    *,
+    as_json: bool,
+) -> None:
+    """The demo's outcome on stdout: each checkpoint's metrics and the alerts received (JSON, or a table
+    and the commands that show more)."""
     grouped = report.metrics_by_checkpoint(rows)
     if as_json:
         checkpoints = [
@@ -328,7 +347,6 @@ def _evaluate(
             (_run, step, _name, task), _ = list(grouped.items())[-1]
             query = f"--run toy --step {step} --task {task} --wrong-only"
             print(f"what it got wrong: evald --config {config_path} samples {query}")
-    return 0
 
 
 def _follow(

@@ -85,23 +85,7 @@ def grade_samples(
             except RewardFailed as exc:
                 error = f"reward {exc}"
         if error is None:
-            records.append(
-                SampleRecord(
-                    correct=graded.correct,
-                    tokens=generation.tokens,
-                    truncated=generation.truncated,
-                    group=group,
-                    response=generation.text,
-                    reference=item.reference,
-                    answer=graded.extracted,
-                    reward=reward,
-                    entropy_sum=generation.entropy_sum,
-                    entropy_tokens=generation.entropy_tokens,
-                    tests_passed=0 if result is None else result.tests_passed,
-                    tests_total=0 if result is None else len(result.tests),
-                    verdict=None if result is None else result.verdict,
-                )
-            )
+            records.append(_record(generation, item, group, graded, reward, result))
         else:
             problems.append(
                 Problem(where=f"sample {index}", message=error, prompt_id=item.prompt_id, index=index)
@@ -111,30 +95,71 @@ def grade_samples(
         # Failed samples are kept beyond the cap (they are what needs reading), up to as many again.
         failed_kept = error is not None and len(problems) <= limits.max_samples
         if index < limits.max_samples or failed_kept:
-            outputs.append(
-                SampleOutput(
-                    index=index,
-                    prompt_id=item.prompt_id,
-                    prompt=cut_text(prompts[group], cut),
-                    response=cut_text(generation.text, cut),
-                    extracted=None if graded.extracted is None else cut_text(graded.extracted, cut),
-                    reference=cut_text(item.reference, cut),
-                    correct=graded.correct,
-                    tokens=generation.tokens,
-                    truncated=generation.truncated,
-                    reward=reward,
-                    entropy=(
-                        generation.entropy_sum / generation.entropy_tokens
-                        if generation.entropy_tokens
-                        else None
-                    ),
-                    error=error,
-                    **({} if result is None else _code_fields(result, cut)),
-                )
-            )
+            shown = _Shown(index, prompts[group], reward, error, cut)
+            outputs.append(_output(shown, generation, item, graded, result))
     if generations and not records:
         raise _broken(task_name, len(generations), problems[0], "(every one)")
     return Graded(tuple(records), tuple(outputs), tuple(problems), time.perf_counter() - started)
+
+
+def _record(
+    generation: Generation,
+    item: Item,
+    group: int,
+    graded: Grade,
+    reward: float | None,
+    result: SampleResult | None,
+) -> SampleRecord:
+    """What the metrics read of one scored sample (its full text, never cut)."""
+    return SampleRecord(
+        correct=graded.correct,
+        tokens=generation.tokens,
+        truncated=generation.truncated,
+        group=group,
+        response=generation.text,
+        reference=item.reference,
+        answer=graded.extracted,
+        reward=reward,
+        entropy_sum=generation.entropy_sum,
+        entropy_tokens=generation.entropy_tokens,
+        tests_passed=0 if result is None else result.tests_passed,
+        tests_total=0 if result is None else len(result.tests),
+        verdict=None if result is None else result.verdict,
+    )
+
+
+@dataclass(frozen=True)
+class _Shown:
+    """What a stored sample shows beside its generation: its index, prompt, reward or error, and the
+    characters its texts are cut to."""
+
+    index: int
+    prompt: str
+    reward: float | None
+    error: str | None
+    cut: int
+
+
+def _output(
+    shown: _Shown, generation: Generation, item: Item, graded: Grade, result: SampleResult | None
+) -> SampleOutput:
+    """One sample as stored for reading (``evald samples``), its texts cut to ``shown.cut``."""
+    cut = shown.cut
+    return SampleOutput(
+        index=shown.index,
+        prompt_id=item.prompt_id,
+        prompt=cut_text(shown.prompt, cut),
+        response=cut_text(generation.text, cut),
+        extracted=None if graded.extracted is None else cut_text(graded.extracted, cut),
+        reference=cut_text(item.reference, cut),
+        correct=graded.correct,
+        tokens=generation.tokens,
+        truncated=generation.truncated,
+        reward=shown.reward,
+        entropy=(generation.entropy_sum / generation.entropy_tokens if generation.entropy_tokens else None),
+        error=shown.error,
+        **({} if result is None else _code_fields(result, cut)),
+    )
 
 
 def _code_grade(result: SampleResult) -> Grade:

@@ -18,8 +18,8 @@ from daemon.alerts.lifecycle import Alerter
 from daemon.cli import main
 from daemon.config import Config, Secret, parse_config
 from daemon.delivery.backoff import backoff, retry_after
-from daemon.delivery.outbox import Relay
 from daemon.delivery.receiver import WebhookReceiver
+from daemon.delivery.relay import Relay
 from daemon.delivery.sinks.webhook import Endpoint
 from daemon.errors import ConfigError
 from storage import alerting, migrations, queries

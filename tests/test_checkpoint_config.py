@@ -16,7 +16,7 @@ import pytest
 
 from daemon.cli import main
 from daemon.config import load_config
-from daemon.running.queue import build_spec
+from daemon.running.job_queue import build_spec
 from inference.errors import CheckpointInvalid
 from inference.layouts import LayoutSettings, get
 from inference.layouts.model_config import search_path

@@ -21,13 +21,13 @@ import pytest
 from sqlalchemy import select, update
 
 from daemon.config import Secret, TrackerConfig, WebhookConfig
+from daemon.delivery.alert_notice import notice_body
 from daemon.delivery.base import Route
 from daemon.delivery.errors import SinkGone, SinkRefused, SinkRejected, SinkUnavailable
 from daemon.delivery.memory import Memory, MemoryRoute
 from daemon.delivery.messages import MetricValue, ResultMessage, event_id
-from daemon.delivery.notice import notice_body
-from daemon.delivery.outbox import Lane, Relay
 from daemon.delivery.receiver import WebhookReceiver
+from daemon.delivery.relay import Lane, Relay
 from daemon.delivery.sinks.webhook import Endpoint
 from daemon.delivery.trackers import TrackerRoute
 from storage import outbox, queries

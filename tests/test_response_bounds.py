@@ -15,7 +15,7 @@ import psutil
 
 from daemon.alerts.lifecycle import Alerter
 from daemon.config import Config
-from daemon.delivery.outbox import Relay
+from daemon.delivery.relay import Relay
 from daemon.delivery.sinks.webhook import Endpoint, send_test
 from storage.database import Database
 from tests.test_alerts import SECRET, fire_cliffs, history, outbox, relay_config

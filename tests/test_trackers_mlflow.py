@@ -26,7 +26,7 @@ from sqlalchemy import func, select, update
 from daemon.alerts.lifecycle import Alerter
 from daemon.cli import main
 from daemon.config import Config, load_config
-from daemon.delivery.outbox import Relay
+from daemon.delivery.relay import Relay
 from daemon.delivery.report import destinations
 from daemon.delivery.sinks.mlflow_tables import SAMPLE_COLUMNS, listed_tables
 from daemon.delivery.trackers import tracker_routes

@@ -26,7 +26,7 @@ from sqlalchemy import func, select
 
 from daemon.alerts.lifecycle import Alerter
 from daemon.cli import main
-from daemon.delivery.outbox import Relay
+from daemon.delivery.relay import Relay
 from daemon.delivery.sinks.wandb import _is_missing_run, own_run_id, trainer_run_on_disk
 from daemon.delivery.trackers import tracker_routes
 from storage import alerting, queries

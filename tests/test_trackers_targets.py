@@ -14,7 +14,7 @@ import structlog
 from daemon.alerts.lifecycle import Alerter
 from daemon.cli import main
 from daemon.config import load_config
-from daemon.delivery.outbox import Relay
+from daemon.delivery.relay import Relay
 from daemon.delivery.trackers import tracker_routes
 from storage import alerting
 from tests.harness import wait_for

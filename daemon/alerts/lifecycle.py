@@ -26,8 +26,8 @@ from daemon.anomaly import Finding, Point
 from daemon.anomaly.detector import judge
 from daemon.anomaly.series import difference_noise
 from daemon.config import Config
-from daemon.delivery.notice import notice_body
-from daemon.delivery.queue import TrackerQueue
+from daemon.delivery.alert_notice import notice_body
+from daemon.delivery.tracker_queue import TrackerQueue
 from daemon.scheduling import stages
 from inference.metrics import higher_is_better
 from storage import alerting, outbox, queries
@@ -273,24 +273,7 @@ class Alerter:
         alert.resolved_at = (
             None if episode.firing else (alert.resolved_at if same and not was_firing else now)
         )
-        alert.first_step, alert.last_step = episode.first_step, episode.last_step
-        alert.resolved_step = episode.resolved_step
-        alert.repeats = episode.repeats
-        alert.severity = finding.severity
-        alert.checkpoint = names.get(episode.last_step)
-        alert.value = finding.value
-        alert.baseline = finding.baseline
-        direction = directions.get(finding.metric)
-        upto = [p for p in series.get(finding.metric, []) if p.step <= episode.last_step]
-        best = best_point(upto, names, direction, finding.metric)
-        alert.best_step = best.step if best else None
-        alert.rollback_step = rollback_step(upto, finding, direction)
-        alert.message = (
-            finding.message
-            if episode.firing
-            else f"{finding.metric} recovered at step {episode.resolved_step} "
-            f"({finding.rule} no longer fires)"
-        )
+        _describe(alert, episode, series, names, directions.get(finding.metric))
         alert.updated_at = now
         session.flush()
         if not notify:
@@ -473,3 +456,31 @@ def write_status(directory: Path, run: str, status: Mapping[str, Any]) -> Path:
     tmp.write_text(json.dumps(status, indent=1, default=str), encoding="utf-8")
     tmp.replace(path)
     return path
+
+
+def _describe(
+    alert: Alert,
+    episode: Episode,
+    series: Mapping[str, Sequence[Point]],
+    names: Mapping[int, str],
+    direction: bool | None,
+) -> None:
+    """Set what ``alert`` says of ``episode``: its steps, severity, value against the baseline, the best
+    step before it and the step to roll back to, and its message (firing, or recovered)."""
+    finding = episode.latest
+    alert.first_step, alert.last_step = episode.first_step, episode.last_step
+    alert.resolved_step = episode.resolved_step
+    alert.repeats = episode.repeats
+    alert.severity = finding.severity
+    alert.checkpoint = names.get(episode.last_step)
+    alert.value = finding.value
+    alert.baseline = finding.baseline
+    upto = [p for p in series.get(finding.metric, []) if p.step <= episode.last_step]
+    best = best_point(upto, names, direction, finding.metric)
+    alert.best_step = best.step if best else None
+    alert.rollback_step = rollback_step(upto, finding, direction)
+    alert.message = (
+        finding.message
+        if episode.firing
+        else f"{finding.metric} recovered at step {episode.resolved_step} ({finding.rule} no longer fires)"
+    )

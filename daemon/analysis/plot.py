@@ -113,44 +113,10 @@ def render(
     best_marks: list[tuple[str, int, float]] = []
     try:
         for number, curve in enumerate(curves):
-            colour = colours[number % len(colours)]
             label = _label(curve, runs, tasks)
-            drawn = curve.smoothed(smoothing)
-            steps = curve.steps
-            points += len(steps)
-            if smoothing.enabled:
-                axes.plot(steps, curve.values, color=colour, alpha=0.3, linewidth=1, marker=".", markersize=4)
-            axes.plot(
-                steps,
-                drawn.values,
-                color=colour,
-                linewidth=2,
-                marker=None if smoothing.enabled else "o",
-                markersize=3,
-                label=label,
-            )
-            low = [
-                v - se if se is not None else math.nan
-                for v, se in zip(drawn.values, drawn.stderrs, strict=True)
-            ]
-            high = [
-                v + se if se is not None else math.nan
-                for v, se in zip(drawn.values, drawn.stderrs, strict=True)
-            ]
-            axes.fill_between(steps, low, high, color=colour, alpha=0.18, linewidth=0)
-            best = _best(curve, direction(curve.metric))
+            points += len(curve.steps)
+            best = _draw(axes, curve, colours[number % len(colours)], label, smoothing, direction)
             if best is not None:
-                axes.plot(
-                    [best[0]],
-                    [best[1]],
-                    marker="*",
-                    markersize=16,
-                    color=colour,
-                    markeredgecolor="black",
-                    linestyle="none",
-                    zorder=5,
-                    label=f"best {label}: step {best[0]} ({best[1]:.4g})",
-                )
                 best_marks.append((label, best[0], best[1]))
         marked += _alerts(axes, curves, alerts, named=runs > 1)
         marked += _run_alerts(axes, curves, alerts, named=runs > 1)
@@ -173,6 +139,48 @@ def render(
     finally:
         plt.close(figure)
     return Plotted(out, len(curves), points, marked, tuple(best_marks))
+
+
+def _draw(
+    axes: Axes,
+    curve: Curve,
+    colour: str,
+    label: str,
+    smoothing: Smoothing,
+    direction: Callable[[str], bool | None],
+) -> tuple[int, float] | None:
+    """One curve: its points (faint under the smoothed line), its ±1 stderr band and its best step
+    starred; returns that best (step, value), if any."""
+    drawn = curve.smoothed(smoothing)
+    steps = curve.steps
+    if smoothing.enabled:
+        axes.plot(steps, curve.values, color=colour, alpha=0.3, linewidth=1, marker=".", markersize=4)
+    axes.plot(
+        steps,
+        drawn.values,
+        color=colour,
+        linewidth=2,
+        marker=None if smoothing.enabled else "o",
+        markersize=3,
+        label=label,
+    )
+    low = [v - se if se is not None else math.nan for v, se in zip(drawn.values, drawn.stderrs, strict=True)]
+    high = [v + se if se is not None else math.nan for v, se in zip(drawn.values, drawn.stderrs, strict=True)]
+    axes.fill_between(steps, low, high, color=colour, alpha=0.18, linewidth=0)
+    best = _best(curve, direction(curve.metric))
+    if best is not None:
+        axes.plot(
+            [best[0]],
+            [best[1]],
+            marker="*",
+            markersize=16,
+            color=colour,
+            markeredgecolor="black",
+            linestyle="none",
+            zorder=5,
+            label=f"best {label}: step {best[0]} ({best[1]:.4g})",
+        )
+    return best
 
 
 def _alerts(axes: Axes, curves: Sequence[Curve], alerts: Sequence[AlertRow], *, named: bool) -> int:

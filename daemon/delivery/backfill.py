@@ -18,8 +18,8 @@ from sqlalchemy.orm import Session
 
 from daemon.config import Config, TrackerConfig
 from daemon.delivery.messages import alert_event_id, event_id, succeeded_jobs
-from daemon.delivery.outbox import Lane
-from daemon.delivery.queue import TrackerQueue
+from daemon.delivery.relay import Lane
+from daemon.delivery.tracker_queue import TrackerQueue
 from daemon.delivery.trackers import TrackerRoute
 from daemon.errors import EvaldError
 from storage import outbox

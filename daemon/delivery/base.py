@@ -1,7 +1,7 @@
 """The sink contract: a :class:`Sink` delivers a batch of messages, a :class:`Route` is its place in the
 outbox, a :class:`Voice` its family's log lines.
 
-The relay (:mod:`daemon.delivery.outbox`) claims a route's due messages from the outbox under a lease (one,
+The relay (:mod:`daemon.delivery.relay`) claims a route's due messages from the outbox under a lease (one,
 or up to ``batch`` in one transaction), reads each stored body with ``Route.read``, hands them to the sink
 in one ``deliver_many``, and marks delivered, in one transaction, those the sink says it delivered; a sink
 stops at the first message it could not deliver and says why with one of the errors of

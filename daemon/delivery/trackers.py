@@ -15,7 +15,7 @@ from daemon.config import TrackerConfig
 from daemon.delivery.base import Route, Sink, Voice
 from daemon.delivery.errors import SinkError, SinkRejected
 from daemon.delivery.messages import AlertEvent, Message, parse
-from daemon.delivery.queue import TrackerQueue
+from daemon.delivery.tracker_queue import TrackerQueue
 from storage import outbox
 from storage.models import Run
 

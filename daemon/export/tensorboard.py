@@ -165,18 +165,7 @@ def write_events(
     ``alerts`` to ``out/<run>/`` (module docstring)."""
     from torch.utils.tensorboard import SummaryWriter  # torch is slow to import: only when exporting
 
-    folder = run_folder(out, run)
-    if folder.exists() and not folder.is_dir():
-        raise EvaldError(f"{folder}: exists and is not a folder")
-    old = sorted(folder.glob(EVENT_GLOB)) if folder.is_dir() else []
-    if old and not replace:
-        raise EvaldError(
-            f"{folder}: already holds {len(old)} TensorBoard event file(s) (a second export would duplicate "
-            "every point); pass --replace to remove them first, or choose another --out"
-        )
-    for path in old:
-        path.unlink()
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = _empty_folder(out, run, replace=replace)
     points = 0
     layout: dict[str, dict[str, list[Any]]] = {}
     sample_texts = alert_texts = 0
@@ -185,21 +174,8 @@ def write_events(
         for curve in curves:
             name = tag(curve)
             lower, upper = band_tags(curve)
-            banded = False
-            for point in curve.points:
-                if not _number(point):
-                    continue
-                walltime = None if point.evaluated_at is None else point.evaluated_at.timestamp()
-                writer.add_scalar(name, point.value, global_step=point.step, walltime=walltime)
-                points += 1
-                if point.stderr is not None and point.stderr == point.stderr:
-                    writer.add_scalar(
-                        lower, point.value - point.stderr, global_step=point.step, walltime=walltime
-                    )
-                    writer.add_scalar(
-                        upper, point.value + point.stderr, global_step=point.step, walltime=walltime
-                    )
-                    banded = True
+            written, banded = _write_curve(writer, curve)
+            points += written
             if banded:
                 charts = layout.setdefault(f"{curve.task} (value ± 1 stderr)", {})
                 charts[name.removeprefix(f"{curve.task}/")] = ["Margin", [name, lower, upper]]
@@ -232,3 +208,40 @@ def write_events(
         alert_texts=alert_texts,
     )
     return Exported(folder, files, len(curves), points, bands, sample_texts, alert_texts)
+
+
+def _empty_folder(out: Path, run: str, *, replace: bool) -> Path:
+    """The run's folder under ``out``, made; event files already there are refused, or removed with
+    ``replace`` (a second export would duplicate every point)."""
+    folder = run_folder(out, run)
+    if folder.exists() and not folder.is_dir():
+        raise EvaldError(f"{folder}: exists and is not a folder")
+    old = sorted(folder.glob(EVENT_GLOB)) if folder.is_dir() else []
+    if old and not replace:
+        raise EvaldError(
+            f"{folder}: already holds {len(old)} TensorBoard event file(s) (a second export would duplicate "
+            "every point); pass --replace to remove them first, or choose another --out"
+        )
+    for path in old:
+        path.unlink()
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _write_curve(writer: Any, curve: Curve) -> tuple[int, bool]:
+    """``curve``'s finite points as scalars, with their ±1 stderr band where known: (points written,
+    whether any had a band)."""
+    name = tag(curve)
+    lower, upper = band_tags(curve)
+    points, banded = 0, False
+    for point in curve.points:
+        if not _number(point):
+            continue
+        walltime = None if point.evaluated_at is None else point.evaluated_at.timestamp()
+        writer.add_scalar(name, point.value, global_step=point.step, walltime=walltime)
+        points += 1
+        if point.stderr is not None and point.stderr == point.stderr:
+            writer.add_scalar(lower, point.value - point.stderr, global_step=point.step, walltime=walltime)
+            writer.add_scalar(upper, point.value + point.stderr, global_step=point.step, walltime=walltime)
+            banded = True
+    return points, banded

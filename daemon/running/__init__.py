@@ -3,7 +3,7 @@
 The entry point is :class:`daemon.running.runner.JobRunner`; each of its parts is one module here:
 
 - :mod:`.attempt`: one worker run's stages and moves, and what its end becomes (pure);
-- :mod:`.queue`: whether and what to claim (capacity, resources, room), and the job's spec;
+- :mod:`.job_queue`: whether and what to claim (capacity, resources, room), and the job's spec;
 - :mod:`.dispatch`: hand an attempt to its executor, poll it, time it out, re-attach to it;
 - :mod:`.executor_watch`: the executor new claims go to, and whether it takes them now;
 - :mod:`.lease`: heartbeats, and a claim lost to another daemon (fencing);

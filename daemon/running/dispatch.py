@@ -48,7 +48,7 @@ from daemon.running.executors.base import (
 )
 from daemon.running.executors.calls import Apply
 from daemon.running.handover import epoch, read_end, ref, retry_plan, write_folder
-from daemon.running.queue import SCRATCH_FULL, JobQueue
+from daemon.running.job_queue import SCRATCH_FULL, JobQueue
 from daemon.running.recording import Recorder
 from daemon.running.workers import Outcome
 from inference.spec import JobSpec

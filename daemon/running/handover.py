@@ -86,15 +86,7 @@ def reattach(
     job_ref = JobRef(orphan.id, orphan.attempts)
     handle = stored_handle(orphan, executor.kind)
     recorded = handle is not None
-    how = "recorded"
-    since = epoch(orphan.started_at) if orphan.started_at is not None else None
-    if handle is None:
-        try:
-            handle = executor.find(job_ref, since=since)
-            how = "found by name"
-        except ExecutorUnavailable as exc:
-            watch.away(str(exc))
-            how = "to be found"
+    handle, how = (handle, "recorded") if recorded else _found(orphan, job_ref, watch)
     folder = handle.job_dir if handle is not None else executor.job_folder(job_ref)
     try:
         spec = JobSpec.model_validate_json((folder / "spec.json").read_bytes())
@@ -133,6 +125,17 @@ def reattach(
         was=orphan.claimed_by,
     )
     return True
+
+
+def _found(orphan: queries.Orphan, job_ref: JobRef, watch: ExecutorWatch) -> tuple[Handle | None, str]:
+    """The orphan's submission looked for by name (no handle was stored), and how: ``found by name``, or
+    ``to be found`` while the controller is away (it is looked for once it answers)."""
+    since = epoch(orphan.started_at) if orphan.started_at is not None else None
+    try:
+        return watch.executor.find(job_ref, since=since), "found by name"
+    except ExecutorUnavailable as exc:
+        watch.away(str(exc))
+        return None, "to be found"
 
 
 def stored_handle(orphan: queries.Orphan, kind: str) -> Handle | None:

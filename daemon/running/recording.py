@@ -222,21 +222,8 @@ class Recorder:
             if stored and self.alerter is not None:
                 self.alerter.after_result(session, job, tp_disagreed=disagreed)
         attempt.recorded = True
-        if stored and self.alerter is not None:
-            self.alerter.after_commit()
-        if stored and not Path(job.checkpoint_path).is_dir():
-            # Rotated away after the worker had it in memory: the results stand, the folder is gone.
-            with self._db.session() as session:
-                why = "deleted after it was evaluated"
-                queries.mark_checkpoint(session, job.checkpoint_id, CheckpointState.VANISHED, why)
-            log.info("checkpoint.vanished", run=job.run, step=job.step, reason=why)
-        if stored and problems:
-            self._report_problems(job, problems)
         if stored:
-            values = {m.name: None if m.n == 0 else round(m.value, 4) for m in result.metrics}
-            log.info(
-                "job.succeeded", job_id=job.id, run=job.run, step=job.step, task=job.task, metrics=values
-            )
+            self._after_stored(job, result, problems)
         else:
             log.warning(
                 "job.lost_lease",
@@ -246,6 +233,24 @@ class Recorder:
                 attempt=job.attempts,
                 stored=False,
             )
+
+    def _after_stored(
+        self, job: queries.ClaimedJob, result: JobResult, problems: list[queries.ProblemRow]
+    ) -> None:
+        """After a result's commit: its alerts sent on, its checkpoint marked vanished when it was rotated
+        away meanwhile, its left-out inputs and its success said."""
+        if self.alerter is not None:
+            self.alerter.after_commit()
+        if not Path(job.checkpoint_path).is_dir():
+            # Rotated away after the worker had it in memory: the results stand, the folder is gone.
+            with self._db.session() as session:
+                why = "deleted after it was evaluated"
+                queries.mark_checkpoint(session, job.checkpoint_id, CheckpointState.VANISHED, why)
+            log.info("checkpoint.vanished", run=job.run, step=job.step, reason=why)
+        if problems:
+            self._report_problems(job, problems)
+        values = {m.name: None if m.n == 0 else round(m.value, 4) for m in result.metrics}
+        log.info("job.succeeded", job_id=job.id, run=job.run, step=job.step, task=job.task, metrics=values)
 
     def _report_problems(self, job: queries.ClaimedJob, problems: list[queries.ProblemRow]) -> None:
         """Inputs left out of the metrics do not fail the job, so a warning is the only place they surface
@@ -322,18 +327,7 @@ class Recorder:
             except DatabaseUnreachable:
                 raise
             except Exception as last:
-                log.error(
-                    "job.unrecordable",
-                    job_id=job.id,
-                    run=job.run,
-                    step=job.step,
-                    task=job.task,
-                    error=message,
-                    also=f"{type(last).__name__}: {reason(last)}",
-                    result=str(attempt.spec.result_path),
-                    action="left running: its lease (or the next start) gives it back, within max_attempts",
-                    exc_info=exc,
-                )
+                _unrecordable(attempt, message, exc, last)
                 return
             message = f"{message} (and recording it: {type(again).__name__}: {reason(again)})"
         if self.alerter is not None:
@@ -350,3 +344,21 @@ class Recorder:
             held=ours,
             exc_info=exc,
         )
+
+
+def _unrecordable(attempt: Attempt, message: str, exc: Exception, last: Exception) -> None:
+    """Said when not even the job's failed state could be stored: the job stays running until its lease
+    (or the next start) gives it back."""
+    job = attempt.job
+    log.error(
+        "job.unrecordable",
+        job_id=job.id,
+        run=job.run,
+        step=job.step,
+        task=job.task,
+        error=message,
+        also=f"{type(last).__name__}: {reason(last)}",
+        result=str(attempt.spec.result_path),
+        action="left running: its lease (or the next start) gives it back, within max_attempts",
+        exc_info=exc,
+    )

@@ -1,6 +1,6 @@
 """Runs claimed jobs through their executor and stores what they return: the loop's one entry point.
 
-The runner ties the parts of :mod:`daemon.running` together: :mod:`.queue` says whether and what to
+The runner ties the parts of :mod:`daemon.running` together: :mod:`.job_queue` says whether and what to
 claim, :mod:`.dispatch` hands each attempt to its executor (:mod:`.executors`: worker processes here, or
 Slurm) and follows it, :mod:`.attempt` says what an attempt's end becomes, :mod:`.recording` writes it,
 and :mod:`.lease` keeps each claim's lease fresh and handles one that was lost. A job whose checkpoint is
@@ -46,7 +46,7 @@ from daemon.running.dispatch import Dispatcher
 from daemon.running.executor_watch import ExecutorWatch
 from daemon.running.executors.base import JobRef
 from daemon.running.fetches import Fetches, object_run
-from daemon.running.queue import SCRATCH_FULL, JobQueue, build_spec, halved
+from daemon.running.job_queue import SCRATCH_FULL, JobQueue, build_spec, halved
 from daemon.running.recording import Recorder
 from daemon.running.workers import Outcome
 from daemon.scheduling.planner import Planner
@@ -285,41 +285,32 @@ class JobRunner:
 
     def _end(self, attempt: Attempt, outcome: Outcome) -> None:
         """Store, retry or fail the job whose worker ended with ``outcome``; the run goes into its history."""
-        job, spec, record = attempt.job, attempt.spec, self._recorder.record
-        duration = attempt.duration()
-        batch = spec.task.batch_size
         if outcome.result is not None:
-            self._recorder.store(attempt, outcome, outcome.result, duration)
+            self._recorder.store(attempt, outcome, outcome.result, attempt.duration())
             return
         kind = outcome.error_kind or "crash"
+        step = self._verdict(attempt, kind)
+        self._follow_verdict(attempt, _with_plan_note(attempt, outcome, kind, step), kind, step)
+
+    def _verdict(self, attempt: Attempt, kind: str) -> Verdict:
+        """What a failed attempt of ``kind`` becomes (:func:`verdict`, from its attempts and plan)."""
         plan = attempt.plan
-        free = attempt.config.executor.free_preemptions
-        step = verdict(
+        return verdict(
             kind,
-            batch_size=batch,
-            attempt=job.attempts,
+            batch_size=attempt.spec.task.batch_size,
+            attempt=attempt.job.attempts,
             max_attempts=attempt.config.inference.max_attempts,
             stopping=self._stopping,
             detached=attempt.detached,
             preemptions=plan.preemptions if plan is not None else 0,
-            free_preemptions=free,
+            free_preemptions=attempt.config.executor.free_preemptions,
             at_time_cap=plan is not None and plan.at_time_cap,
         )
-        if plan is not None and attempt.detached:
-            said = retries.note(
-                kind,
-                plan,
-                nodes=attempt.placement.nodes,
-                free_preemptions=free,
-                spent=step is not Verdict.PREEMPTED,
-                again=step in (Verdict.PREEMPTED, Verdict.RETRY),
-            )
-            if said:
-                # First where it is what `evald status` should show (its first line): how many
-                # preemptions, or that no more time is given; else after the scheduler's line.
-                first = kind == "preempted" or step is Verdict.TIME_CAP
-                error = f"{said}\n{outcome.error}" if first else f"{outcome.error}\n{said}"
-                outcome = Outcome(error_kind=outcome.error_kind, error=error)
+
+    def _follow_verdict(self, attempt: Attempt, outcome: Outcome, kind: str, step: Verdict) -> None:
+        """Record the attempt as ``step`` says, and requeue, fail, retry or rerun its job."""
+        job, record = attempt.job, self._recorder.record
+        duration = attempt.duration()
         if step is Verdict.CANCEL_REQUEUE:
             record(attempt, "cancelled", outcome)
             self._recorder.requeue(job)
@@ -338,8 +329,8 @@ class JobRunner:
                 run=job.run,
                 step=job.step,
                 task=job.task,
-                preemptions=(plan.preemptions if plan is not None else 0) + 1,
-                free_preemptions=free,
+                preemptions=(attempt.plan.preemptions if attempt.plan is not None else 0) + 1,
+                free_preemptions=attempt.config.executor.free_preemptions,
                 action="back in the queue without spending an attempt",
             )
         elif step is Verdict.TIME_CAP:
@@ -351,23 +342,29 @@ class JobRunner:
             self._recorder.requeue(job)
         elif step is Verdict.HALVE:
             record(attempt, "out_of_memory", outcome)
-            job_dir = spec.result_path.parent.with_name(f"{job.id}-{job.attempts}-batch{batch // 2}")
-            log.warning(
-                "job.out_of_memory",
-                job_id=job.id,
-                run=job.run,
-                step=job.step,
-                batch_size=batch,
-                retry_batch_size=batch // 2,
-            )
-            executor = self._watch.executor
-            if not executor.detached and attempt.executor is not None and not attempt.executor.detached:
-                executor = attempt.executor  # a rerun here keeps the settings its claim started with
-            self._dispatch.launch(job, halved(spec, job_dir), attempt.config, executor, attempt.started)
+            self._rerun_halved(attempt)
         else:
             retry = step is Verdict.RETRY
             record(attempt, "retried" if retry else "failed", outcome)
             self._recorder.fail(job, kind, outcome.error, duration, retry=retry)
+
+    def _rerun_halved(self, attempt: Attempt) -> None:
+        """Out of memory: the job runs again at once with half its batch size, in a folder of its own."""
+        job, spec = attempt.job, attempt.spec
+        batch = spec.task.batch_size
+        job_dir = spec.result_path.parent.with_name(f"{job.id}-{job.attempts}-batch{batch // 2}")
+        log.warning(
+            "job.out_of_memory",
+            job_id=job.id,
+            run=job.run,
+            step=job.step,
+            batch_size=batch,
+            retry_batch_size=batch // 2,
+        )
+        executor = self._watch.executor
+        if not executor.detached and attempt.executor is not None and not attempt.executor.detached:
+            executor = attempt.executor  # a rerun here keeps the settings its claim started with
+        self._dispatch.launch(job, halved(spec, job_dir), attempt.config, executor, attempt.started)
 
     def _disk_full(self, attempt: Attempt, outcome: Outcome) -> None:
         """The worker evaluated but found no room for its result: the host's fault, not the checkpoint's.
@@ -451,3 +448,26 @@ class JobRunner:
             )
         self._finished.clear()
         self._watch.calls.close()
+
+
+def _with_plan_note(attempt: Attempt, outcome: Outcome, kind: str, step: Verdict) -> Outcome:
+    """``outcome`` with what the retry plan says of a detached attempt (preemptions so far, no more time
+    given) added to its error: first where ``evald status`` should show it, else after the scheduler's."""
+    plan = attempt.plan
+    if plan is None or not attempt.detached:
+        return outcome
+    said = retries.note(
+        kind,
+        plan,
+        nodes=attempt.placement.nodes,
+        free_preemptions=attempt.config.executor.free_preemptions,
+        spent=step is not Verdict.PREEMPTED,
+        again=step in (Verdict.PREEMPTED, Verdict.RETRY),
+    )
+    if not said:
+        return outcome
+    # First where it is what `evald status` should show (its first line): how many
+    # preemptions, or that no more time is given; else after the scheduler's line.
+    first = kind == "preempted" or step is Verdict.TIME_CAP
+    error = f"{said}\n{outcome.error}" if first else f"{outcome.error}\n{said}"
+    return Outcome(error_kind=outcome.error_kind, error=error)

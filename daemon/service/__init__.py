@@ -2,7 +2,8 @@
 
 :mod:`.daemon` is the loop (:class:`Service`); :mod:`.connect` opens the database at start, :mod:`.parts`
 builds what one config needs, :mod:`.reload` reads the config again on SIGHUP, and :mod:`.recovery` takes
-over the jobs of daemons that died.
+over the jobs of daemons that died; :mod:`.systemd_notifier` tells systemd (``Type=notify``) when the
+daemon is ready, alive and stopping.
 """
 
 from daemon.service.connect import open_database

@@ -33,7 +33,6 @@ from sqlalchemy import text
 
 from daemon.analysis.repeats import RepeatedErrors
 from daemon.config import Config
-from daemon.notify import SystemdNotifier
 from daemon.outage import Outage
 from daemon.running.runner import JobRunner
 from daemon.scheduling.planner import Planner
@@ -41,6 +40,7 @@ from daemon.scheduling.timers import Timers
 from daemon.service import recovery
 from daemon.service.parts import Parts, assemble, resource_probe
 from daemon.service.reload import reloaded
+from daemon.service.systemd_notifier import SystemdNotifier
 from storage.database import Database, describe_url
 from storage.errors import DatabaseUnreachable
 

@@ -16,7 +16,7 @@ import structlog
 
 from daemon.alerts.lifecycle import Alerter
 from daemon.config import Config, RunConfig
-from daemon.delivery.outbox import Relay, routes
+from daemon.delivery.relay import Relay, routes
 from daemon.outage import Outage
 from daemon.scheduling import resources
 from daemon.scheduling.planner import Planner

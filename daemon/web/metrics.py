@@ -39,7 +39,7 @@ as down (``up == 0``) rather than stale numbers.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -110,87 +110,113 @@ class DatabaseCollector(Collector):
         def listed(run: str) -> bool:
             return shown is None or run in shown
 
-        value = GaugeMetricFamily(
-            "evald_metric_value",
-            "Value of each metric at the newest step evaluated for it, in the metric's own unit "
-            "(fractions 0..1 for accuracy and rates, seconds for *_s, tokens for lengths: README, Metrics)",
-            labels=["run", "task", "stage", "metric"],
-        )
-        for row in latest:
-            # No samples, no number (a mean over nothing is not 0); NaN, a real outcome, stays.
-            if listed(row.run) and row.value is not None and row.n != 0:
-                value.add_metric([row.run, row.task, row.stage, row.metric], row.value)
-        yield value
+        yield from _result_families(latest, last, listed)
+        yield from _run_families(runs, states, firing, listed)
+        yield from _webhook_families(webhooks)
+        yield _duration_family(durations, self._buckets)
 
-        # Beside the value, so "no samples" is a sample too (0), not a series that silently stops.
-        samples = GaugeMetricFamily(
-            "evald_metric_samples",
-            "Samples (n) behind each metric at the newest step evaluated for it; 0: no samples, so "
-            "evald_metric_value has no sample for it there",
-            labels=["run", "task", "stage", "metric"],
-        )
-        for row in latest:
-            if listed(row.run) and row.n is not None:
-                samples.add_metric([row.run, row.task, row.stage, row.metric], row.n)
-        yield samples
 
-        stamp = GaugeMetricFamily(
-            "evald_last_result_timestamp_seconds",
-            "Unix time the newest result of the run's task was stored",
-            labels=["run", "task"],
-        )
-        for (run_name, task), at in sorted(last.items()):
-            if listed(run_name):
-                stamp.add_metric([run_name, task], at.timestamp())
-        yield stamp
+def _result_families(
+    latest: Sequence[queries.ResultRow],
+    last: Mapping[tuple[str, str], datetime],
+    listed: Callable[[str], bool],
+) -> Iterator[Metric]:
+    """The newest results: each metric's value and samples, and when each run's task was last stored."""
+    value = GaugeMetricFamily(
+        "evald_metric_value",
+        "Value of each metric at the newest step evaluated for it, in the metric's own unit "
+        "(fractions 0..1 for accuracy and rates, seconds for *_s, tokens for lengths: README, Metrics)",
+        labels=["run", "task", "stage", "metric"],
+    )
+    for row in latest:
+        # No samples, no number (a mean over nothing is not 0); NaN, a real outcome, stays.
+        if listed(row.run) and row.value is not None and row.n != 0:
+            value.add_metric([row.run, row.task, row.stage, row.metric], row.value)
+    yield value
 
-        step = GaugeMetricFamily(
-            "evald_checkpoint_step", "Newest checkpoint step a job of the run succeeded on", labels=["run"]
-        )
-        for run in runs:
-            if run.evaluated_step is not None and listed(run.name):
-                step.add_metric([run.name], run.evaluated_step)
-        yield step
+    # Beside the value, so "no samples" is a sample too (0), not a series that silently stops.
+    samples = GaugeMetricFamily(
+        "evald_metric_samples",
+        "Samples (n) behind each metric at the newest step evaluated for it; 0: no samples, so "
+        "evald_metric_value has no sample for it there",
+        labels=["run", "task", "stage", "metric"],
+    )
+    for row in latest:
+        if listed(row.run) and row.n is not None:
+            samples.add_metric([row.run, row.task, row.stage, row.metric], row.n)
+    yield samples
 
-        jobs = GaugeMetricFamily("evald_jobs", "Evaluation jobs by state", labels=["state"])
-        for state, count in states.items():
-            jobs.add_metric([state], count)
-        yield jobs
+    stamp = GaugeMetricFamily(
+        "evald_last_result_timestamp_seconds",
+        "Unix time the newest result of the run's task was stored",
+        labels=["run", "task"],
+    )
+    for (run_name, task), at in sorted(last.items()):
+        if listed(run_name):
+            stamp.add_metric([run_name, task], at.timestamp())
+    yield stamp
 
-        alerts = GaugeMetricFamily("evald_alerts_firing", "Alerts firing now, by run", labels=["run"])
-        for name, count in sorted(firing.items()):
-            if listed(name):
-                alerts.add_metric([name], count)
-        yield alerts
 
-        failures = CounterMetricFamily(
-            "evald_webhook_failures",
-            "Webhook delivery attempts that failed (no answer, or a status other than 2xx)",
-            labels=["endpoint"],
-        )
-        messages = GaugeMetricFamily(
-            "evald_webhook_messages",
-            "Webhook outbox messages by state (pending: not delivered yet; failed: given up; "
-            "disabled: endpoint answered 410)",
-            labels=["endpoint", "state"],
-        )
-        for standing in webhooks:
-            failures.add_metric([standing.endpoint], standing.failed_attempts)
-            for state, count in standing.messages.items():
-                messages.add_metric([standing.endpoint, state], count)
-        yield failures
-        yield messages
+def _run_families(
+    runs: Iterable[queries.RunRow],
+    states: Mapping[str, int],
+    firing: Mapping[str, int],
+    listed: Callable[[str], bool],
+) -> Iterator[Metric]:
+    """Each run's newest evaluated step, the jobs by state, and the alerts firing per run."""
+    step = GaugeMetricFamily(
+        "evald_checkpoint_step", "Newest checkpoint step a job of the run succeeded on", labels=["run"]
+    )
+    for run in runs:
+        if run.evaluated_step is not None and listed(run.name):
+            step.add_metric([run.name], run.evaluated_step)
+    yield step
 
-        duration = HistogramMetricFamily(
-            "evald_job_duration_seconds",
-            "Wall time of finished evaluation jobs (claim to result)",
-            labels=["task", "state"],
-        )
-        for found in durations:
-            buckets = [(_bound(b), c) for b, c in zip(self._buckets, found.cumulative, strict=True)]
-            buckets.append(("+Inf", found.count))
-            duration.add_metric([found.task, found.state], buckets, sum_value=found.total_s)
-        yield duration
+    jobs = GaugeMetricFamily("evald_jobs", "Evaluation jobs by state", labels=["state"])
+    for state, count in states.items():
+        jobs.add_metric([state], count)
+    yield jobs
+
+    alerts = GaugeMetricFamily("evald_alerts_firing", "Alerts firing now, by run", labels=["run"])
+    for name, count in sorted(firing.items()):
+        if listed(name):
+            alerts.add_metric([name], count)
+    yield alerts
+
+
+def _webhook_families(webhooks: Iterable[monitoring.EndpointStanding]) -> Iterator[Metric]:
+    """Per webhook endpoint: its failed delivery attempts and its outbox messages by state."""
+    failures = CounterMetricFamily(
+        "evald_webhook_failures",
+        "Webhook delivery attempts that failed (no answer, or a status other than 2xx)",
+        labels=["endpoint"],
+    )
+    messages = GaugeMetricFamily(
+        "evald_webhook_messages",
+        "Webhook outbox messages by state (pending: not delivered yet; failed: given up; "
+        "disabled: endpoint answered 410)",
+        labels=["endpoint", "state"],
+    )
+    for standing in webhooks:
+        failures.add_metric([standing.endpoint], standing.failed_attempts)
+        for state, count in standing.messages.items():
+            messages.add_metric([standing.endpoint, state], count)
+    yield failures
+    yield messages
+
+
+def _duration_family(durations: Iterable[queries.DurationBuckets], bounds: Sequence[float]) -> Metric:
+    """Finished jobs' durations by task and state, as cumulative buckets up to ``bounds``."""
+    duration = HistogramMetricFamily(
+        "evald_job_duration_seconds",
+        "Wall time of finished evaluation jobs (claim to result)",
+        labels=["task", "state"],
+    )
+    for found in durations:
+        buckets = [(_bound(b), c) for b, c in zip(bounds, found.cumulative, strict=True)]
+        buckets.append(("+Inf", found.count))
+        duration.add_metric([found.task, found.state], buckets, sum_value=found.total_s)
+    return duration
 
 
 def newest_result_times(latest: Iterable[queries.ResultRow]) -> dict[tuple[str, str], datetime]:

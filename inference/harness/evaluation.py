@@ -37,6 +37,8 @@ from inference.spec import (
     HarnessSpec,
     JobResult,
     JobSpec,
+    MetricValue,
+    SampleOutput,
     TaskSpec,
     Timing,
 )
@@ -152,15 +154,46 @@ def run_harness(spec: JobSpec, group: WorkerGroup) -> JobResult | None:
     started = time.perf_counter()
     task = spec.task
     harness = _harness(task)
-    topology = group.topology
     _quiet_lm_eval()
     try:
         manager = task_manager(harness.task, harness.include_path)
     except TaskInvalid as exc:
         raise TaskInvalid(f"task {task.name!r}: {exc.message}") from exc
-    # Imported only now: a bad task name is rejected without paying for torch and the model.
+    # Loaded only now: a bad task name is rejected without paying for torch and the model.
+    loaded = _load(spec, group)
+    evaluation_started = time.perf_counter()
+    results, model = _evaluate(spec, group, loaded, manager)
+    log.info("harness.served", replica=group.topology.replica, requests=dict(model.served))
+    consistency = _consistency(group, model) if group.topology.tp > 1 else None
+    if group.topology.rank != 0:
+        # Replica 0's tp head holds the gathered results; the other ranks took part in every pass.
+        log.info(
+            "harness.evaluated",
+            lm_eval_task=harness.task,
+            eval_s=round(time.perf_counter() - evaluation_started, 3),
+        )
+        return None
+    metrics, samples = _outputs(spec, results, loaded)
+    finished = time.perf_counter()
+    log.info(
+        "harness.evaluated",
+        lm_eval_task=harness.task,
+        metrics=len(metrics),
+        samples=len(samples),
+        eval_s=round(finished - evaluation_started, 3),
+    )
+    return JobResult(
+        job_id=spec.job_id,
+        metrics=metrics,
+        samples=samples,
+        timing=Timing(load_s=loaded.load_s, eval_s=finished - evaluation_started, total_s=finished - started),
+        consistency=consistency,
+    )
+
+
+def _load(spec: JobSpec, group: WorkerGroup) -> LoadedModel:
+    """The checkpoint loaded by evald's loader on this rank's device, seeded and with its threads set."""
     import torch
-    from lm_eval import simple_evaluate
 
     from inference.loader import load_model
 
@@ -168,7 +201,7 @@ def run_harness(spec: JobSpec, group: WorkerGroup) -> JobResult | None:
     if spec.inference.threads is not None:
         torch.set_num_threads(spec.inference.threads)
     # One folder per rank: a layout's conversion writes there, and ranks must not write over each other.
-    scratch = spec.result_path.parent / "scratch" / f"rank-{topology.rank}"
+    scratch = spec.result_path.parent / "scratch" / f"rank-{group.topology.rank}"
     scratch.mkdir(parents=True, exist_ok=True)
     loaded = load_model(
         spec.checkpoint_path,
@@ -179,8 +212,24 @@ def run_harness(spec: JobSpec, group: WorkerGroup) -> JobResult | None:
         device=group.device if spec.inference.device.startswith("cuda") else None,
         tp_group=group.tp_group,
     )
-    log.info("harness.loaded", load_s=round(loaded.load_s, 3), lm_eval_task=harness.task, rank=topology.rank)
-    evaluation_started = time.perf_counter()
+    log.info(
+        "harness.loaded",
+        load_s=round(loaded.load_s, 3),
+        lm_eval_task=_harness(spec.task).task,
+        rank=group.topology.rank,
+    )
+    return loaded
+
+
+def _evaluate(
+    spec: JobSpec, group: WorkerGroup, loaded: LoadedModel, manager: Any
+) -> tuple[dict[str, Any] | None, Any]:
+    """lm-eval's ``simple_evaluate`` on the loaded model (every rank), its errors converted: what it
+    returned (rank 0's results) and the model that served it."""
+    from lm_eval import simple_evaluate
+
+    task = spec.task
+    harness = _harness(task)
     # Collective (every rank creates every peer group): before anything that may fail on one rank only.
     peers = group.peer_group()
     with (
@@ -199,16 +248,15 @@ def run_harness(spec: JobSpec, group: WorkerGroup) -> JobResult | None:
             log_samples=True,
             confirm_run_unsafe_code=SANDBOXED_CODE_TASKS.fullmatch(harness.task) is not None,
         )
-    log.info("harness.served", replica=topology.replica, requests=dict(model.served))
-    consistency = _consistency(group, model) if topology.tp > 1 else None
-    if topology.rank != 0:
-        # Replica 0's tp head holds the gathered results; the other ranks took part in every pass.
-        log.info(
-            "harness.evaluated",
-            lm_eval_task=harness.task,
-            eval_s=round(time.perf_counter() - evaluation_started, 3),
-        )
-        return None
+    return results, model
+
+
+def _outputs(
+    spec: JobSpec, results: dict[str, Any] | None, loaded: LoadedModel
+) -> tuple[tuple[MetricValue, ...], tuple[SampleOutput, ...]]:
+    """The metrics and samples of lm-eval's results (rank 0's); none at all fails the job, naming why."""
+    task = spec.task
+    harness = _harness(task)
     if results is None:
         raise TaskInvalid(f"task {task.name!r}: lm-eval returned no results for {harness.task!r}")
     try:
@@ -226,21 +274,7 @@ def run_harness(spec: JobSpec, group: WorkerGroup) -> JobResult | None:
         max_text_chars=spec.max_text_chars,
         count_tokens=lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"]),
     )
-    finished = time.perf_counter()
-    log.info(
-        "harness.evaluated",
-        lm_eval_task=harness.task,
-        metrics=len(metrics),
-        samples=len(samples),
-        eval_s=round(finished - evaluation_started, 3),
-    )
-    return JobResult(
-        job_id=spec.job_id,
-        metrics=metrics,
-        samples=samples,
-        timing=Timing(load_s=loaded.load_s, eval_s=finished - evaluation_started, total_s=finished - started),
-        consistency=consistency,
-    )
+    return metrics, samples
 
 
 def _consistency(group: WorkerGroup, model: Any) -> Consistency | None:

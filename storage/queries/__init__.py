@@ -3,7 +3,7 @@
 Callers open the transaction (``Database.session()``); each function here is one step inside it, so a
 caller can make several steps atomic (a job's results, samples and ``succeeded`` commit together).
 
-Split by what it answers: :mod:`.queue` (runs, checkpoints and the jobs enqueued for them),
+Split by what it answers: :mod:`.queue_entries` (runs, checkpoints and the jobs enqueued for them),
 :mod:`.claims` (claiming a job, its lease and fencing token, its submission), :mod:`.recovery` (claims of
 daemons taken for dead), :mod:`.outcomes` (results stored, failures, attempts' history), :mod:`.status`
 (where checkpoints and jobs stand), :mod:`.results` (metric values), :mod:`.samples` (one job's samples
@@ -46,7 +46,7 @@ from storage.queries.outcomes import (
     job_history,
     record_attempt,
 )
-from storage.queries.queue import (
+from storage.queries.queue_entries import (
     NewCheckpoint,
     checkpoint_states,
     enqueue_jobs,

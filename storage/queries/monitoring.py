@@ -116,15 +116,7 @@ def outbox_backlog(session: Session, prefix: str) -> list[OutboxBacklog]:
             oldest[key], next_at[key] = _utc(created), _utc(upcoming)
         if OutboxState(state) is OutboxState.DELIVERED:
             delivered_at[key] = _utc(delivered)
-    standing = {
-        name: reason or "disabled"
-        for name, reason in session.execute(
-            select(WebhookEndpoint.name, WebhookEndpoint.disabled_reason).where(
-                WebhookEndpoint.name.startswith(prefix, autoescape=True),
-                WebhookEndpoint.disabled_at.is_not(None),
-            )
-        )
-    }
+    standing = _disabled(session, prefix)
     for name in standing:
         if not any(endpoint == name for endpoint, _ in counts):
             counts[(name, None)] = {}
@@ -132,27 +124,12 @@ def outbox_backlog(session: Session, prefix: str) -> list[OutboxBacklog]:
     for key in sorted(counts, key=lambda k: (k[0], k[1] or "")):
         endpoint, of_target = key
         states = counts[key]
-        error, attempts = None, 0
-        if states.get(OutboxState.PENDING.value):
-            query = (
-                select(OutboxMessage.last_error, OutboxMessage.attempts)
-                .where(
-                    OutboxMessage.endpoint == endpoint,
-                    OutboxMessage.state == OutboxState.PENDING,
-                    OutboxMessage.attempts > 0,
-                )
-                .order_by(OutboxMessage.attempts.desc(), OutboxMessage.id)
-                .limit(1)
-            )
-            if target is not None:
-                query = query.where(target.is_(None) if of_target is None else target == of_target)
-            tried = session.execute(query).first()
-            if tried is not None:
-                error, attempts = tried[0], int(tried[1])
+        pending = states.get(OutboxState.PENDING.value, 0)
+        error, attempts = _most_tried(session, endpoint, target, of_target) if pending else (None, 0)
         found.append(
             OutboxBacklog(
                 endpoint=endpoint,
-                pending=states.get(OutboxState.PENDING.value, 0),
+                pending=pending,
                 oldest_pending_at=oldest.get(key),
                 next_attempt_at=next_at.get(key),
                 last_error=error,
@@ -166,6 +143,40 @@ def outbox_backlog(session: Session, prefix: str) -> list[OutboxBacklog]:
             )
         )
     return found
+
+
+def _disabled(session: Session, prefix: str) -> dict[str, str]:
+    """Endpoints starting with ``prefix`` that are disabled for good, with why."""
+    return {
+        name: reason or "disabled"
+        for name, reason in session.execute(
+            select(WebhookEndpoint.name, WebhookEndpoint.disabled_reason).where(
+                WebhookEndpoint.name.startswith(prefix, autoescape=True),
+                WebhookEndpoint.disabled_at.is_not(None),
+            )
+        )
+    }
+
+
+def _most_tried(
+    session: Session, endpoint: str, target: Any, of_target: str | None
+) -> tuple[str | None, int]:
+    """The last error and attempts of the most-tried pending message of ``endpoint`` (and ``of_target``
+    where the outbox keeps targets: ``target`` is its column, else None); (None, 0) when none was tried."""
+    query = (
+        select(OutboxMessage.last_error, OutboxMessage.attempts)
+        .where(
+            OutboxMessage.endpoint == endpoint,
+            OutboxMessage.state == OutboxState.PENDING,
+            OutboxMessage.attempts > 0,
+        )
+        .order_by(OutboxMessage.attempts.desc(), OutboxMessage.id)
+        .limit(1)
+    )
+    if target is not None:
+        query = query.where(target.is_(None) if of_target is None else target == of_target)
+    tried = session.execute(query).first()
+    return (None, 0) if tried is None else (tried[0], int(tried[1]))
 
 
 def _utc(value: datetime | None) -> datetime | None:

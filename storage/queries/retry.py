@@ -129,26 +129,31 @@ def retry_job_rows(
             reason = f"job {job.id}: its checkpoint {path} is {checkpoint_state}: nothing to evaluate"
             found.append(_target(job, run_name, "refused", reason))
         else:
-            # Conditioned on the state read above: a concurrent retry (or anything else that moved the
-            # job) makes this update nothing, and the job is reported as that retry left it.
-            moved = session.execute(
-                update(EvalJob)
-                .where(EvalJob.id == job.id, EvalJob.state.in_(RETRYABLE_STATES))
-                .values(
-                    state=JobState.PENDING,
-                    claimed_by=None,
-                    heartbeat_at=None,
-                    wait_reason=None,
-                    deferred_at=None,
-                    stuck_at=None,
-                    executor_handle=None,
-                    executor_state=None,
-                )
-                .execution_options(synchronize_session=False)
-            )
-            queued = bool(getattr(moved, "rowcount", 0))
+            queued = _requeue(session, job.id)
             found.append(_target(job, run_name, "queued" if queued else "already_queued"))
     return found
+
+
+def _requeue(session: Session, job_id: int) -> bool:
+    """The failed job back to ``pending``, its claim and deferral cleared; False when it was no longer
+    failed (conditioned on the state read before: a concurrent retry, or anything else that moved the
+    job, makes this update nothing, and the job is reported as that retry left it)."""
+    moved = session.execute(
+        update(EvalJob)
+        .where(EvalJob.id == job_id, EvalJob.state.in_(RETRYABLE_STATES))
+        .values(
+            state=JobState.PENDING,
+            claimed_by=None,
+            heartbeat_at=None,
+            wait_reason=None,
+            deferred_at=None,
+            stuck_at=None,
+            executor_handle=None,
+            executor_state=None,
+        )
+        .execution_options(synchronize_session=False)
+    )
+    return bool(getattr(moved, "rowcount", 0))
 
 
 def job_submission(session: Session, job_id: int) -> Submission | None:

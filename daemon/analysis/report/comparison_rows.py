@@ -77,6 +77,7 @@ def _difference(row: Difference, fdr: float) -> dict[str, Any]:
 
 
 def comparison(found: Comparison, fmt: Format) -> str:
+    """``evald compare``'s answer in ``fmt``: JSON, CSV (one row per matched point), or a table."""
     rows = [_difference(d, found.fdr) for d in found.differences]
     if fmt == "json":
         return json.dumps(
@@ -107,6 +108,11 @@ def comparison(found: Comparison, fmt: Format) -> str:
         }
         writer.writerows({**row, **extra} for row in rows)
         return buffer.getvalue().rstrip("\n")
+    return _comparison_text(found, rows)
+
+
+def _comparison_text(found: Comparison, rows: list[dict[str, Any]]) -> str:
+    """The comparison as a table under its summary, with why points were not paired or not compared."""
     verdict = {True: "yes", False: "no", None: "-"}
     smoothed = found.smoothing.enabled
     headers = (

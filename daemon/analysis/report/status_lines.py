@@ -82,106 +82,127 @@ def status_text(summary: Mapping[str, Any], width: int | None = None) -> str:
     """Each run's status; errors are shown by their first line, cut to ``width`` columns (a terminal's)."""
     lines = []
     for run, info in summary.items():
-        checkpoints = ", ".join(f"{k} {v}" for k, v in info["checkpoints"].items()) or "none"
-        jobs = _jobs_line(info)
-        lines.append(f"run {run}: last evaluated step {cell(info['last_evaluated_step'])}")
-        schedule = info.get("schedule") or {}
-        if schedule:
-            lines.append(f"  frequency:   {schedule['frequency']} (backlog {schedule['backlog']})")
-            lines.append(f"  next due:    {schedule['next_due']}")
-            if "adaptive" in schedule:
-                adaptive = schedule["adaptive"]
-                lines.append(f"  adaptive:    every {adaptive['every_steps']} steps: {adaptive['reason']}")
-        lines.append(f"  checkpoints: {checkpoints}")
-        lines.append(f"  jobs:        {jobs}")
-        for group in info.get("queue", []):
-            steps = ", ".join(str(s) for s in group["steps"][:8]) + (
-                " ..." if len(group["steps"]) > 8 else ""
-            )
-            where = f"priority {group['priority']} {group['stage']}"
-            lines.append(f"  queue:       {where}: {group['jobs']} job(s), steps {steps}")
-        lines.extend(_held(info.get("held", [])))
+        lines.extend(_progress_lines(run, info))
         for job in info.get("running", []):
-            where = f"step {cell(job['step'])} [{job['task']}/{job['stage']}] (job {job['job']})"
-            most = job.get("max_attempts")
-            attempt = f"attempt {job['attempt']}" + (f" of {most}" if most is not None else "")
-            if job.get("in_slurm") == "pending":
-                name = scheduler_name(job.get("executor"))
-                said = job.get("scheduler_state") or "submitted"
-                waited = (
-                    "" if job.get("queue_wait_s") is None else f", waiting {duration(job['queue_wait_s'])}"
-                )
-                lines.append(
-                    f"  in {name}:{' ' * max(1, 9 - len(name))}{where}: {name} job "
-                    f"{cell(job.get('slurm_job_id'))} {said}{waited}; "
-                    f"{attempt}, submitted by {job['held_by']}"
-                )
-                continue
-            lines.append(
-                f"  running:     {where} on {job['held_by']}, {attempt}, "
-                f"last heartbeat {cell(job['heartbeat_at'])}"
-            )
-            if job.get("slurm_job_id") is not None:
-                label = f"{job.get('executor') or 'slurm'}:"
-                lines.append(
-                    f"    {label:<11}job {job['slurm_job_id']}: {job.get('scheduler_state') or 'submitted'}"
-                )
-        for job in info.get("deferred", []):
-            lines.append(
-                f"  deferred:    step {cell(job['step'])} [{job['task']}/{job['stage']}]: {job['reason']}"
-            )
-        for job in info.get("retrying", []):
-            where = f"step {cell(job['step'])} [{job['task']}/{job['stage']}] (job {job['job']})"
-            prefix = (
-                f"  retrying:    {where}: {job['state']}, {_attempts(job['attempts'], job['max_attempts'])} "
-                f"so far; last error {job['kind']}: "
-            )
-            lines.extend(_error(prefix, job["error"], width, job["job"]))
-        for folder in info.get("not_ready", []):
-            lines.append(f"  not ready:   {folder['checkpoint']}: {folder['reason'] or 'being written'}")
-        for plan in info.get("waiting", []):
-            lines.append(f"  waiting:     {plan['checkpoint']}: {plan['reason']}")
-        skipped = info.get("skipped", [])
-        for plan in skipped[-SKIPPED_SHOWN:]:
-            lines.append(f"  skipped:     {plan['checkpoint']}: {plan['reason']}")
-        if len(skipped) > SKIPPED_SHOWN:
-            lines.append(
-                f"  skipped:     ... and {len(skipped) - SKIPPED_SHOWN} earlier (--format json lists all)"
-            )
-        for problem in info["problems"]:
-            what = problem["checkpoint"] + (f" [{problem['task']}]" if "task" in problem else "")
-            job = (
-                f" (job {problem['job']}, {_attempts(problem['attempts'], problem.get('max_attempts'))})"
-                if "job" in problem
-                else ""
-            )
-            lines.extend(
-                _error(f"  {problem['state']}: {what}{job}: ", problem["reason"], width, problem.get("job"))
-            )
-        for found in info.get("tp_disagreements", []):
-            lines.append(
-                f"  tp ranks disagreed: step {cell(found['step'])} [{found['task']}] (job {found['job']}): "
-                f"{found['batches']} batch(es), settled by majority"
-            )
-        for job in info.get("left_out", []):
-            where = f"step {cell(job['step'])} [{job['task']}/{job['stage']}] (job {job['job']})"
-            lines.append(
-                f"  left out:    {where}: {job['inputs']} input(s) with problems (see `evald samples`)"
-            )
-        for row in info.get("no_samples", []):
-            where = f"{row['metric']} [{row['task']}/{row['stage']}] at step {cell(row['step'])}"
-            lines.append(
-                f"  {NO_SAMPLES}:  {where} ({row['checkpoint']}), the newest evaluated: "
-                "computed over no samples (n = 0)"
-            )
-        for folder in info.get("ignored", []):
-            lines.append(f"  ignored:     {folder['folder']}: {folder['reason']}")
-        for alternate in info.get("alternates", []):
-            lines.append(
-                f"  alternate:   {alternate['folder']} ({alternate['layout']}): the same step as "
-                f"{alternate['of']}, which is evaluated instead"
-            )
+            lines.extend(_running_lines(job))
+        lines.extend(_waiting_lines(info, width))
+        lines.extend(_problem_lines(info["problems"], width))
+        lines.extend(_finding_lines(info))
     return "\n".join(lines)
+
+
+def _progress_lines(run: str, info: Mapping[str, Any]) -> list[str]:
+    """A run's head: its newest evaluated step, schedule, counts by state, queue and held jobs."""
+    checkpoints = ", ".join(f"{k} {v}" for k, v in info["checkpoints"].items()) or "none"
+    lines = [f"run {run}: last evaluated step {cell(info['last_evaluated_step'])}"]
+    schedule = info.get("schedule") or {}
+    if schedule:
+        lines.append(f"  frequency:   {schedule['frequency']} (backlog {schedule['backlog']})")
+        lines.append(f"  next due:    {schedule['next_due']}")
+        if "adaptive" in schedule:
+            adaptive = schedule["adaptive"]
+            lines.append(f"  adaptive:    every {adaptive['every_steps']} steps: {adaptive['reason']}")
+    lines.append(f"  checkpoints: {checkpoints}")
+    lines.append(f"  jobs:        {_jobs_line(info)}")
+    for group in info.get("queue", []):
+        steps = ", ".join(str(s) for s in group["steps"][:8]) + (" ..." if len(group["steps"]) > 8 else "")
+        where = f"priority {group['priority']} {group['stage']}"
+        lines.append(f"  queue:       {where}: {group['jobs']} job(s), steps {steps}")
+    lines.extend(_held(info.get("held", [])))
+    return lines
+
+
+def _running_lines(job: Mapping[str, Any]) -> list[str]:
+    """A running job: waiting in a scheduler's queue, or running (with its scheduler's job, if any)."""
+    where = f"step {cell(job['step'])} [{job['task']}/{job['stage']}] (job {job['job']})"
+    most = job.get("max_attempts")
+    attempt = f"attempt {job['attempt']}" + (f" of {most}" if most is not None else "")
+    if job.get("in_slurm") == "pending":
+        name = scheduler_name(job.get("executor"))
+        said = job.get("scheduler_state") or "submitted"
+        waited = "" if job.get("queue_wait_s") is None else f", waiting {duration(job['queue_wait_s'])}"
+        return [
+            f"  in {name}:{' ' * max(1, 9 - len(name))}{where}: {name} job "
+            f"{cell(job.get('slurm_job_id'))} {said}{waited}; "
+            f"{attempt}, submitted by {job['held_by']}"
+        ]
+    lines = [
+        f"  running:     {where} on {job['held_by']}, {attempt}, last heartbeat {cell(job['heartbeat_at'])}"
+    ]
+    if job.get("slurm_job_id") is not None:
+        label = f"{job.get('executor') or 'slurm'}:"
+        lines.append(f"    {label:<11}job {job['slurm_job_id']}: {job.get('scheduler_state') or 'submitted'}")
+    return lines
+
+
+def _waiting_lines(info: Mapping[str, Any], width: int | None) -> list[str]:
+    """Jobs deferred or being retried, and checkpoints not ready, waiting their turn or skipped."""
+    lines = [
+        f"  deferred:    step {cell(job['step'])} [{job['task']}/{job['stage']}]: {job['reason']}"
+        for job in info.get("deferred", [])
+    ]
+    for job in info.get("retrying", []):
+        where = f"step {cell(job['step'])} [{job['task']}/{job['stage']}] (job {job['job']})"
+        prefix = (
+            f"  retrying:    {where}: {job['state']}, {_attempts(job['attempts'], job['max_attempts'])} "
+            f"so far; last error {job['kind']}: "
+        )
+        lines.extend(_error(prefix, job["error"], width, job["job"]))
+    for folder in info.get("not_ready", []):
+        lines.append(f"  not ready:   {folder['checkpoint']}: {folder['reason'] or 'being written'}")
+    for plan in info.get("waiting", []):
+        lines.append(f"  waiting:     {plan['checkpoint']}: {plan['reason']}")
+    skipped = info.get("skipped", [])
+    for plan in skipped[-SKIPPED_SHOWN:]:
+        lines.append(f"  skipped:     {plan['checkpoint']}: {plan['reason']}")
+    if len(skipped) > SKIPPED_SHOWN:
+        lines.append(
+            f"  skipped:     ... and {len(skipped) - SKIPPED_SHOWN} earlier (--format json lists all)"
+        )
+    return lines
+
+
+def _problem_lines(problems: list[Mapping[str, Any]], width: int | None) -> list[str]:
+    """Checkpoints invalid or gone and jobs failed for good, each with its error's first line."""
+    lines = []
+    for problem in problems:
+        what = problem["checkpoint"] + (f" [{problem['task']}]" if "task" in problem else "")
+        job = (
+            f" (job {problem['job']}, {_attempts(problem['attempts'], problem.get('max_attempts'))})"
+            if "job" in problem
+            else ""
+        )
+        lines.extend(
+            _error(f"  {problem['state']}: {what}{job}: ", problem["reason"], width, problem.get("job"))
+        )
+    return lines
+
+
+def _finding_lines(info: Mapping[str, Any]) -> list[str]:
+    """What evaluations and discovery noticed: ranks that disagreed, inputs left out, metrics over no
+    samples, folders ignored, alternate shapes of a step."""
+    lines = [
+        f"  tp ranks disagreed: step {cell(found['step'])} [{found['task']}] (job {found['job']}): "
+        f"{found['batches']} batch(es), settled by majority"
+        for found in info.get("tp_disagreements", [])
+    ]
+    for job in info.get("left_out", []):
+        where = f"step {cell(job['step'])} [{job['task']}/{job['stage']}] (job {job['job']})"
+        lines.append(f"  left out:    {where}: {job['inputs']} input(s) with problems (see `evald samples`)")
+    for row in info.get("no_samples", []):
+        where = f"{row['metric']} [{row['task']}/{row['stage']}] at step {cell(row['step'])}"
+        lines.append(
+            f"  {NO_SAMPLES}:  {where} ({row['checkpoint']}), the newest evaluated: "
+            "computed over no samples (n = 0)"
+        )
+    for folder in info.get("ignored", []):
+        lines.append(f"  ignored:     {folder['folder']}: {folder['reason']}")
+    for alternate in info.get("alternates", []):
+        lines.append(
+            f"  alternate:   {alternate['folder']} ({alternate['layout']}): the same step as "
+            f"{alternate['of']}, which is evaluated instead"
+        )
+    return lines
 
 
 def cluster_text(cluster: Mapping[str, Any] | None) -> str:

@@ -33,113 +33,154 @@ def status(
     for run in runs:
         run_checkpoints = [c for c in checkpoints if c.run == run]
         run_jobs = [j for j in jobs if j.run == run]
-        run_plans = [p for p in plans if p.run == run]
         out[run] = {
-            "checkpoints": _count(c.state for c in run_checkpoints),
-            "jobs": _count(j.state for j in run_jobs),
-            "last_evaluated_step": max(
-                (j.step for j in run_jobs if j.state == "succeeded" and j.step is not None), default=None
+            **_progress(run_checkpoints, run_jobs, (schedules or {}).get(run, {})),
+            **_jobs_under_way(run_jobs, max_attempts),
+            **_checkpoints_held_back(run_checkpoints, [p for p in plans if p.run == run]),
+            **_problems(run_checkpoints, run_jobs, max_attempts),
+            **_findings(
+                run_jobs,
+                [r for r in latest if r.run == run],
+                [i for i in ignored if i.run == run],
+                [a for a in alternates if a.run == run],
             ),
-            "schedule": {k: _jsonable_deep(v) for k, v in (schedules or {}).get(run, {}).items()},
-            "queue": _queue(run_jobs),
-            "running": [
-                {
-                    "job": j.id,
-                    "step": j.step,
-                    "task": j.task,
-                    "stage": j.stage,
-                    "attempt": j.attempts,
-                    "max_attempts": max_attempts,
-                    "held_by": j.claimed_by,
-                    "started_at": jsonable(j.started_at),
-                    "heartbeat_at": jsonable(j.heartbeat_at),
-                }
-                for j in run_jobs
-                if j.state == "running"
-            ],
-            "deferred": [
-                {"job": j.id, "step": j.step, "task": j.task, "stage": j.stage, "reason": j.wait_reason}
-                for j in run_jobs
-                if j.state == "deferred"
-            ],
-            # Queued jobs the dispatcher holds back, with why (``max_queued_per_run`` reached); a pending
-            # job's other reason is a deferral's, kept from before it was released, and said no more.
-            "held": [
-                {"job": j.id, "step": j.step, "task": j.task, "stage": j.stage, "reason": j.wait_reason}
-                for j in run_jobs
-                if j.state == "pending" and j.wait_reason and j.wait_reason.startswith(HELD_PREFIX)
-            ],
-            # Jobs whose last attempt failed and that will run again: the retry queue is the database.
-            "retrying": [
-                {
-                    "job": j.id,
-                    "step": j.step,
-                    "task": j.task,
-                    "stage": j.stage,
-                    "state": j.state,
-                    "attempts": j.attempts,
-                    "max_attempts": max_attempts,
-                    "kind": j.error_kind,
-                    "error": j.error,
-                }
-                for j in run_jobs
-                if j.state in RETRYING_STATES and j.attempts > 0 and j.error is not None
-            ],
-            # Still being written, or incomplete until invalid_after_secs: newer ones are not held back.
-            "not_ready": [
-                {"checkpoint": c.name, "step": c.step, "reason": c.reason}
-                for c in run_checkpoints
-                if c.state == "discovered"
-            ],
-            "waiting": [_plan(p) for p in run_plans if p.plan == "waiting"],
-            "skipped": [_plan(p) for p in run_plans if p.plan == "skipped"],
-            "problems": [
-                {"checkpoint": c.name, "step": c.step, "state": c.state, "reason": c.reason}
-                for c in run_checkpoints
-                if c.state in ("invalid", "vanished")
-            ]
-            + [
-                {
-                    "checkpoint": j.checkpoint,
-                    "step": j.step,
-                    "task": j.task,
-                    "state": j.state,
-                    "reason": j.error,
-                    "job": j.id,
-                    "kind": j.error_kind,
-                    "attempts": j.attempts,
-                    "max_attempts": max_attempts,
-                }
-                for j in run_jobs
-                if j.state == "failed"
-            ],
-            "tp_disagreements": [
-                {"job": j.id, "step": j.step, "task": j.task, "batches": j.tp_disagreements}
-                for j in run_jobs
-                if j.tp_disagreements
-            ],
-            "left_out": [
-                {"job": j.id, "step": j.step, "task": j.task, "stage": j.stage, "inputs": j.problems}
-                for j in run_jobs
-                if j.problems
-            ],
-            "no_samples": [
-                {
-                    "step": r.step,
-                    "checkpoint": r.checkpoint,
-                    "task": r.task,
-                    "stage": r.stage,
-                    "metric": r.metric,
-                }
-                for r in latest
-                if r.run == run and r.no_samples
-            ],
-            "ignored": [{"folder": i.name, "reason": i.reason} for i in ignored if i.run == run],
-            "alternates": [
-                {"folder": a.name, "layout": a.layout, "of": a.of} for a in alternates if a.run == run
-            ],
         }
     return out
+
+
+def _progress(
+    checkpoints: Sequence[CheckpointRow], jobs: Sequence[JobRow], schedule: Mapping[str, Any]
+) -> dict[str, Any]:
+    """How far a run is: counts by state, its newest evaluated step, its schedule, its queue."""
+    return {
+        "checkpoints": _count(c.state for c in checkpoints),
+        "jobs": _count(j.state for j in jobs),
+        "last_evaluated_step": max(
+            (j.step for j in jobs if j.state == "succeeded" and j.step is not None), default=None
+        ),
+        "schedule": {k: _jsonable_deep(v) for k, v in schedule.items()},
+        "queue": _queue(jobs),
+    }
+
+
+def _jobs_under_way(jobs: Sequence[JobRow], max_attempts: int | None) -> dict[str, Any]:
+    """A run's jobs that are running, deferred, held back or being retried."""
+    return {
+        "running": [
+            {
+                "job": j.id,
+                "step": j.step,
+                "task": j.task,
+                "stage": j.stage,
+                "attempt": j.attempts,
+                "max_attempts": max_attempts,
+                "held_by": j.claimed_by,
+                "started_at": jsonable(j.started_at),
+                "heartbeat_at": jsonable(j.heartbeat_at),
+            }
+            for j in jobs
+            if j.state == "running"
+        ],
+        "deferred": [_waiting_job(j) for j in jobs if j.state == "deferred"],
+        # Queued jobs the dispatcher holds back, with why (``max_queued_per_run`` reached); a pending
+        # job's other reason is a deferral's, kept from before it was released, and said no more.
+        "held": [
+            _waiting_job(j)
+            for j in jobs
+            if j.state == "pending" and j.wait_reason and j.wait_reason.startswith(HELD_PREFIX)
+        ],
+        # Jobs whose last attempt failed and that will run again: the retry queue is the database.
+        "retrying": [
+            {
+                "job": j.id,
+                "step": j.step,
+                "task": j.task,
+                "stage": j.stage,
+                "state": j.state,
+                "attempts": j.attempts,
+                "max_attempts": max_attempts,
+                "kind": j.error_kind,
+                "error": j.error,
+            }
+            for j in jobs
+            if j.state in RETRYING_STATES and j.attempts > 0 and j.error is not None
+        ],
+    }
+
+
+def _waiting_job(job: JobRow) -> dict[str, Any]:
+    return {"job": job.id, "step": job.step, "task": job.task, "stage": job.stage, "reason": job.wait_reason}
+
+
+def _checkpoints_held_back(checkpoints: Sequence[CheckpointRow], plans: Sequence[PlanRow]) -> dict[str, Any]:
+    """A run's checkpoints not evaluated yet, with why: not ready, waiting for their turn, or skipped."""
+    return {
+        # Still being written, or incomplete until invalid_after_secs: newer ones are not held back.
+        "not_ready": [
+            {"checkpoint": c.name, "step": c.step, "reason": c.reason}
+            for c in checkpoints
+            if c.state == "discovered"
+        ],
+        "waiting": [_plan(p) for p in plans if p.plan == "waiting"],
+        "skipped": [_plan(p) for p in plans if p.plan == "skipped"],
+    }
+
+
+def _problems(
+    checkpoints: Sequence[CheckpointRow], jobs: Sequence[JobRow], max_attempts: int | None
+) -> dict[str, Any]:
+    """A run's checkpoints found invalid or gone, and its jobs that failed for good."""
+    return {
+        "problems": [
+            {"checkpoint": c.name, "step": c.step, "state": c.state, "reason": c.reason}
+            for c in checkpoints
+            if c.state in ("invalid", "vanished")
+        ]
+        + [
+            {
+                "checkpoint": j.checkpoint,
+                "step": j.step,
+                "task": j.task,
+                "state": j.state,
+                "reason": j.error,
+                "job": j.id,
+                "kind": j.error_kind,
+                "attempts": j.attempts,
+                "max_attempts": max_attempts,
+            }
+            for j in jobs
+            if j.state == "failed"
+        ],
+    }
+
+
+def _findings(
+    jobs: Sequence[JobRow],
+    latest: Sequence[ResultRow],
+    ignored: Sequence[IgnoredRow],
+    alternates: Sequence[AlternateRow],
+) -> dict[str, Any]:
+    """What a run's evaluations and discovery noticed on the way: tensor-parallel ranks that disagreed,
+    inputs left out, metrics over no samples, folders not taken, other shapes of evaluated steps."""
+    return {
+        "tp_disagreements": [
+            {"job": j.id, "step": j.step, "task": j.task, "batches": j.tp_disagreements}
+            for j in jobs
+            if j.tp_disagreements
+        ],
+        "left_out": [
+            {"job": j.id, "step": j.step, "task": j.task, "stage": j.stage, "inputs": j.problems}
+            for j in jobs
+            if j.problems
+        ],
+        "no_samples": [
+            {"step": r.step, "checkpoint": r.checkpoint, "task": r.task, "stage": r.stage, "metric": r.metric}
+            for r in latest
+            if r.no_samples
+        ],
+        "ignored": [{"folder": i.name, "reason": i.reason} for i in ignored],
+        "alternates": [{"folder": a.name, "layout": a.layout, "of": a.of} for a in alternates],
+    }
 
 
 #: States of a job that runs again after a failed attempt (its error stays until it succeeds).

@@ -206,21 +206,7 @@ class RayExecutor:
             raise ExecutorError(f"{spec_path}: result_path {spec.result_path} is not in the job's folder")
         name = f"{self._config.name_prefix}-{folder.name}"
         limit = adjust.time_limit_s if adjust is not None and adjust.time_limit_s else self._time_s
-        cuda = spec.inference.device.startswith("cuda")
-        description = {
-            "name": name,
-            "namespace": self._ray.namespace,
-            "world_size": spec.inference.world_size,
-            "bundles": [self._bundle(cuda=cuda)] * spec.inference.world_size,
-            "strategy": self._ray.placement_strategy,
-            "placement_timeout_s": self._ray.placement_timeout_secs,
-            "rank_options": self._rank_options(cuda),
-            "command": [self._python, "-m", "inference.worker", str(spec_path)],
-            "env": {} if cuda else {"DS_ACCELERATOR": "cpu"},
-            "time_limit_s": limit,
-            "job": job.job_id,
-            "attempt": job.attempt,
-        }
+        description = self._description(spec, spec_path, job, name, limit)
         for stale in (EXIT_NAME, STATE_NAME, CANCEL_NAME):
             (folder / stale).unlink(missing_ok=True)
         shutil.copyfile(DRIVER_SOURCE, folder / DRIVER_NAME)
@@ -252,6 +238,27 @@ class RayExecutor:
             time_limit=limit,
         )
         return Handle(self.kind, job.job_id, job.attempt, folder, name)
+
+    def _description(
+        self, spec: JobSpec, spec_path: Path, job: JobRef, name: str, limit: float | None
+    ) -> dict[str, Any]:
+        """What the driver reads (``job.json``): the placement group's bundles, each rank's options and
+        command, the time limit."""
+        cuda = spec.inference.device.startswith("cuda")
+        return {
+            "name": name,
+            "namespace": self._ray.namespace,
+            "world_size": spec.inference.world_size,
+            "bundles": [self._bundle(cuda=cuda)] * spec.inference.world_size,
+            "strategy": self._ray.placement_strategy,
+            "placement_timeout_s": self._ray.placement_timeout_secs,
+            "rank_options": self._rank_options(cuda),
+            "command": [self._python, "-m", "inference.worker", str(spec_path)],
+            "env": {} if cuda else {"DS_ACCELERATOR": "cpu"},
+            "time_limit_s": limit,
+            "job": job.job_id,
+            "attempt": job.attempt,
+        }
 
     def _submit(self, name: str, entrypoint: str, metadata: dict[str, str]) -> None:
         try:

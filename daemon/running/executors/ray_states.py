@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -91,15 +91,7 @@ def from_folder(
 ) -> Ended:
     """How the job ended: the driver's ``exit.json``, else Ray's word, else its result file."""
     record = read_json(handle.job_dir / EXIT_NAME)
-    where = placement or Placement(state="UNKNOWN")
-    if record.get("nodes"):
-        where = Placement(
-            state=where.state,
-            nodes=str(record["nodes"]),
-            submitted=where.submitted,
-            started=where.started,
-            ended=where.ended or _float(record.get("ended")),
-        )
+    where = _placed(placement or Placement(state="UNKNOWN"), record)
     stopped = job is not None and job.status == "STOPPED"
     if stopped or record.get("end") == "cancelled":
         who = "by evald" if by_evald else "outside evald (ray job stop)"
@@ -143,6 +135,19 @@ def from_folder(
         f"{said}, and {handle.job_dir} holds no {EXIT_NAME}",
         log_tail=stderr_tail(handle.job_dir / DRIVER_LOG),
         placement=where,
+    )
+
+
+def _placed(where: Placement, record: Mapping[str, Any]) -> Placement:
+    """``where`` with the nodes and end time the driver's ``exit.json`` (``record``) names, if any."""
+    if not record.get("nodes"):
+        return where
+    return Placement(
+        state=where.state,
+        nodes=str(record["nodes"]),
+        submitted=where.submitted,
+        started=where.started,
+        ended=where.ended or _float(record.get("ended")),
     )
 
 

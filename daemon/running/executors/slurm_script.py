@@ -129,6 +129,36 @@ def batch_script(
     that failed under the job, kept out beside ``executor.exclude``."""
     folder = spec_path.parent
     ranks_at = layout(config, spec)
+    options = _sbatch_options(config, ranks_at, job, folder, time=time, failed_nodes=failed_nodes)
+    lines = ["#!/bin/bash", *(f"#SBATCH {option}" for option in options), ""]
+    lines += _prologue(config, job, folder)
+    if ranks_at.ranks > 1:
+        lines += rendezvous(config, shlex.quote(python))
+    elif config.rendezvous_interface:
+        lines.append(_interface_env(config.rendezvous_interface))
+    lines.append(_worker_step(config, ranks_at, python=python, spec_path=spec_path))
+    lines += [
+        "code=$?",
+        # Written once the worker is done, so that its end is known after Slurm forgets the job.
+        f'printf \'{{"exit_code": %d, "slurm_job_id": "%s"}}\\n\' "$code" "$SLURM_JOB_ID" '
+        f"> {EXIT_NAME}.tmp && mv -f {EXIT_NAME}.tmp {EXIT_NAME}",
+        'exit "$code"',
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _sbatch_options(
+    config: ExecutorConfig,
+    ranks_at: Layout,
+    job: JobRef,
+    folder: Path,
+    *,
+    time: str,
+    failed_nodes: Sequence[str],
+) -> list[str]:
+    """The job's ``sbatch`` options: its name and comment, where and how long, its ranks, GPUs and
+    memory, the nodes kept out, and the site's own options last."""
     options = [
         f"--job-name={job_name(config.name_prefix, job)}",
         f"--comment={comment(config.name_prefix, job)}",
@@ -160,9 +190,13 @@ def batch_script(
             else f"--gpus-per-node={ranks_at.gpus_per_node}"
         )
     options.extend(config.extra_sbatch)
-    python, spec_arg = shlex.quote(python), shlex.quote(str(spec_path))
-    lines = ["#!/bin/bash", *(f"#SBATCH {option}" for option in options), ""]
-    lines += [
+    return options
+
+
+def _prologue(config: ExecutorConfig, job: JobRef, folder: Path) -> list[str]:
+    """The script's first lines: which job it is, into its folder, its Slurm job id written down, and the
+    site's setup script sourced."""
+    lines = [
         f"# evald job {job.job_id}, attempt {job.attempt}, run {job.run!r}, task {job.task!r}.",
         # No `set -u`: a site's setup script (module init, conda activate) reads unset variables.
         f"cd {shlex.quote(str(folder))} || exit 1",
@@ -171,10 +205,11 @@ def batch_script(
     ]
     if config.setup_script is not None:
         lines.append(f"source {shlex.quote(str(config.setup_script))} || exit 1")
-    if ranks_at.ranks > 1:
-        lines += rendezvous(config, python)
-    elif config.rendezvous_interface:
-        lines.append(_interface_env(config.rendezvous_interface))
+    return lines
+
+
+def _worker_step(config: ExecutorConfig, ranks_at: Layout, *, python: str, spec_path: Path) -> str:
+    """The ``srun`` line that starts the worker on every rank."""
     srun = [
         "srun",
         f"--ntasks={ranks_at.ranks}",
@@ -183,23 +218,15 @@ def batch_script(
         "--kill-on-bad-exit=1",
         *config.srun_options,
     ]
-    lines += [
-        # Every rank, a single one too, is a task of srun: its options (a container: pyxis's
-        # --container-image) apply to each; a rank that fails ends the others (--kill-on-bad-exit).
+    quoted_python, spec_arg = shlex.quote(python), shlex.quote(str(spec_path))
+    # Every rank, a single one too, is a task of srun: its options (a container: pyxis's
+    # --container-image) apply to each; a rank that fails ends the others (--kill-on-bad-exit).
+    return (
         " ".join(shlex.quote(word) for word in srun) + " "
         'bash -c \'export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" '
         f'WORLD_SIZE="$SLURM_NTASKS" LOCAL_WORLD_SIZE={ranks_at.tasks_per_node}; '
-        f'exec "$0" -m inference.worker "$1"\' {python} {spec_arg}',
-    ]
-    lines += [
-        "code=$?",
-        # Written once the worker is done, so that its end is known after Slurm forgets the job.
-        f'printf \'{{"exit_code": %d, "slurm_job_id": "%s"}}\\n\' "$code" "$SLURM_JOB_ID" '
-        f"> {EXIT_NAME}.tmp && mv -f {EXIT_NAME}.tmp {EXIT_NAME}",
-        'exit "$code"',
-        "",
-    ]
-    return "\n".join(lines)
+        f'exec "$0" -m inference.worker "$1"\' {quoted_python} {spec_arg}'
+    )
 
 
 #: The IPv4 address of the interface ``$1`` (SIOCGIFADDR), printed by a Python of the node.

@@ -13,12 +13,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from daemon.config import TrackerConfig
+from daemon.delivery.alert_notice import notice_body
 from daemon.delivery.messages import AlertEvent, alert_event_id, event_id, result_message, succeeded_jobs
-from daemon.delivery.notice import notice_body
 from storage import outbox
 from storage.models import Alert, AlertState, Run
 
-log = structlog.get_logger("daemon.delivery.queue")
+log = structlog.get_logger("daemon.delivery.tracker_queue")
 
 
 class TrackerQueue:

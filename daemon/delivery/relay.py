@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from daemon.config import Config
@@ -56,6 +56,37 @@ class Sent:
             self.stopped or other.stopped,
             self.paused or other.paused,
         )
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """What one ``deliver_many`` did: the messages the sink took (``done``, ``fresh`` of them new to it)
+    and those it left (``left``) with its ``error``."""
+
+    done: list[tuple[outbox.Due, Any]]
+    left: list[tuple[outbox.Due, Any]]
+    fresh: int
+    status: int | None
+    error: SinkError | None
+    started_at: datetime
+    duration: float
+
+    @property
+    def split(self) -> bool:
+        """One call carried several and one of them can never be taken: sent one by one, it is found."""
+        return isinstance(self.error, SinkRejected) and len(self.left) > 1
+
+
+@dataclass
+class _Recorded:
+    """What the transaction after a ``deliver_many`` recorded: attempts counted, the backoff or pause
+    chosen (seconds), the messages dropped with a gone endpoint, the rejection given up on."""
+
+    took: int = 0
+    attempts: int = 0
+    wait: float = 0.0
+    dropped: int = 0
+    given_up: SinkRejected | None = None
 
 
 class Lane:
@@ -105,6 +136,14 @@ class Lane:
     def send(self, dues: Sequence[outbox.Due]) -> Sent:
         """Hand ``dues`` to the sink in one ``deliver_many``; mark what it took in one transaction, and
         what it did not for a retry after a backoff (or a pause), give it up, or disable the endpoint."""
+        items = self._readable(dues)
+        if not items:
+            return Sent()
+        outcome = self._deliver(self.route.arrange(items))
+        return self._settle(outcome, self._record(outcome))
+
+    def _readable(self, dues: Sequence[outbox.Due]) -> list[tuple[outbox.Due, Any]]:
+        """Each due message read into what its sink takes; one that cannot be read is given up, said once."""
         route = self.route
         items: list[tuple[outbox.Due, Any]] = []
         unreadable: list[tuple[outbox.Due, Exception]] = []
@@ -119,9 +158,10 @@ class Lane:
                     why = f"{route.unreadable}: {cause}"
                     outbox.give_up(session, due.id, why)
                     route.voice.unreadable(route, due, cause, why)
-        if not items:
-            return Sent()
-        items = route.arrange(items)
+        return items
+
+    def _deliver(self, items: list[tuple[outbox.Due, Any]]) -> _Outcome:
+        """One ``deliver_many`` call: which messages the sink took, which it left, and why."""
         started_at = utcnow()
         started = time.perf_counter()
         try:
@@ -133,69 +173,81 @@ class Lane:
             batch = Batch((), SinkUnavailable(str(exc) or type(exc).__name__))
         duration = time.perf_counter() - started
         done, left = items[: len(batch.fresh)], items[len(batch.fresh) :]
-        fresh = sum(batch.fresh)
         error = batch.error if left else None
         if left and error is None:
             error = SinkUnavailable("the sink stopped without saying why")
-        # One call carried several and one of them can never be taken: sent one by one, it is found.
-        split = isinstance(error, SinkRejected) and len(left) > 1
-        took, attempts, wait, dropped = 0, 0, 0.0, 0
-        given_up: SinkRejected | None = None
+        return _Outcome(done, left, sum(batch.fresh), batch.status, error, started_at, duration)
+
+    def _record(self, outcome: _Outcome) -> _Recorded:
+        """In one transaction: the attempt of what the sink took (delivered), and of what it left: retried
+        after a backoff or a pause, given up, or its endpoint disabled."""
+        route, error = self.route, outcome.error
+        recorded = _Recorded()
         with self._db.session() as session:
-            if done:
-                took = outbox.record_attempts(
+            if outcome.done:
+                recorded.took = outbox.record_attempts(
                     session,
-                    [due.id for due, _ in done],
-                    outbox.Attempt(started_at, duration, batch.status, None),
+                    [due.id for due, _ in outcome.done],
+                    outbox.Attempt(outcome.started_at, outcome.duration, outcome.status, None),
                 )
-                outbox.delivered_many(session, [due.id for due, _ in done])
-            if error is not None and not split:
-                why = str(error)
-                ids = [due.id for due, _ in left]
-                tried = outbox.Attempt(
-                    started_at,
-                    duration,
-                    error.status,
-                    None if error.status is not None else why,
-                    error.retry_after,
-                )
-                attempts = outbox.record_attempts(session, ids, tried)
-                if isinstance(error, SinkGone):
-                    dropped = outbox.disable_endpoint(session, route.endpoint, why)
-                elif isinstance(error, SinkRejected) and attempts >= error.after:
-                    given_up = error
-                    final = f"{why} {attempts} times" if error.after > 1 else why
-                    outbox.give_up(session, ids[0], final)
+                outbox.delivered_many(session, [due.id for due, _ in outcome.done])
+            if error is None or outcome.split:
+                return recorded
+            why = str(error)
+            ids = [due.id for due, _ in outcome.left]
+            tried = outbox.Attempt(
+                outcome.started_at,
+                outcome.duration,
+                error.status,
+                None if error.status is not None else why,
+                error.retry_after,
+            )
+            recorded.attempts = attempts = outbox.record_attempts(session, ids, tried)
+            if isinstance(error, SinkGone):
+                recorded.dropped = outbox.disable_endpoint(session, route.endpoint, why)
+            elif isinstance(error, SinkRejected) and attempts >= error.after:
+                recorded.given_up = error
+                outbox.give_up(session, ids[0], f"{why} {attempts} times" if error.after > 1 else why)
+            else:
+                if isinstance(error, SinkRefused):
+                    recorded.wait = route.pause_secs
                 else:
-                    if isinstance(error, SinkRefused):
-                        wait = route.pause_secs
-                    else:
-                        wait = next_delay(attempts, route.max_backoff_secs, self._rng, error.retry_after)
-                    outbox.retry_many_at(session, ids, utcnow() + timedelta(seconds=wait), why)
-        if done:
+                    recorded.wait = next_delay(attempts, route.max_backoff_secs, self._rng, error.retry_after)
+                outbox.retry_many_at(session, ids, utcnow() + timedelta(seconds=recorded.wait), why)
+        return recorded
+
+    def _settle(self, outcome: _Outcome, recorded: _Recorded) -> Sent:
+        """What the lane says of a send and does next: resumed, each of a rejected batch sent alone, the
+        route stopped, paused or waiting for its retry."""
+        route, error, left = self.route, outcome.error, outcome.left
+        if outcome.done:
             if self.paused_until is not None:
                 route.voice.resumed(route)
             self.paused_until = None
-            route.voice.delivered(route, done, fresh=fresh, attempts=took, seconds=duration)
-        sent = Sent(delivered=len(done), fresh=fresh)
+            route.voice.delivered(
+                route, outcome.done, fresh=outcome.fresh, attempts=recorded.took, seconds=outcome.duration
+            )
+        sent = Sent(delivered=len(outcome.done), fresh=outcome.fresh)
         if error is None:
             return sent
-        if split:
+        if outcome.split:
             for due, _ in left:
                 sent = sent + self.send([due])
             return sent
         if isinstance(error, SinkGone):
-            route.voice.disabled(route, error, dropped=dropped)
+            route.voice.disabled(route, error, dropped=recorded.dropped)
             return sent + Sent(stopped=True)
-        if given_up is not None:
-            route.voice.gave_up(route, left[0][0], given_up, attempts=attempts)
+        if recorded.given_up is not None:
+            route.voice.gave_up(route, left[0][0], recorded.given_up, attempts=recorded.attempts)
             return sent
         if isinstance(error, SinkRefused):
             if self.paused_until is None:
-                route.voice.paused(route, error, delay=wait, waiting=len(left))
+                route.voice.paused(route, error, delay=recorded.wait, waiting=len(left))
             self.paused_until = time.monotonic() + route.pause_secs
             return sent + Sent(stopped=True, paused=True)
-        route.voice.retry(route, [due for due, _ in left], error, attempts=attempts, delay=wait)
+        route.voice.retry(
+            route, [due for due, _ in left], error, attempts=recorded.attempts, delay=recorded.wait
+        )
         return sent + Sent(stopped=True)
 
     def wait_hint(self) -> float:
