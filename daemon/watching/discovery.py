@@ -269,18 +269,7 @@ class Discovery:
                 )
                 return
         if layout is None:
-            # Nothing recognisable yet; it stays a candidate. One recorded earlier whose files went (an
-            # emptied folder) must not stay "discovered", holding every newer checkpoint back.
-            if candidate.recorded and now - candidate.stable_since >= self._scheduling.invalid_after_secs:
-                reason = "no recognisable checkpoint in it any more"
-                self._ledger.settle(state, path, None, CheckpointState.INVALID, reason, "checkpoint.invalid")
-            elif not candidate.recorded and (unsupported := refusals.unsupported(snapshot.names())):
-                # A trainer's own format (Megatron, NeMo-RL): said at once, with how to export weights.
-                self._ledger.ignore(state, path, unsupported, level="warning")
-            elif not candidate.recorded and now - candidate.seen_since >= self._scheduling.invalid_after_secs:
-                # Still looked at (files may come), but said once: a folder nobody hears of is a silent skip.
-                reason = refusals.unrecognised(now - candidate.seen_since, snapshot.names())
-                self._ledger.ignore(state, path, reason, level="warning")
+            self._unrecognised(state, path, candidate, now)
             return
         if ignored_key(path) in state.ignored:
             self._ledger.unignore(state, [ignored_key(path)])  # recognised after all
@@ -298,6 +287,23 @@ class Discovery:
             marker_present=marker is not None and marker in snapshot.names(),
         )
         self._act(state, path, layout, candidate, outcome)
+
+    def _unrecognised(self, state: RunState, path: Path, candidate: Candidate, now: float) -> None:
+        """Nothing recognisable in it yet: it stays a candidate, said once when it has lasted."""
+        names = candidate.snapshot.names()
+        limit = self._scheduling.invalid_after_secs
+        if candidate.recorded and now - candidate.stable_since >= limit:
+            # One recorded earlier whose files went (an emptied folder) must not stay "discovered",
+            # holding every newer checkpoint back.
+            reason = "no recognisable checkpoint in it any more"
+            self._ledger.settle(state, path, None, CheckpointState.INVALID, reason, "checkpoint.invalid")
+        elif not candidate.recorded and (unsupported := refusals.unsupported(names)):
+            # A trainer's own format (Megatron, NeMo-RL): said at once, with how to export weights.
+            self._ledger.ignore(state, path, unsupported, level="warning")
+        elif not candidate.recorded and now - candidate.seen_since >= limit:
+            # Still looked at (files may come), but said once: a folder nobody hears of is a silent skip.
+            reason = refusals.unrecognised(now - candidate.seen_since, names)
+            self._ledger.ignore(state, path, reason, level="warning")
 
     def _act(self, state: RunState, path: Path, layout: str, candidate: Candidate, outcome: Outcome) -> None:
         if outcome.decision is Decision.READY:

@@ -181,6 +181,22 @@ class Pin:
     checkpoint: str
 
 
+def _listed(store: Store, name: str) -> tuple[list[ObjectInfo], list[ObjectInfo]]:
+    """The checkpoint's objects and the trackers beside it (``latest``), as the store lists them now."""
+    try:
+        objects = store.listing(name)
+        beside = store.listing(name.rpartition("/")[0], direct=True)
+    except StoreError as exc:
+        raise CopyFailed(f"cannot list {store.url}/{name}: {exc}", transient=True) from exc
+    if not objects:
+        raise CopyFailed(
+            f"{store.url}/{name} holds no objects any more (deleted from the store)",
+            transient=False,
+            vanished=True,
+        )
+    return objects, [o for o in beside if o.relkey.rsplit("/", 1)[-1] in TRACKER_FILES]
+
+
 def local_copy(
     run: RunConfig, checkpoint: Path, *, pin: str | None = None, stop: threading.Event | None = None
 ) -> Path:
@@ -203,18 +219,7 @@ def local_copy(
         if pin is not None:
             # Pinned before anything is evicted or downloaded: no other job's room-making removes it.
             _write_pin(run.s3.cache_dir, Pin(pin, target, str(checkpoint)))
-        try:
-            objects = store.listing(name)
-            beside = store.listing(name.rpartition("/")[0], direct=True)
-        except StoreError as exc:
-            raise CopyFailed(f"cannot list {store.url}/{name}: {exc}", transient=True) from exc
-        if not objects:
-            raise CopyFailed(
-                f"{store.url}/{name} holds no objects any more (deleted from the store)",
-                transient=False,
-                vanished=True,
-            )
-        trackers = [o for o in beside if o.relkey.rsplit("/", 1)[-1] in TRACKER_FILES]
+        objects, trackers = _listed(store, name)
         wanted = _manifest(objects + trackers)
         manifest = manifest_path(target)
         if target.is_dir() and manifest.is_file() and _read_manifest(manifest) == wanted:
@@ -257,6 +262,40 @@ def _store(url: str, settings: S3Config) -> Store:
     return _STORES[key]
 
 
+def _fetch_all(
+    store: Store, infos: list[ObjectInfo], placed: dict[str, Path], stop: threading.Event | None
+) -> dict[str, StreamDigest]:
+    """Every object's bytes into its file (made at its full size, filled chunk by chunk in parallel), and
+    the digest of each as it came."""
+    settings = store.settings
+    handles = {}
+    try:
+        for info in infos:
+            path = placed[info.relkey]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            handle = path.open("wb")
+            handles[info.relkey] = handle
+            handle.truncate(info.size)
+        digests = {
+            info.relkey: StreamDigest(
+                info.etag if settings.verify_etags else "",
+                store.part_size(info.relkey) if settings.verify_etags and "-" in info.etag else None,
+            )
+            for info in infos
+        }
+        work = chunks(infos, settings.chunk_mb * 1024 * 1024)
+        with ThreadPoolExecutor(settings.max_concurrency, thread_name_prefix="evald-copy") as pool:
+            for _ in pool.map(
+                lambda c: _fetch(store, c, handles[c.info.relkey].fileno(), digests[c.info.relkey], stop),
+                work,
+            ):
+                pass
+    finally:
+        for handle in handles.values():
+            handle.close()
+    return digests
+
+
 def _download(
     store: Store,
     objects: list[ObjectInfo],
@@ -265,7 +304,6 @@ def _download(
     target: Path,
     stop: threading.Event | None = None,
 ) -> None:
-    settings = store.settings
     staging = target.with_name(f".{target.name}.partial")
     shutil.rmtree(staging, ignore_errors=True)
     prefix = f"{name}/"
@@ -275,31 +313,7 @@ def _download(
     for info in trackers:
         placed[info.relkey] = staging / "beside" / info.relkey.rsplit("/", 1)[-1]
     try:
-        handles = {}
-        for info in objects + trackers:
-            path = placed[info.relkey]
-            path.parent.mkdir(parents=True, exist_ok=True)
-            handle = path.open("wb")
-            handle.truncate(info.size)
-            handles[info.relkey] = handle
-        digests = {
-            info.relkey: StreamDigest(
-                info.etag if settings.verify_etags else "",
-                store.part_size(info.relkey) if settings.verify_etags and "-" in info.etag else None,
-            )
-            for info in objects + trackers
-        }
-        try:
-            work = chunks(objects + trackers, settings.chunk_mb * 1024 * 1024)
-            with ThreadPoolExecutor(settings.max_concurrency, thread_name_prefix="evald-copy") as pool:
-                for _ in pool.map(
-                    lambda c: _fetch(store, c, handles[c.info.relkey].fileno(), digests[c.info.relkey], stop),
-                    work,
-                ):
-                    pass
-        finally:
-            for handle in handles.values():
-                handle.close()
+        digests = _fetch_all(store, objects + trackers, placed, stop)
         for info in objects + trackers:
             _check(info, placed[info.relkey], digests[info.relkey])
         (staging / "checkpoint").mkdir(exist_ok=True)
