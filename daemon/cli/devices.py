@@ -1,8 +1,9 @@
 """Whether the device ``[inference]`` names exists on this host, asked before anything starts.
 
 A worker on a host without CUDA failed its first job with torch's traceback on one line; ``config check``
-and ``evald run`` say it up front, with the fix. Only where the workers run here (the local executor):
-under Slurm or Ray they run on other nodes, which this host cannot speak for.
+says it up front, with the fix. Only where the workers run here (the local executor): under Slurm or Ray
+they run on other nodes, which this host cannot speak for. Not asked by ``evald run``: the answer needs
+torch, which the daemon itself never imports (its memory stays small beside the trainer's).
 """
 
 from __future__ import annotations

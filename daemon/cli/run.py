@@ -12,7 +12,6 @@ import structlog
 from daemon import log as logs
 from daemon.cli.base import load
 from daemon.cli.datasets import dataset_problems
-from daemon.cli.devices import device_problem
 from daemon.config import Config, config_path, load_config
 from daemon.errors import ConfigError
 from daemon.service import Service, open_database
@@ -21,9 +20,6 @@ from daemon.service.signals import answered_on_a_thread
 
 def cmd_run(args: argparse.Namespace) -> int:
     config = load(args)
-    device = device_problem(config)
-    if device is not None:
-        raise ConfigError(str(config_path(args.config)), [device])
     problems = dataset_problems(config)
     logs.configure(sys.stdout, fmt=config.daemon.log_format, level=config.daemon.log_level)
     if problems:
