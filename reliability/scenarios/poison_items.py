@@ -28,11 +28,12 @@ import re
 import shutil
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import select
 
@@ -261,7 +262,15 @@ def count_poison(figures: Figures, ws: Workspace, root: Path, written: dict[str,
     )
     figures.notes.append("poison: " + "; ".join(said))
     # On time: each good checkpoint's arith result stored within ON_TIME_SECS of its write.
-    waits = []
+    waited = delays(written, jobs, names)
+    figures.late += sum(1 for secs in waited.values() if secs > ON_TIME_SECS)
+    shown = ", ".join(f"{name} {secs:.0f} s" for name, secs in waited.items())
+    figures.notes.append(f"good checkpoints evaluated after: {shown or 'none'}")
+
+
+def delays(written: dict[str, datetime], jobs: Sequence[Any], names: dict[int, str]) -> dict[str, float]:
+    """Seconds from each good checkpoint's write to its stored ``TASK`` result, for those that have one."""
+    waited = {}
     for name, at in written.items():
         done = [
             j.finished_at
@@ -270,11 +279,8 @@ def count_poison(figures: Figures, ws: Workspace, root: Path, written: dict[str,
         ]
         if done and done[0] is not None:
             finished = done[0] if done[0].tzinfo else done[0].replace(tzinfo=UTC)
-            waited = (finished - at).total_seconds()
-            waits.append(f"{name} {waited:.0f} s")
-            if waited > ON_TIME_SECS:
-                figures.late += 1
-    figures.notes.append(f"good checkpoints evaluated after: {', '.join(waits) or 'none'}")
+            waited[name] = (finished - at).total_seconds()
+    return waited
 
 
 def daemon_logs(ws: Workspace) -> list[Path]:

@@ -35,9 +35,9 @@ from sqlalchemy import select
 from reliability import checkpoints
 from reliability.figures import Expected, Figures
 from reliability.scenarios.base import Options
-from reliability.scenarios.poison_items import daemon_logs
+from reliability.scenarios.poison_items import daemon_logs, delays
 from reliability.workspace import TASK, RunSpec, Workspace, wait_for, workspace, write_dataset
-from storage.models import Checkpoint, CheckpointState, EvalJob, IgnoredFolder, JobState
+from storage.models import Checkpoint, CheckpointState, EvalJob, IgnoredFolder
 from tests import deep_trees
 
 #: A good checkpoint is evaluated on time if its result is stored within this long of its last write.
@@ -275,16 +275,7 @@ def count_bad(figures: Figures, ws: Workspace, bad: list[str], written: dict[str
             figures.poison_misnamed += 1
             said.append(f"{name[:20]} named {'+'.join(map(str, per_start))}")
     figures.notes.append(f"bad items: {len(bad)} tried" + (f"; {'; '.join(said)}" if said else ""))
-    waits = []
-    for name, at in written.items():
-        done = [
-            j.finished_at
-            for j in jobs
-            if names.get(j.checkpoint_id) == name and j.task == TASK and j.state == JobState.SUCCEEDED
-        ]
-        if done and done[0] is not None:
-            finished = done[0] if done[0].tzinfo else done[0].replace(tzinfo=UTC)
-            waits.append((finished - at).total_seconds())
+    waits = list(delays(written, jobs, names).values())
     late = [w for w in waits if w > ON_TIME_SECS]
     figures.late += len(late)
     if waits:
