@@ -158,7 +158,7 @@ def test_a_download_never_holds_the_loop_and_its_copy_goes_after_use(
     (tmp_path / "run").mkdir()
     _enqueue(database, cloud, cloud.root / "step_30", 30, ["arith", "arith2"])
     runner = JobRunner(config, database, "test:1")
-    longest = 0.0
+    longest, passes = 0.0, 0
     with capture_logs() as events:
         with s3_server.paused():
             assert runner.claim_and_start()
@@ -173,7 +173,7 @@ def test_a_download_never_holds_the_loop_and_its_copy_goes_after_use(
             while runner.fetching and time.monotonic() < deadline:
                 started = time.monotonic()
                 runner.poll()
-                longest = max(longest, time.monotonic() - started)
+                longest, passes = max(longest, time.monotonic() - started), passes + 1
                 beats.add(_heartbeat(database, "toy"))
                 time.sleep(0.05)
             assert not runner.fetching, "the download never gave up on the paused store"
@@ -215,7 +215,10 @@ def test_a_download_never_holds_the_loop_and_its_copy_goes_after_use(
         ("toy", "arith2"): ("succeeded", 1),
         ("loc", "arith"): ("succeeded", 1),
     }
-    assert longest < 0.5, f"a loop pass took {longest:.2f} s during the download"
+    # The loop kept turning while the download waited on the paused store: a pass held by the download
+    # would last its whole try (1 s a try, three tries), so the passes would be a handful. Counted, not
+    # timed: a loaded machine stretched one pass to 2.4 s, and the loop still turned dozens of times.
+    assert passes >= 10, f"{passes} loop passes during the download (the longest {longest:.2f} s)"
     assert kept_between == ["step_30"], "the copy was not kept for the checkpoint's other job"
     assert object_cache.copies_in(cloud.s3.cache_dir / "copies") == []
     assert object_cache.pins(cloud.s3.cache_dir) == []
