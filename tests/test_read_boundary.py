@@ -148,7 +148,7 @@ def _stray_file(source: Path, root: Path, name: str) -> list[Item]:
 
 
 def _loop(source: Path, root: Path, name: str) -> list[Item]:
-    other = f"{name}0"
+    other = f"{name}b"  # no other item is named so (theirs end in digits)
     (root / name).symlink_to(root / other)
     (root / other).symlink_to(root / name)
     return [Item(name, False), Item(other, False)]

@@ -287,6 +287,10 @@ class Discovery:
             marker_present=marker is not None and marker in snapshot.names(),
         )
         self._act(state, path, layout, candidate, outcome)
+        if outcome.decision is Decision.INVALID and not verdict.final:
+            # Named from evidence a write could still change (a file short of its header once the folder
+            # was quiet): judged again if its files change. A final verdict (a name, a FIFO) is not.
+            state.invalid[str(path)] = fingerprint(candidate.snapshot)
 
     def _unrecognised(self, state: RunState, path: Path, candidate: Candidate, now: float) -> None:
         """Nothing recognisable in it yet: it stays a candidate, said once when it has lasted."""

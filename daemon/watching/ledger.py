@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from daemon.watching import alternates, refusals
 from daemon.watching.folders import WEIGHT_FILE, shape, step_of
-from daemon.watching.runs import Candidate, Evaluated, RunState, fingerprint, ignored_key, name
+from daemon.watching.runs import Candidate, Evaluated, RunState, ignored_key, name
 from storage import queries
 from storage.database import Database
 from storage.database import reason as error_reason
@@ -274,8 +274,6 @@ class Ledger:
             self.unwritable(state, path, layout, exc)
             return
         state.forget(path)
-        if new is CheckpointState.INVALID:
-            state.invalid[str(path)] = fingerprint(candidate.snapshot) if candidate is not None else None
         if new is CheckpointState.READY and candidate is not None:
             weights = tuple(
                 f for f in candidate.snapshot.files if WEIGHT_FILE.fullmatch(Path(f.relpath).name)

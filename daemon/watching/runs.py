@@ -66,9 +66,10 @@ class RunState:
     waiting: dict[str, str] = field(default_factory=dict)
     #: Ready checkpoints whose weights each rescan stats, until one changes (said once) or goes.
     evaluated: dict[str, Evaluated] = field(default_factory=dict)
-    #: Invalid checkpoints and their listing's fingerprint when they were named (None: taken at the next
-    #: look): one whose files change since is judged again (a write that stalled past the quiet period and
-    #: went on), never left invalid for good.
+    #: Checkpoints named invalid from evidence a write could still change, with their listing's fingerprint
+    #: then (None, for those a restarted daemon finds invalid: taken at its first rescan): one whose files
+    #: change since is judged again (a write that stalled past the quiet period and went on), never left
+    #: invalid for good. Final verdicts (a name, a FIFO, a link out of the root) are not here.
     invalid: dict[str, int | None] = field(default_factory=dict)
     root_missing_logged: bool = False
     root_unreadable_logged: bool = False
