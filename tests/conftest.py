@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from inference.toy.problems import held_out_problems, write_jsonl
+from tests.deadlines import patient
 from tests.file_weights import weight
 from tests.session_cache import built_once, close_session, open_session
 
@@ -90,7 +91,7 @@ def _train_toy(folder: Path) -> None:
         "--threads",
         "1",
     ]
-    done = subprocess.run(command, capture_output=True, text=True, env=SUBPROCESS_ENV, timeout=300)
+    done = subprocess.run(command, capture_output=True, text=True, env=SUBPROCESS_ENV, timeout=patient(300))
     assert done.returncode == 0, done.stderr
     (folder / "stdout.txt").write_text(done.stdout)
     (folder / "stderr.txt").write_text(done.stderr)
@@ -105,3 +106,26 @@ def toy_dataset(tmp_path: Path) -> Path:
 
 
 # --- end of inference fixtures ---
+
+
+# --- CPU profile of the suite (EVALD_TEST_CPU_PROFILE=FILE) ---
+# Wall time follows the machine's load; CPU time much less. Each test's CPU (this process and every child
+# process it reaped: daemons with their workers, CLI calls, trainers) goes to FILE as a JSON line, to find
+# where the suite's time goes on a shared machine (BENCHMARKS.md, "Test suite time").
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    target = os.environ.get("EVALD_TEST_CPU_PROFILE")
+    if not target:
+        yield
+        return
+    import time
+
+    before, started = os.times(), time.monotonic()
+    yield
+    after = os.times()
+    cpu = sum(
+        getattr(after, f) - getattr(before, f) for f in ("user", "system", "children_user", "children_system")
+    )
+    line = {"test": item.nodeid, "cpu_s": round(cpu, 2), "wall_s": round(time.monotonic() - started, 2)}
+    with Path(target).open("a") as out:
+        out.write(json.dumps(line) + "\n")

@@ -17,6 +17,7 @@ import psutil
 
 from storage import migrations, queries
 from storage.database import Database
+from tests.deadlines import Deadline, patient, wait_process
 
 T = TypeVar("T")
 
@@ -125,7 +126,7 @@ def evald(
         [sys.executable, "-m", "daemon", *args],
         capture_output=True,
         text=True,
-        timeout=timeout,
+        timeout=patient(timeout),
         env={**os.environ, **(env or {})},
     )
 
@@ -152,7 +153,7 @@ class DaemonProcess:
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
         if self.process.poll() is None:
             self.process.send_signal(sig)
-        code = self.process.wait(timeout=timeout)
+        code = wait_process(self.process, timeout)
         self._handle.close()
         return code
 
@@ -180,15 +181,18 @@ def start_trainer(out: Path, log: Path, *args: str) -> subprocess.Popen[bytes]:
 def wait_for(
     check: Callable[[], T | None], timeout: float, what: str, process: subprocess.Popen[bytes] | None = None
 ) -> T:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    # ``timeout`` is in seconds of a quiet machine: a loaded one stretches it (tests/deadlines.py).
+    deadline = Deadline(timeout)
+    while not deadline.expired():
         value = check()
         if value is not None and value is not False:
             return value
         if process is not None and process.poll() is not None:
             raise AssertionError(f"process exited with {process.returncode} while waiting for {what}")
         time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    raise AssertionError(
+        f"timed out after {timeout} s of a quiet machine ({deadline.waited():.0f} s) waiting for {what}"
+    )
 
 
 def jobs(database: Database) -> list[queries.JobRow]:

@@ -12,6 +12,7 @@ from inference.spec import InferenceSpec, JobResult, JobSpec, TaskSpec
 from inference.toy.problems import PROMPT_TEMPLATE, held_out_problems, write_jsonl
 from tests.checkpoints import LayoutCase
 from tests.conftest import SUBPROCESS_ENV
+from tests.deadlines import patient
 from tests.writers.launch import REPO
 
 if TYPE_CHECKING:
@@ -82,7 +83,7 @@ def run_job(case: LayoutCase, tmp_path: Path, *, hf_config: Path | str | None = 
         text=True,
         # As the daemon starts it: no DS_ACCELERATOR, so DeepSpeed picks the accelerator itself.
         env={**SUBPROCESS_ENV, "PYTHONPATH": str(REPO)},
-        timeout=300,
+        timeout=patient(300),
     )
     assert done.returncode in (0, 3), done.stderr[-4000:]
     return JobResult.read(spec.result_path)

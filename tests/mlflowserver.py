@@ -36,6 +36,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.deadlines import Deadline
 from tests.harness import free_port
 
 #: A cold start (the store's migrations, the server's imports) on two shared cores.
@@ -108,9 +109,9 @@ def start_server(folder: Path, *, auth: bool = False) -> MlflowServer:
         command, stdout=log, stderr=subprocess.STDOUT, cwd=folder, start_new_session=True, env=env
     )
     uri = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + START_TIMEOUT_S
+    deadline = Deadline(START_TIMEOUT_S)
     while not _healthy(uri):
-        if process.poll() is not None or time.monotonic() > deadline:
+        if process.poll() is not None or deadline.expired():
             stop_server(process)
             tail = (folder / "server.log").read_text(errors="replace")[-2000:]
             raise AssertionError(f"mlflow server did not come up on {uri}:\n{tail}")
@@ -331,8 +332,8 @@ def stop(server: MlflowServer) -> None:
     pid = server.pid
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGTERM)
-    deadline = time.monotonic() + STOP_WAIT_S
-    while time.monotonic() < deadline:
+    deadline = Deadline(STOP_WAIT_S)
+    while not deadline.expired():
         try:
             os.killpg(pid, 0)
         except ProcessLookupError:

@@ -22,6 +22,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from tests.deadlines import patient
+
 
 class ClusterUnavailable(RuntimeError):
     """No PostgreSQL server binaries here, or the cluster would not start."""
@@ -69,7 +71,7 @@ class PrivateCluster:
         command = [str(self.bindir / args[0]), *args[1:]]
         if self.as_postgres:
             command = ["runuser", "-u", "postgres", "--", *command]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=patient(60))
         if check and done.returncode != 0:
             said = done.stderr.strip() or done.stdout.strip()
             raise ClusterUnavailable(f"{' '.join(args[:2])} failed: {said}")

@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from tests.deadlines import Deadline, wait_process
 from tests.harness import free_port
 
 ACCESS_ENV = "EVALD_TEST_S3_KEY"
@@ -120,13 +121,13 @@ def _start() -> S3Server:
         env=env,
     )
     endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
+    deadline = Deadline(60)
     while True:
         try:
             urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=2).close()
             break
         except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
+            if process.poll() is not None or deadline.expired():
                 process.kill()
                 raise RuntimeError(f"moto_server did not start on {endpoint}") from None
             time.sleep(0.1)
@@ -156,7 +157,7 @@ def s3_server() -> Iterator[S3Server]:
         os.kill(server.process.pid, signal.SIGCONT)
         server.process.terminate()
         try:
-            server.process.wait(timeout=10)
+            wait_process(server.process, 10)
         except subprocess.TimeoutExpired:
             server.process.kill()
             server.process.wait()

@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
+from tests.deadlines import patient
 from tests.processes import spawn, tail, wait_until
 
 #: Set to 1 (CI does) to turn "no Slurm cluster here" from a skip into a failure.
@@ -197,7 +198,7 @@ class SlurmCluster:
                 [_binary(command[0]), *command[1:]],
                 capture_output=True,
                 text=True,
-                timeout=20,
+                timeout=patient(20),
                 env=self.client_env(),
             )
         except subprocess.TimeoutExpired:

@@ -15,6 +15,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.deadlines import patient
 from tests.harness import write_config
 from tests.slurmcluster import PARTITION, SlurmCluster
 
@@ -47,7 +48,7 @@ class SlurmDaemon:
             capture_output=True,
             text=True,
             env=self.env,
-            timeout=60,
+            timeout=patient(60),
             check=True,
         )
         rows = [line.split("|") for line in done.stdout.splitlines() if line.strip()]
@@ -61,7 +62,7 @@ class SlurmDaemon:
         for job in self.queue():
             if job["state"] in ("CANCELLED", "COMPLETED", "FAILED", "TIMEOUT"):
                 continue
-            subprocess.run(["scancel", job["id"]], env=self.env, capture_output=True, timeout=60)
+            subprocess.run(["scancel", job["id"]], env=self.env, capture_output=True, timeout=patient(60))
 
 
 def counting_path(folder: Path, log: Path, hang: Path | None = None) -> str:

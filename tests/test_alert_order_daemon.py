@@ -18,6 +18,7 @@ from daemon.config import Secret
 from daemon.demo import COLLAPSE_AT, SECRET_ENV, TRAIN_STEPS, write_workspace
 from storage import alerting
 from storage.database import Database
+from tests.deadlines import wait_process
 from tests.harness import all_jobs_done, running_daemon, start_trainer, upgraded, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]
@@ -30,7 +31,7 @@ def test_newest_first_and_oldest_first_alert_the_same_collapse(tmp_path: Path) -
     trainer = start_trainer(
         trained, tmp_path / "trainer.log", "--steps", str(TRAIN_STEPS), "--collapse-at", str(COLLAPSE_AT)
     )
-    assert trainer.wait(timeout=600) == 0, (tmp_path / "trainer.log").read_text()[-2000:]
+    assert wait_process(trainer, 600) == 0, (tmp_path / "trainer.log").read_text()[-2000:]
     steps = sorted(int(p.name.split("_")[-1]) for p in trained.iterdir() if p.is_dir())
     assert len(steps) == 8 and COLLAPSE_AT in steps
     onset = steps[steps.index(COLLAPSE_AT) + 1]

@@ -27,6 +27,7 @@ from storage.database import Database
 from storage.models import CheckpointState, utcnow
 from storage.outbox import disable_endpoint, disabled
 from tests import oldrows
+from tests.deadlines import Deadline
 from tests.harness import wait_for
 
 SECRET = Secret.parse("whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
@@ -279,8 +280,8 @@ def test_410_disables_the_endpoint(database: Database, relay_config: tuple[Confi
         relay = Relay(database, [Endpoint(config.webhooks[0], SECRET)]).start()
         try:
             fire_cliffs(database, config, Alerter(config, wake=relay.wake), 2)
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and {row[1] for row in outbox(database)} != {"disabled"}:
+            deadline = Deadline(10)
+            while not deadline.expired() and {row[1] for row in outbox(database)} != {"disabled"}:
                 time.sleep(0.1)
         finally:
             relay.stop()
@@ -644,8 +645,8 @@ def test_a_message_refused_for_good_stops_blocking_its_run(
             fire_cliffs(database, config, Alerter(config, wake=relay.wake), 1)
             queued = len(outbox(database))
             receiver.wait_for(queued - 1, timeout=30)
-            wait_for_states = time.monotonic() + 10
-            while time.monotonic() < wait_for_states and "pending" in {row[1] for row in outbox(database)}:
+            wait_for_states = Deadline(10)
+            while not wait_for_states.expired() and "pending" in {row[1] for row in outbox(database)}:
                 time.sleep(0.1)
         finally:
             relay.stop()

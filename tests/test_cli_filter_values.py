@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from daemon.cli import main
+from tests.deadlines import patient
 from tests.harness import write_config, write_dataset
 from tests.test_cli import _stored
 
@@ -153,7 +154,7 @@ def test_the_real_byte_in_argv_is_refused(config: str) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "daemon", "--config", config, "results", "--run", b"\xff"],
         capture_output=True,
-        timeout=120,
+        timeout=patient(120),
     )
     assert done.returncode == 2
     assert done.stderr.decode().strip().splitlines()[-1] == (

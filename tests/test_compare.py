@@ -33,6 +33,7 @@ from storage.queries import (
 )
 from storage.queries.grades import Grade
 from tests import surface_data
+from tests.deadlines import wait_process
 from tests.harness import write_config, write_dataset
 from tests.surface_data import Stored
 
@@ -213,7 +214,7 @@ def test_a_reader_that_stops_early_gets_no_traceback(surfaces: Stored) -> None:
     assert process.stdout is not None and process.stderr is not None
     process.stdout.close()
     errors = process.stderr.read().decode()
-    assert process.wait(timeout=60) == 141, errors
+    assert wait_process(process, 60) == 141, errors
     assert "Traceback" not in errors and "BrokenPipeError" not in errors, errors
 
 

@@ -20,11 +20,13 @@ from inference.spec import JobSpec, TaskSpec
 from storage import queries
 from storage.database import Database
 from storage.models import CheckpointState, EvalJob
+from tests.deadlines import patient
 
 #: A worker's start as the daemon sees it: its JSON lines, then what ends it.
 _PROLOGUE = """
 import structlog
 from inference.worker import configure_logging
+
 configure_logging()
 log = structlog.get_logger("inference.worker")
 log.info("worker.started", checkpoint="/ckpt/step_30", task="arith")
@@ -36,7 +38,9 @@ def _run(tmp_path: Path, body: str) -> tuple[int, Path]:
     log = tmp_path / "worker.log"
     script = _PROLOGUE + textwrap.dedent(body)
     with log.open("wb") as out:
-        code = subprocess.run([sys.executable, "-c", script], stdout=out, stderr=out, timeout=60).returncode
+        code = subprocess.run(
+            [sys.executable, "-c", script], stdout=out, stderr=out, timeout=patient(60)
+        ).returncode
     return code, log
 
 

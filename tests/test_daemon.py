@@ -23,6 +23,7 @@ from storage.database import Database
 from storage.models import EvalJob
 from tests.checkpoints import copy_checkpoint
 from tests.conftest import ToyRun
+from tests.deadlines import wait_process
 from tests.harness import (
     DaemonProcess,
     all_jobs_done,
@@ -72,7 +73,7 @@ def test_every_checkpoint_is_evaluated_exactly_once_after_it_is_complete(
             "--sleep-between-saves",
             "0.5",
         )
-        assert trainer.wait(timeout=300) == 0
+        assert wait_process(trainer, 300) == 0
         saved = sorted(p for p in (tmp_path / "run").iterdir() if p.is_dir())
         assert [p.name for p in saved] == ["step_20", "step_40", "step_60"]
         rows = wait_for(lambda: all_jobs_done(database, 3), 180, "three finished jobs", daemon.process)

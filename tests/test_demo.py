@@ -17,6 +17,7 @@ import pytest
 from daemon.demo import COLLAPSE_AT, DEMO_METRICS
 from storage import queries
 from storage.database import Database
+from tests.deadlines import patient
 
 pytestmark = pytest.mark.slow
 
@@ -29,6 +30,7 @@ import signal
 from daemon import demo
 from storage import migrations
 from storage.database import Database
+
 
 workdir = Path(sys.argv[1])
 config = demo.write_workspace(workdir)
@@ -67,7 +69,7 @@ def _serve_until_interrupted(demo: subprocess.Popen[str]) -> tuple[str, str]:
     # Still serving a moment later: it waits for Ctrl-C, not for the evaluation to end.
     assert demo.poll() is None
     demo.send_signal(signal.SIGINT)
-    out, rest = demo.communicate(timeout=60)
+    out, rest = demo.communicate(timeout=patient(60))
     return out, "".join(seen) + rest
 
 
@@ -87,7 +89,7 @@ def test_serving_ends_on_ctrl_c_even_where_sigint_was_inherited_ignored(
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = threading.Timer(120, demo.kill)
+    deadline = threading.Timer(patient(120), demo.kill)
     deadline.start()
     try:
         assert demo.stderr is not None
@@ -122,7 +124,7 @@ def test_demo_json_shows_learning_with_every_checkpoint_evaluated_once(tmp_path:
         text=True,
     )
     # A demo that hangs before it serves is killed, which ends the read of its stderr.
-    deadline = threading.Timer(300, demo.kill)
+    deadline = threading.Timer(patient(300), demo.kill)
     deadline.start()
     try:
         out, err = _serve_until_interrupted(demo)
@@ -167,7 +169,7 @@ def test_demo_json_shows_learning_with_every_checkpoint_evaluated_once(tmp_path:
         [sys.executable, "-m", "daemon", "--config", config, "samples", *query],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=patient(60),
     )
     assert shown.returncode == 0, shown.stderr
     samples = json.loads(shown.stdout)["samples"]

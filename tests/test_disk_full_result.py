@@ -25,6 +25,7 @@ from storage import queries
 from storage.database import Database
 from storage.models import CheckpointState
 from tests.conftest import ToyRun
+from tests.deadlines import Deadline
 from tests.harness import worker_processes
 
 pytestmark = pytest.mark.slow
@@ -74,8 +75,8 @@ def _runner(tmp_path: Path, state: Path, database: Database, checkpoints: list[P
 
 
 def _wait(runner: JobRunner, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while runner.running and time.monotonic() < deadline:
+    deadline = Deadline(timeout)
+    while runner.running and not deadline.expired():
         runner.poll()
         time.sleep(0.05)
     assert not runner.running, "the worker did not end in time"
@@ -104,8 +105,8 @@ def test_a_full_disk_writing_the_result_requeues_without_spending_an_attempt(
         assert runner.paused  # no claim into a full disk at once
 
         filler.unlink()
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
+        deadline = Deadline(300)
+        while not deadline.expired():
             runner.poll()
             if not runner.running and not runner.claim_and_start() and not runner.paused:
                 with database.session() as s:

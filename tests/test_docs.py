@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from daemon.cli import build_parser
 from daemon.config import Config
 from inference.metrics import METRICS
+from tests.deadlines import patient
 
 ROOT = Path(__file__).resolve().parent.parent
 #: A log call with a dotted event name as its first argument (the style every module follows).
@@ -40,7 +41,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=patient(300),
     )
     assert done.returncode == 0, done.stderr[-4000:]
     return out

@@ -28,6 +28,7 @@ from daemon.running.handover import read_end, write_folder
 from inference.spec import JobSpec
 from inference.toy.problems import held_out_problems, write_jsonl
 from tests.conftest import SUBPROCESS_ENV, ToyRun
+from tests.deadlines import Deadline
 from tests.raycluster import RayCluster, ray_cluster
 from tests.slurmcluster import PARTITION, SlurmCluster, slurm_cluster
 from tests.test_worker_group import group_spec
@@ -168,9 +169,9 @@ def _toy_spec(toy_run: ToyRun, dataset: Path, tmp_path: Path) -> JobSpec:
 
 
 def _until(executor: Executor, handle: Handle, done: Callable[[object], bool], what: str) -> object:
-    deadline = time.monotonic() + WAIT_S
+    deadline = Deadline(WAIT_S)
     status: object = None
-    while time.monotonic() < deadline:
+    while not deadline.expired():
         status = executor.poll(handle)
         if done(status):
             return status

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import SUBPROCESS_ENV
+from tests.deadlines import patient
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +24,7 @@ def test_the_sweep_runs_every_tp_and_reports_its_figures(tmp_path: Path) -> None
         command,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=patient(300),
         env=SUBPROCESS_ENV,
         cwd=Path(__file__).parents[1],
     )

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests.deadlines import patient
 from tests.harness import DaemonProcess, upgraded, wait_for, write_config, write_dataset
 
 #: A POSIX time zone PostgreSQL accepts and Python's zoneinfo does not: psycopg warns, on its own
@@ -77,7 +78,7 @@ def test_warnings_library_errors_and_thread_crashes_are_json_lines(tmp_path: Pat
         [sys.executable, "-c", program],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=patient(60),
         cwd=Path(__file__).resolve().parent.parent,
     )
     assert done.returncode == 0, done.stderr

@@ -24,6 +24,7 @@ from daemon.running.runner import JobRunner
 from storage import queries
 from storage.models import CheckpointState
 from tests.conftest import ToyRun
+from tests.deadlines import Deadline, patient
 from tests.harness import upgraded
 
 pytestmark = pytest.mark.slow
@@ -60,8 +61,8 @@ def _lm_eval_command(checkpoint: Path, out: Path) -> subprocess.Popen[str]:
 
 
 def _drive(runner: JobRunner, timeout: float = 400) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    deadline = Deadline(timeout)
+    while not deadline.expired():
         runner.poll()
         if not runner.running and not runner.claim_and_start():
             return
@@ -126,7 +127,7 @@ def documents(
         args = ["--config", str(toml), "export", "lm-eval", "--run", "r", "--step", "30", "--out", str(out)]
         assert main(args) == 0
         ours = json.loads(out.read_text(encoding="utf-8"))
-        output = command.communicate(timeout=600)[0]
+        output = command.communicate(timeout=patient(600))[0]
     finally:
         if command.poll() is None:
             command.kill()

@@ -18,6 +18,7 @@ from daemon.running.runner import JobRunner
 from storage import queries
 from storage.models import CheckpointState
 from tests.conftest import ToyRun
+from tests.deadlines import Deadline
 from tests.harness import evald, upgraded
 from tests.lm_eval_tasks import colliding_python_task, colliding_yaml
 
@@ -172,8 +173,8 @@ def test_an_lm_eval_task_may_run_on_a_worker_group(tmp_path: Path) -> None:
 
 
 def _drive(runner: JobRunner, timeout: float = 400) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    deadline = Deadline(timeout)
+    while not deadline.expired():
         runner.poll()
         if not runner.running and not runner.claim_and_start():
             return

@@ -26,6 +26,7 @@ from storage import queries
 from storage.database import Database
 from storage.models import CheckpointState
 from tests.conftest import ToyRun
+from tests.deadlines import Deadline
 from tests.s3server import S3Server, s3_server, upload
 from tests.test_object_storage import MB, _credentials, big_checkpoint, s3_run
 
@@ -169,8 +170,8 @@ def test_a_download_never_holds_the_loop_and_its_copy_goes_after_use(
             assert (row.state, row.executor_state) == ("running", f"downloading its checkpoint from {url}")
             beats = set()
             # The store hangs under the download (1 s a try): the loop's passes stay short, the lease fresh.
-            deadline = time.monotonic() + 60
-            while runner.fetching and time.monotonic() < deadline:
+            deadline = Deadline(60)
+            while runner.fetching and not deadline.expired():
                 started = time.monotonic()
                 runner.poll()
                 longest, passes = max(longest, time.monotonic() - started), passes + 1
@@ -188,15 +189,15 @@ def test_a_download_never_holds_the_loop_and_its_copy_goes_after_use(
             assert runner.claim_and_start()
             (claimed,) = runner.running.values()
             assert claimed.job.run == "loc"
-            while runner.running and time.monotonic() < deadline:
+            while runner.running and not deadline.expired():
                 runner.poll()
                 time.sleep(0.05)
             assert _jobs(database)[("loc", "arith")].state == "succeeded"
         # The store answers again: both tasks of the cloud checkpoint are evaluated from one copy, kept
         # while the second still waits and evicted after it.
         kept_between = None
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
+        deadline = Deadline(240)
+        while not deadline.expired():
             runner.poll()
             rows = _jobs(database)
             done = [rows[("toy", t)].state == "succeeded" for t in ("arith", "arith2")]
@@ -264,9 +265,9 @@ def test_a_persistent_etag_mismatch_spends_attempts_and_names_both_hashes(
     (tmp_path / "run").mkdir()
     _enqueue(database, cloud, cloud.root / "step_30", 30, ["arith"])
     runner = JobRunner(config, database, "test:1")
-    deadline = time.monotonic() + 240
+    deadline = Deadline(240)
     with capture_logs() as events:
-        while _jobs(database)[("toy", "arith")].state != "failed" and time.monotonic() < deadline:
+        while _jobs(database)[("toy", "arith")].state != "failed" and not deadline.expired():
             runner.poll()
             if runner.has_capacity():
                 runner.claim_and_start()

@@ -13,6 +13,7 @@ import pytest
 from inference.spec import InferenceSpec, JobResult, JobSpec, TaskSpec
 from inference.toy.problems import PROMPT_TEMPLATE, held_out_problems, plain_row
 from tests.conftest import SUBPROCESS_ENV, ToyRun
+from tests.deadlines import patient
 
 METRICS = (
     "accuracy",
@@ -78,7 +79,7 @@ def test_a_job_with_five_poisoned_rows_grades_the_other_995(toy_run: ToyRun, tmp
         capture_output=True,
         text=True,
         env=SUBPROCESS_ENV,
-        timeout=300,
+        timeout=patient(300),
     )
     elapsed = time.monotonic() - started
 

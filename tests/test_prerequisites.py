@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.deadlines import patient
+
 SCRIPT = Path(__file__).with_name("prerequisites.sh")
 
 
@@ -22,7 +24,7 @@ def _run(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess[str], 
         ["bash", str(SCRIPT)],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=patient(60),
         env={**os.environ, "EVALD_APT_GET": str(fake), **env},
     )
     return done, calls.read_text().splitlines() if calls.exists() else []

@@ -41,6 +41,7 @@ from daemon.running.handover import read_end, write_folder
 from inference.spec import JobSpec
 from inference.toy.problems import held_out_problems, write_jsonl
 from tests.conftest import SUBPROCESS_ENV, ToyRun
+from tests.deadlines import Deadline
 from tests.raycluster import RayCluster, ray_cluster
 from tests.test_worker_group import group_spec
 
@@ -74,9 +75,9 @@ def _start(executor: RayExecutor, spec: JobSpec, job_id: int, attempt: int = 1) 
 
 
 def _until(executor: RayExecutor, handle: Handle, done: Callable[[object], bool], what: str) -> object:
-    deadline = time.monotonic() + WAIT_S
+    deadline = Deadline(WAIT_S)
     status: object = None
-    while time.monotonic() < deadline:
+    while not deadline.expired():
         status = executor.poll(handle)
         if done(status):
             return status
@@ -169,8 +170,8 @@ def test_a_job_waiting_for_resources_says_what_it_waits_for_is_found_adopted_and
     assert not spec.result_path.exists()
     # The driver, stopped while Ray placed its group, says so itself (not a SystemError out of ray.wait).
     record = spec.result_path.parent / EXIT_NAME
-    deadline = time.monotonic() + 30
-    while not record.exists() and time.monotonic() < deadline:
+    deadline = Deadline(30)
+    while not record.exists() and not deadline.expired():
         time.sleep(0.2)
     said = json.loads(record.read_text())
     assert (said["end"], said["detail"]) == ("cancelled", "stopped by SIGTERM (ray job stop)")
@@ -208,8 +209,8 @@ def _gated_python(folder: Path) -> tuple[Path, Path]:
 
 
 def _probe_answer(executor: RayExecutor, probe: Handle) -> bool:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
+    deadline = Deadline(WAIT_S)
+    while not deadline.expired():
         answer = executor.probe_result(probe)
         if answer is not None:
             return answer
@@ -299,8 +300,8 @@ def test_a_tp2_job_runs_a_rank_on_each_worker_node_with_the_single_process_resul
     one = group_spec(toy_run.last_checkpoint, dataset, tmp_path / "y", tp=1, dp=1)
     one = one.model_copy(update={"job_id": 203, "result_path": local.job_folder(ref) / "result.json"})
     local_handle = local.start(write_folder(one), ref)
-    deadline = time.monotonic() + WAIT_S
-    while isinstance(status := local.poll(local_handle), Active) and time.monotonic() < deadline:
+    deadline = Deadline(WAIT_S)
+    while isinstance(status := local.poll(local_handle), Active) and not deadline.expired():
         time.sleep(0.5)
     assert isinstance(status, Ended) and status.kind is EndKind.SUCCEEDED
     single = read_end(one, status, detached=False).result

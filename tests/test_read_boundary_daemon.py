@@ -25,6 +25,7 @@ from storage import queries
 from storage.database import Database
 from tests import deep_trees
 from tests.conftest import ToyRun
+from tests.deadlines import Deadline
 from tests.fixtures import fresh_postgres
 from tests.harness import (
     checkpoints,
@@ -100,8 +101,8 @@ def test_a_live_daemon_keeps_the_read_boundarys_contract(
                 good = [i for i in items if i.good]
                 bad = [i for i in items if not i.good]
                 left = _unsettled(database, good, bad)
-                deadline = time.monotonic() + 300
-                while left and time.monotonic() < deadline and daemon.process.poll() is None:
+                deadline = Deadline(300)
+                while left and not deadline.expired() and daemon.process.poll() is None:
                     time.sleep(0.2)
                     left = _unsettled(database, good, bad)
                 assert daemon.process.poll() is None, "the daemon exited"

@@ -18,6 +18,7 @@ from daemon.config import Config
 from daemon.delivery.relay import Relay
 from daemon.delivery.sinks.webhook import Endpoint, send_test
 from storage.database import Database
+from tests.deadlines import Deadline
 from tests.test_alerts import SECRET, fire_cliffs, history, outbox, relay_config
 
 __all__ = ["relay_config"]  # a fixture, used by name
@@ -130,8 +131,8 @@ def test_a_1gb_answer_is_not_read_and_the_status_still_decides(
             queued = len(outbox(database))
             # The 500 retried, then every message delivered, each answered with 1 GB.
             receiver.wait_answered(queued + 1, timeout=30)
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and {row[1] for row in outbox(database)} != {"delivered"}:
+            deadline = Deadline(10)
+            while not deadline.expired() and {row[1] for row in outbox(database)} != {"delivered"}:
                 time.sleep(0.05)
         finally:
             relay.stop()

@@ -12,6 +12,7 @@ import pytest
 
 from inference.errors import TaskInvalid
 from inference.rewards import RewardFailed, RewardProcess, as_reward, load_reward, math_reward
+from tests.deadlines import Deadline
 
 
 def test_math_reward_grades_with_math_verify() -> None:
@@ -83,8 +84,8 @@ def test_a_child_that_died_between_calls_costs_one_sample() -> None:
         child = psutil.Process(reward.pid)
         # As the kernel's OOM killer would: killed, not reaped (multiprocessing reaps it and reads the code).
         child.kill()
-        deadline = time.monotonic() + 5
-        while child.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+        deadline = Deadline(5)
+        while child.status() != psutil.STATUS_ZOMBIE and not deadline.expired():
             time.sleep(0.05)
         with pytest.raises(RewardFailed, match=r"^crashed its process \(exit code -9\)$"):
             reward("ok", "\\boxed{1}", "1")
@@ -105,9 +106,9 @@ def test_a_hung_reward_dies_with_its_worker(tmp_path: Path) -> None:
     )
     assert worker.stdout is not None
     int(worker.stdout.readline())
-    deadline = time.monotonic() + 30
+    deadline = Deadline(30)
     children: list[psutil.Process] = []
-    while time.monotonic() < deadline and not children:
+    while not deadline.expired() and not children:
         children = psutil.Process(worker.pid).children()
         time.sleep(0.1)
     assert children, "the reward child never started"

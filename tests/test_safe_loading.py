@@ -23,6 +23,7 @@ from inference.toy.problems import PROMPT_TEMPLATE, held_out_problems, write_jso
 from tests.cases import hf_bin
 from tests.checkpoints import LayoutCase
 from tests.conftest import SUBPROCESS_ENV
+from tests.deadlines import patient
 
 
 class Payload:
@@ -84,7 +85,7 @@ def test_worker_refuses_code_carrying_weights(bin_case: LayoutCase, tmp_path: Pa
         capture_output=True,
         text=True,
         env=SUBPROCESS_ENV,
-        timeout=120,
+        timeout=patient(120),
     )
 
     assert done.returncode == EXIT_INPUT_ERROR, done.stderr

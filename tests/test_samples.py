@@ -25,6 +25,7 @@ from inference.spec import JobResult, MetricValue, Problem, SampleOutput, Timing
 from storage import migrations, queries
 from storage.database import Database
 from storage.models import CheckpointState, UTCDateTime
+from tests.deadlines import Deadline
 from tests.harness import write_config
 
 Sample = queries.SampleRow
@@ -424,8 +425,8 @@ shutil.copy({prepared!r}, spec["result_path"])
 
 def _drive(runner: JobRunner, timeout: float = 60) -> None:
     """The daemon's loop, reduced to the runner: claim, poll, until the queue is empty."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    deadline = Deadline(timeout)
+    while not deadline.expired():
         runner.poll()
         if not runner.running and not runner.claim_and_start():
             return

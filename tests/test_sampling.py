@@ -17,6 +17,7 @@ from inference.spec import InferenceSpec, JobSpec, SubsetSpec, TaskSpec
 from inference.task import select_items
 from inference.toy.problems import PROMPT_TEMPLATE, held_out_problems
 from tests.conftest import ToyRun
+from tests.deadlines import patient
 from tests.test_worker import run_worker
 
 #: Items named by stratum and position, in the strata's sizes: ``a0 … a49, b0 … b29, c0 … c19``.
@@ -104,7 +105,7 @@ def test_same_subset_in_another_process(hash_seed: str) -> None:
         text=True,
         env={**os.environ, "PYTHONHASHSEED": hash_seed},
         cwd=Path(__file__).parent.parent,
-        timeout=60,
+        timeout=patient(60),
         check=True,
     )
 

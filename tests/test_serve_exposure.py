@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from daemon.web.exposure import is_loopback
+from tests.deadlines import Deadline, patient
 from tests.harness import evald, free_port, upgraded, write_config, write_dataset
 
 
@@ -57,7 +58,7 @@ def _serve_answers(command: list[str], port: int, env: dict[str, str] | None = N
         env=env,
     )
     try:
-        deadline = time.monotonic() + 60
+        deadline = Deadline(60)
         while True:
             try:
                 response = httpx.get(
@@ -69,11 +70,11 @@ def _serve_answers(command: list[str], port: int, env: dict[str, str] | None = N
                 break
             except httpx.TransportError:
                 assert process.poll() is None, process.communicate()[0][-3000:]
-                assert time.monotonic() < deadline, "evald serve did not answer in 60 s"
+                assert not deadline.expired(), "evald serve did not answer in 60 s"
                 time.sleep(0.2)
     finally:
         process.send_signal(signal.SIGTERM)
-        output = process.communicate(timeout=30)[0]
+        output = process.communicate(timeout=patient(30))[0]
     assert process.returncode == 0, output[-3000:]
     return output
 

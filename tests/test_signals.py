@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 
+from tests.deadlines import patient
+
 CHILD = textwrap.dedent(
     """
     import os, signal, sys, threading, time
@@ -45,7 +47,7 @@ CHILD = textwrap.dedent(
 
 def test_a_sigterm_while_the_main_thread_holds_the_log_lock_is_answered_after_it() -> None:
     child = subprocess.run(
-        [sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=patient(60), check=False
     )
     assert "mid_line=False answered=True" in child.stdout, child.stdout + child.stderr
     assert "daemon.stopping" in child.stdout

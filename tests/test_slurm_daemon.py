@@ -41,6 +41,7 @@ from storage.models import Checkpoint, CheckpointState, EvalJob
 from storage.queries import job_handle, record_handle, submitted_per_run
 from tests.checkpoints import copy_checkpoint
 from tests.conftest import ToyRun
+from tests.deadlines import Deadline, patient
 from tests.harness import (
     DaemonProcess,
     all_jobs_done,
@@ -90,7 +91,9 @@ def _log_events(log: Path) -> Counter[str]:
 
 def _release_all(daemon: SlurmDaemon) -> None:
     for job in daemon.queue():
-        subprocess.run(["scontrol", "release", job["id"]], env=daemon.env, capture_output=True, timeout=60)
+        subprocess.run(
+            ["scontrol", "release", job["id"]], env=daemon.env, capture_output=True, timeout=patient(60)
+        )
 
 
 def _go(daemon: SlurmDaemon) -> None:
@@ -225,8 +228,8 @@ def test_the_runner_evaluates_a_checkpoint_through_slurm_and_records_the_slurm_j
 
     stored = wait_for(handle_stored, 60, "the handle stored")
     assert stored[1] is not None and '"executor": "slurm"' in stored[1]
-    deadline = time.monotonic() + WAIT_S
-    while runner.running and time.monotonic() < deadline:
+    deadline = Deadline(WAIT_S)
+    while runner.running and not deadline.expired():
         runner.poll()
         time.sleep(0.2)
     assert not runner.running
@@ -371,7 +374,7 @@ def test_scancel_from_outside_a_deleted_checkpoint_and_the_queue_limit(
             assert [(j["slurm_job_id"], j["state"], j["reason"]) for j in shown["slurm"]["jobs"]] == [
                 (queued[0]["id"], "PENDING", "JobHeldUser")
             ]
-            subprocess.run(["scancel", queued[0]["id"]], env=daemon.env, check=True, timeout=60)
+            subprocess.run(["scancel", queued[0]["id"]], env=daemon.env, check=True, timeout=patient(60))
             # The cancelled one fails (someone meant it); the other is submitted in its room.
             wait_for(lambda: daemon.sbatch_calls() == 2 or None, 60, "the second submission", process.process)
             wait_for(
@@ -611,8 +614,8 @@ def test_a_daemon_taking_over_a_lease_reattaches_and_the_old_holder_leaves_the_s
         holder.poll()
         assert not holder.running
         _release_all(daemon)
-        deadline = time.monotonic() + WAIT_S
-        while taker.running and time.monotonic() < deadline:
+        deadline = Deadline(WAIT_S)
+        while taker.running and not deadline.expired():
             taker.poll()
             time.sleep(0.2)
         (row,) = jobs(database)

@@ -41,6 +41,7 @@ from daemon.running.workers import read_outcome
 from inference.spec import EXIT_INPUT_ERROR, JobResult, JobSpec
 from inference.toy.problems import held_out_problems, write_jsonl
 from tests.conftest import SUBPROCESS_ENV, ToyRun
+from tests.deadlines import Deadline
 from tests.slurmcluster import PARTITION, SlurmCluster, slurm_cluster
 from tests.test_worker_group import evaluated, group_spec, outputs, run_group
 
@@ -121,9 +122,9 @@ def toy_spec(toy_run: ToyRun, dataset: Path, tmp_path: Path, *, tp: int = 1) -> 
 
 
 def wait_until(executor: SlurmExecutor, handle: Handle, done: Any, what: str, wait_s: float = WAIT_S) -> Any:
-    deadline = time.monotonic() + wait_s
+    deadline = Deadline(wait_s)
     status: Any = None
-    while time.monotonic() < deadline:
+    while not deadline.expired():
         status = executor.poll(handle)
         if done(status):
             return status
@@ -427,8 +428,8 @@ def test_a_cluster_already_up_is_reused(slurm_cluster: SlurmCluster) -> None:
 
 
 def wait_probe(executor: SlurmExecutor, probe: Handle) -> bool:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
+    deadline = Deadline(WAIT_S)
+    while not deadline.expired():
         answer = executor.probe_result(probe)
         if answer is not None:
             return answer

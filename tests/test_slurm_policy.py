@@ -61,6 +61,7 @@ from storage.models import CheckpointState
 from storage.queries import AttemptRow
 from tests.checkpoints import copy_checkpoint
 from tests.conftest import SUBPROCESS_ENV, ToyRun
+from tests.deadlines import patient
 from tests.harness import all_jobs_done, evald, jobs, running_daemon, upgraded, wait_for, write_dataset
 from tests.slurmcluster import (
     PARTITION,
@@ -572,7 +573,7 @@ def two_nodes() -> Iterator[TwoNodeCluster]:
 
 def _scontrol(cluster: SlurmCluster, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["scontrol", *args], env=cluster.client_env(), capture_output=True, text=True, timeout=60
+        ["scontrol", *args], env=cluster.client_env(), capture_output=True, text=True, timeout=patient(60)
     )
 
 
@@ -583,7 +584,7 @@ def _sbatch(cluster: SlurmCluster, *args: str) -> str:
         env=cluster.client_env(),
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=patient(60),
         check=True,
     )
     return done.stdout.strip().split(";")[0]
@@ -596,7 +597,7 @@ def _running(daemon: SlurmDaemon) -> dict[str, str] | None:
         env=daemon.env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=patient(60),
     )
     for line in done.stdout.splitlines():
         job_id, name, node = line.split("|")
@@ -643,7 +644,7 @@ def test_a_preempted_job_spends_no_attempt_until_its_free_preemptions_are_used(
                 # A job of the higher partition wants both nodes: evald's is preempted.
                 preemptors.append(_sbatch(two_nodes, "-p", "high", "--nodes=2", "--wrap", "sleep 600"))
                 wait_for(_submitted_since(daemon, before), 120, "the job submitted again")
-                subprocess.run(["scancel", preemptors[-1]], env=daemon.env, timeout=60, check=True)
+                subprocess.run(["scancel", preemptors[-1]], env=daemon.env, timeout=patient(60), check=True)
             (job,) = wait_for(
                 lambda: [j for j in jobs(database) if j.state == "running"] or None, 60, "a claim"
             )
@@ -653,7 +654,7 @@ def test_a_preempted_job_spends_no_attempt_until_its_free_preemptions_are_used(
             assert process.stop() == 0
     finally:
         for preemptor in preemptors:
-            subprocess.run(["scancel", preemptor], env=daemon.env, timeout=60)
+            subprocess.run(["scancel", preemptor], env=daemon.env, timeout=patient(60))
         daemon.cancel_all()
     # The first preemption cost nothing (the job ran again as attempt 1); the second, past
     # free_preemptions = 1, spent one.

@@ -17,6 +17,7 @@ from daemon.running.executors import job_dirs, slurm_upkeep
 from daemon.running.executors.slurm_output import SlurmJob
 from daemon.running.executors.slurm_script import EXIT_NAME, probe_script
 from inference.spec import JobResult
+from tests.deadlines import Deadline, patient
 from tests.slurmcluster import SlurmCluster, slurm_cluster
 from tests.test_slurm_executor import make_executor
 
@@ -96,7 +97,7 @@ def _states(cluster: SlurmCluster, ids: list[str]) -> dict[str, str]:
         capture_output=True,
         text=True,
         env=cluster.client_env(),
-        timeout=60,
+        timeout=patient(60),
         check=True,
     )
     return dict(line.split("|", 1) for line in done.stdout.split())
@@ -128,8 +129,8 @@ def test_a_dead_daemons_held_probe_is_cancelled_by_the_next_probe(
         assert states[someone] == "PENDING" and states[probe.external_id] == "PENDING"
         # Cancelled from outside before it could tell, this daemon's probe gives no verdict (False).
         executor.cli.cancel(probe.external_id)
-        deadline = time.monotonic() + 30
-        while (answer := executor.probe_result(probe)) is None and time.monotonic() < deadline:
+        deadline = Deadline(30)
+        while (answer := executor.probe_result(probe)) is None and not deadline.expired():
             time.sleep(0.2)
         assert answer is False and not probe.job_dir.exists()
     finally:

@@ -28,6 +28,7 @@ from inference.toy.problems import (
 from inference.toy.tokenizer import ALPHABET, build_tokenizer
 from inference.toy.trainer import TrainConfig, build_model, parse_args, train
 from tests.conftest import SUBPROCESS_ENV, TOY_SAVE_EVERY, TOY_STEPS, ToyRun
+from tests.deadlines import patient
 
 TEXT = "23+45=\\boxed{68}\n  Mixed Case, {braces} & $math$!"
 
@@ -71,7 +72,7 @@ def test_problems_cli_writes_jsonl(tmp_path: Path) -> None:
     out = tmp_path / "eval.jsonl"
     command = [sys.executable, "-m", "inference.toy.problems", "--out", str(out), "--n", "25", "--seed", "4"]
 
-    subprocess.run(command, check=True, env=SUBPROCESS_ENV, timeout=60)
+    subprocess.run(command, check=True, env=SUBPROCESS_ENV, timeout=patient(60))
 
     rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
     assert len(rows) == 25
@@ -81,7 +82,7 @@ def test_problems_cli_writes_jsonl(tmp_path: Path) -> None:
         assert row["answer"] == str(a + b)
     assert PROMPT_TEMPLATE.format(prompt=rows[0]["problem"]) == rows[0]["problem"] + "="
     rejected = subprocess.run(
-        [*command[:-4], "--n", "0"], capture_output=True, env=SUBPROCESS_ENV, timeout=60
+        [*command[:-4], "--n", "0"], capture_output=True, env=SUBPROCESS_ENV, timeout=patient(60)
     )
     assert rejected.returncode == 2
 

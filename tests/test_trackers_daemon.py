@@ -19,6 +19,7 @@ import pytest
 from daemon.cli import main
 from storage.database import Database
 from tests.conftest import ToyRun
+from tests.deadlines import patient
 from tests.harness import all_jobs_done, running_daemon, upgraded, wait_for, write_config, write_dataset
 from tests.mlflowserver import MlflowServer, mlflow_server_fixture
 from tests.test_trackers_mlflow import outbox
@@ -132,7 +133,7 @@ def test_the_demo_sends_its_results_to_mlflow_and_says_where(
         [sys.executable, "-m", "daemon", "demo", "--workdir", str(workdir)],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=patient(600),
     )
     assert done.returncode == 0, done.stderr[-3000:]
     (line,) = [x for x in done.stdout.splitlines() if x.startswith("results also went to")]

@@ -19,6 +19,7 @@ from daemon.watching.folders import is_tracker_folder
 from storage import queries
 from storage.database import Database
 from tests.checkpoints import copy_checkpoint, save_tiny_llama
+from tests.deadlines import patient
 from tests.harness import Clock
 
 #: A trainer's tracker calls, as HF Trainer's callbacks make them, in a process of its own.
@@ -55,7 +56,7 @@ def test_tracker_folders_are_passed_over_quietly(database: Database, tmp_path: P
         [sys.executable, "-c", TRAINER, str(root), *("1" if h else "0" for h in has)],
         check=True,
         env=env,
-        timeout=120,
+        timeout=patient(120),
         cwd=tmp_path,
     )
     # A folder evald knows nothing of, with a step in a sub-folder's name: still named, not skipped.

@@ -31,6 +31,7 @@ from daemon.delivery.sinks.wandb import _is_missing_run, own_run_id, trainer_run
 from daemon.delivery.trackers import tracker_routes
 from storage import alerting, queries
 from storage.models import OutboxMessage, OutboxState
+from tests.deadlines import patient
 from tests.harness import wait_for
 from tests.test_trackers_mlflow import (
     ALERT_ON_ACCURACY,
@@ -228,7 +229,7 @@ def test_wandb_offline_rows_are_never_below_the_trainers_step(
         check=True,
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=patient(180),
         env={**os.environ, "WANDB_SILENT": "true"},
     ).stdout.split()[-1]
     assert trainer_run_on_disk(root) == trainer

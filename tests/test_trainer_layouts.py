@@ -24,6 +24,7 @@ from inference.toy.problems import PROMPT_TEMPLATE, held_out_problems, write_jso
 from tests.cases import areal, dcp, hf_bin, verl
 from tests.checkpoints import LayoutCase
 from tests.conftest import SUBPROCESS_ENV
+from tests.deadlines import patient
 from tests.layout_checks import replay_order
 
 CASES: dict[str, ModuleType] = {"dcp": dcp, "verl": verl, "areal": areal, "hf_bin": hf_bin}
@@ -171,7 +172,7 @@ def worker_runs(
         for name, (process, result_path) in started.items():
             # As long as one worker may take (layout_checks.run_job): four at once on a busy two-core
             # machine, beside another test process, took longer than three minutes.
-            _, stderr = process.communicate(timeout=300)
+            _, stderr = process.communicate(timeout=patient(300))
             runs[name] = (process.returncode, JobResult.read(result_path), stderr)
     finally:
         for process, _ in started.values():

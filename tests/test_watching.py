@@ -6,7 +6,6 @@ import errno
 import logging
 import shutil
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from storage.database import Database
 from tests import deep_trees
 from tests.checkpoints import copy_checkpoint, save_tiny_llama
 from tests.conftest import ToyRun
+from tests.deadlines import Deadline
 from tests.harness import all_jobs_done, jobs, running_daemon, upgraded, wait_for, write_config, write_dataset
 
 MOUNTS = """\
@@ -167,8 +167,8 @@ def test_a_folder_renamed_into_the_root_is_found_by_inotify(
 def _hint(watcher: Watcher, wake: threading.Event, expected: Path) -> None:
     """Drain the watcher (as the main loop does) until it hints at ``expected``; a generous deadline, since
     the event is normally there at once."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+    deadline = Deadline(60)
+    while not deadline.expired():
         wake.wait(1)
         wake.clear()
         if any(path == expected for _, path in watcher.drain()):

@@ -27,6 +27,7 @@ from storage.database import Database
 from storage.models import CheckpointState, EvalJob
 from storage.queries.retry import retry_job_rows
 from tests import dashboard_data
+from tests.deadlines import patient
 from tests.harness import free_port
 from tests.test_web_browser import CHROMIUM, CHROMIUM_ARGS, _browser_or_skip, _shots, _wait_http
 
@@ -164,7 +165,7 @@ def served(browser: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
         yield Served(base, data.token, job)
     finally:
         serve.send_signal(signal.SIGTERM)
-        output = serve.communicate(timeout=30)[0]
+        output = serve.communicate(timeout=patient(30))[0]
         assert serve.returncode == 0, output[-3000:]
 
 

@@ -30,6 +30,7 @@ from storage.database import Database
 from tests import dashboard_data
 from tests.checkpoints import copy_checkpoint
 from tests.conftest import ToyRun
+from tests.deadlines import Deadline, patient
 from tests.harness import (
     DaemonProcess,
     all_jobs_done,
@@ -131,13 +132,13 @@ def served(browser: Any, toy_run: ToyRun, tmp_path_factory: pytest.TempPathFacto
     finally:
         database.dispose()
         serve.send_signal(signal.SIGTERM)
-        output = serve.communicate(timeout=30)[0]
+        output = serve.communicate(timeout=patient(30))[0]
         assert serve.returncode == 0, output[-3000:]
         assert "web.started" in output and "web.stopped" in output
 
 
 def _wait_http(url: str, process: subprocess.Popen[str], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
+    deadline = Deadline(timeout)
     while True:
         try:
             if httpx.get(url, timeout=2).status_code == 200:
@@ -145,7 +146,7 @@ def _wait_http(url: str, process: subprocess.Popen[str], timeout: float = 60) ->
         except httpx.TransportError:
             pass
         assert process.poll() is None, process.communicate()[0][-3000:]
-        assert time.monotonic() < deadline, f"{url} did not answer in {timeout} s"
+        assert not deadline.expired(), f"{url} did not answer in {timeout} s"
         time.sleep(0.2)
 
 
@@ -349,7 +350,7 @@ def dashboard(browser: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             yield Dashboard(base, data, client)
     finally:
         serve.send_signal(signal.SIGTERM)
-        output = serve.communicate(timeout=30)[0]
+        output = serve.communicate(timeout=patient(30))[0]
         assert serve.returncode == 0, output[-3000:]
 
 

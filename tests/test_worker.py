@@ -20,6 +20,7 @@ from inference.task import render_prompts
 from inference.toy.problems import PROMPT_TEMPLATE
 from inference.worker import run
 from tests.conftest import SUBPROCESS_ENV, ToyRun
+from tests.deadlines import patient
 
 METRICS = ("accuracy", "response_length", "truncation_rate", "tokens_per_s", "wall_s", "load_s")
 
@@ -50,7 +51,7 @@ def run_worker(spec: JobSpec, tmp_path: Path) -> tuple[subprocess.CompletedProce
         capture_output=True,
         text=True,
         env=SUBPROCESS_ENV,
-        timeout=120,
+        timeout=patient(120),
     )
     return done, JobResult.read(spec.result_path)
 
@@ -273,7 +274,7 @@ def test_a_worker_imports_deepspeed_without_mlflow() -> None:
         env={**SUBPROCESS_ENV, "DS_ACCELERATOR": "cpu"},
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=patient(120),
         check=True,
     )
     installed, has_mlflow, loaded = json.loads(done.stdout.splitlines()[-1])

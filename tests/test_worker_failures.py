@@ -25,6 +25,7 @@ from storage import queries
 from storage.database import Database
 from storage.models import CheckpointState
 from tests.conftest import ToyRun
+from tests.deadlines import Deadline
 from tests.harness import (
     DaemonProcess,
     free_port,
@@ -83,8 +84,8 @@ def _runner(
 
 def _drive(runner: JobRunner, timeout: float = 300) -> None:
     """The daemon's loop, reduced to the runner: claim, poll, until the queue is empty."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    deadline = Deadline(timeout)
+    while not deadline.expired():
         runner.poll()
         if not runner.running and not runner.claim_and_start():
             return

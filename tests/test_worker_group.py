@@ -21,6 +21,7 @@ from inference.launcher import worker_command
 from inference.spec import PARENT_PID_ENV, InferenceSpec, JobResult, JobSpec, TaskSpec
 from inference.toy.problems import PROMPT_TEMPLATE
 from tests.conftest import SUBPROCESS_ENV, ToyRun
+from tests.deadlines import wait_process
 from tests.harness import free_port
 
 TIMEOUT_S = 300
@@ -77,7 +78,7 @@ def run_group(
         command, spec.result_path.parent / "worker.log", {**SUBPROCESS_ENV, **tie, **(env or {})}
     )
     try:
-        code = worker.process.wait(timeout=TIMEOUT_S)
+        code = wait_process(worker.process, TIMEOUT_S)
     finally:
         worker.kill()
     return read_outcome(spec, code, worker.log_path)
