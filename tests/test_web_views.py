@@ -8,6 +8,7 @@ the test's tmp folder). Skipped as tests/test_web_browser.py skips where no brow
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,6 +19,8 @@ from urllib.parse import parse_qs
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests import dashboard_data
 from tests.harness import free_port
@@ -303,6 +306,19 @@ def test_compare_shows_both_runs_as_evald_compare_does(
         _shot(page, tmp_path, f"compare-{width}.png")
         page.locator(acc).screenshot(path=str(_shots(tmp_path) / f"compare-card-{width}.png"))
 
+        # A value in the table opens that run's step; the comparison stays as drawn beside it (the same
+        # card: not asked for again), and Back closes the step only.
+        page.evaluate(f"() => {{ document.querySelector('{acc}')._kept = true; }}")
+        step = differ[0]
+        page.click(f'{acc} table.diffs tr[data-step="{step}"] td:nth-child(3) a')
+        page.wait_for_selector(f"#detail-title:has-text('grpo-s2 · step {step}')")
+        view = _view(page)
+        assert (view["compare"], view["run"], view["step"]) == (["grpo-s1,grpo-s2"], ["grpo-s2"], [str(step)])
+        assert page.evaluate(f"() => document.querySelector('{acc}')._kept === true")
+        page.go_back()
+        page.wait_for_selector("#detail", state="hidden")
+        assert page.is_visible("#compare-box") and _view(page)["compare"] == ["grpo-s1,grpo-s2"]
+
         # Another run B: the URL follows; closing is a history entry too (Back reopens it).
         page.select_option("#compare-b", "ppo-s1")
         page.wait_for_selector('#compare-box[data-ready="grpo-s1,ppo-s1"]')
@@ -314,3 +330,64 @@ def test_compare_shows_both_runs_as_evald_compare_does(
         assert not errors, errors
     finally:
         context.close()
+
+
+# ---- the deep-link format itself (links.js), run in the page: any name, any step text
+
+
+@pytest.fixture(scope="module")
+def links(browser: Any, dashboard: Dashboard) -> Iterator[Any]:
+    """A dashboard page with links.js imported as ``window.links``."""
+    context = _signed_in(browser, dashboard, DESKTOP)
+    page = context.new_page()
+    page.goto(dashboard.url + "#runs=grpo-s1")
+    page.wait_for_selector("body[data-ready=true]")
+    page.evaluate("async () => { window.links = await import('/static/links.js'); }")
+    yield page
+    context.close()
+
+
+ROUND_TRIP = """([detail, compare]) => {
+    const hash = window.links.withView(new URLSearchParams('runs=a,b&smooth=none'), {detail, compare});
+    const view = window.links.viewFrom(new URLSearchParams(hash.toString()));
+    return {detail: view.detail, compare: view.compare, problems: view.problems, runs: hash.get('runs')};
+}"""
+NAMES = st.text(st.characters(exclude_categories=["Cs"]), min_size=1, max_size=20)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    run=NAMES,
+    step=st.integers(0, 2**31 - 1),
+    metric=st.none() | NAMES,
+    task=st.none() | NAMES,
+    pair=st.none() | st.tuples(NAMES, NAMES).filter(lambda p: "," not in p[0] + p[1]),
+    fdr=st.floats(0.0001, 0.9999),
+)
+def test_a_deep_link_gives_back_the_view_it_was_made_from(
+    links: Any,
+    run: str,
+    step: int,
+    metric: str | None,
+    task: str | None,
+    pair: tuple[str, str] | None,
+    fdr: float,
+) -> None:
+    detail = {"run": run, "step": step, "metric": metric, "task": task}
+    compare = None if pair is None else {"a": pair[0], "b": pair[1], "fdr": fdr}
+    found = links.evaluate(ROUND_TRIP, [detail, compare])
+    assert found == {"detail": detail, "compare": compare, "problems": [], "runs": "a,b"}
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(step=st.text(st.characters(exclude_categories=["Cs"]), max_size=12) | st.integers(-5, 2**32).map(str))
+def test_a_deep_links_step_is_taken_only_when_it_is_a_whole_number(links: Any, step: str) -> None:
+    view = links.evaluate("s => window.links.viewFrom(new URLSearchParams({run: 'grpo-s1', step: s}))", step)
+    whole = re.fullmatch(r"[0-9]+", step) is not None and int(step) <= 2**31 - 1
+    if whole:
+        assert view["detail"]["step"] == int(step) and view["problems"] == []
+    elif step:
+        assert view["detail"] is None and len(view["problems"]) == 1
+    else:
+        # No step at all: a run without one is said to need it.
+        assert view["detail"] is None and "without a step" in view["problems"][0]

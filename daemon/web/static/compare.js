@@ -100,7 +100,11 @@ function card(group, body, opts) {
     item.append(`${i ? "B" : "A"}: ${i ? body.run_b : body.run_a}`);
   });
   const differ = group.rows.filter((r) => r.differs).length;
-  html("span", { class: "item" }, differ ? `◆ B − A differs (FDR ${body.fdr})` : "no step differs", legend);
+  const tested = group.rows.filter((r) => r.test !== null).length;
+  // Untested points (no standard error) are not "the same": the legend says which it is.
+  const untested = [...new Set(group.rows.filter((r) => r.test === null).map((r) => r.why_not_paired).filter(Boolean))];
+  const verdict = differ ? `◆ B − A differs (FDR ${body.fdr})` : tested ? "no step differs" : `not tested (${untested.join("; ") || "no test"})`;
+  html("span", { class: "item" }, verdict, legend);
   const more = html("details", { class: "diffs" }, null, node);
   html("summary", {}, `${differ} of ${group.rows.length} matched steps differ${testCounts(group.rows)}`, more);
   more.appendChild(table(group, body, opts));

@@ -937,11 +937,20 @@ function checkViewRuns() {
   showNotices();
 }
 
+// The comparison on show: {a, b, fdr}, as drawn (null while none is).
+function shownCompare() {
+  const body = state.comparison;
+  return body && !$("compare-box").hidden ? { a: body.run_a, b: body.run_b, fdr: body.fdr } : null;
+}
+
 function showView({ reveal = false } = {}) {
   if (state.detail) openDetail(state.detail, { push: false, reveal });
   else if (!$("detail").hidden) closeDetail({ push: false });
-  if (state.compare) openCompare(state.compare, { push: false });
-  else if (!$("compare-box").hidden) closeCompare({ push: false });
+  const shown = shownCompare(), wanted = state.compare;
+  // The same comparison is kept as drawn (a step opened from its table is a new URL, not a new pair).
+  const same = shown && wanted && shown.a === wanted.a && shown.b === wanted.b && shown.fdr === wanted.fdr;
+  if (wanted && !same) openCompare(wanted, { push: false });
+  else if (!wanted && !$("compare-box").hidden) closeCompare({ push: false });
 }
 
 async function followUrl() {
