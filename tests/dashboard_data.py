@@ -30,6 +30,9 @@ OUTLIER_STEP = 90
 EMPTY_STEP = 40
 #: grpo-s1's accuracy alert: first fired here, last seen at ALERT_LAST.
 ALERT_ONSET, ALERT_LAST = 120, 150
+#: ppo-s1's reward alert: fired at RESOLVED_ONSET, resolved by RESOLVED_STEP's result (the alert list shows
+#: both states).
+RESOLVED_ONSET, RESOLVED_STEP = 60, 80
 #: When the first result was stored; each checkpoint is evaluated a minute per step later.
 START = datetime(2026, 11, 30, 21, 0, tzinfo=UTC)
 
@@ -129,6 +132,23 @@ def store(database: Database) -> None:
                 message=f"accuracy dropped from step {ALERT_ONSET}",
                 repeats=4,
                 **{k: v for k, v in steps.items() if hasattr(Alert, k)},
+            )
+        )
+        s.add(
+            Alert(
+                fingerprint=fingerprint("ppo-s1", "robust_z", "reward", TASK),
+                run_id=run_ids["ppo-s1"],
+                task=TASK,
+                metric="reward",
+                rule="robust_z",
+                severity="warning",
+                state=AlertState.RESOLVED,
+                message=f"reward fell far below its recent steps at step {RESOLVED_ONSET}",
+                first_step=RESOLVED_ONSET,
+                last_step=RESOLVED_ONSET,
+                resolved_step=RESOLVED_STEP,
+                fired_at=stored_at("ppo-s1", RESOLVED_ONSET),
+                resolved_at=stored_at("ppo-s1", RESOLVED_STEP),
             )
         )
 

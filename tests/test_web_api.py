@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -13,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import func, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
@@ -595,3 +598,61 @@ def test_no_token_configured_needs_no_header(stored: Stored) -> None:
         assert "default-src 'self'" in response.headers["content-security-policy"]
     finally:
         app.state.web.database.dispose()
+
+
+def test_compare_is_the_cli_comparison_and_names_a_bad_parameter(
+    client: TestClient, stored: Stored, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["--config", str(stored.config), "compare", "--run", "alpha", "--run", "beta", "--format", "json"]
+    for query, flags in (
+        ("", []),
+        ("&smooth=ema:0.6&fdr=0.1", ["--smooth", "ema:0.6", "--fdr", "0.1"]),
+        ("&metric=accuracy", ["--metric", "accuracy"]),
+    ):
+        assert main([*base, *flags]) == 0
+        cli = json.loads(capsys.readouterr().out)
+        response = client.get(f"/api/v1/compare?run_a=alpha&run_b=beta{query}")
+        assert response.status_code == 200, response.text
+        assert response.json() == cli, query
+    body = client.get("/api/v1/compare?run_a=alpha&run_b=beta").json()
+    # The matched steps (10 and 30) of both metrics, each row with both runs' values.
+    assert sorted({(r["metric"], r["step"]) for r in body["rows"]}) == [
+        ("accuracy", 10),
+        ("accuracy", 30),
+        ("wall_s", 10),
+        ("wall_s", 30),
+    ]
+    at30 = next(r for r in body["rows"] if (r["metric"], r["step"]) == ("accuracy", 30))
+    assert (at30["value_a"], at30["value_b"]) == (0.75, 0.4)
+    for query, status, parameter in (
+        ("run_a=alpha", 400, "run_b"),
+        ("run_a=alpha&run_b=gamma", 404, "run_b"),
+        ("run_a=gamma&run_b=alpha", 404, "run_a"),
+        ("run_a=alpha&run_b=beta&metric=bleu", 404, "metric"),
+        ("run_a=alpha&run_b=beta&smooth=ema:2", 400, "smooth"),
+        ("run_a=alpha&run_b=beta&fdr=1", 400, "fdr"),
+        ("run_a=alpha&run_b=beta&fdr=nan", 400, "fdr"),
+        ("run_a=alpha&run_b=beta&run=alpha", 400, "run"),
+    ):
+        refused = client.get(f"/api/v1/compare?{query}")
+        assert refused.status_code == status, (query, refused.text)
+        assert refused.json()["parameter"] == parameter, query
+    assert (
+        "no run 'gamma' (runs: alpha, beta)"
+        in client.get("/api/v1/compare?run_a=alpha&run_b=gamma").json()["error"]
+    )
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(fdr=st.text(st.characters(exclude_categories=["Cs"]), max_size=12) | st.floats().map(str))
+def test_compare_takes_any_fdr_strictly_between_0_and_1_and_refuses_the_rest(
+    client: TestClient, fdr: str
+) -> None:
+    response = client.get("/api/v1/compare", params={"run_a": "alpha", "run_b": "beta", "fdr": fdr})
+    plain = re.fullmatch(r"[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?", fdr) is not None
+    if plain and 0 < float(fdr) < 1:
+        assert response.status_code == 200, response.text
+        assert response.json()["fdr"] == float(fdr)
+    else:
+        assert response.status_code == 400, response.text
+        assert response.json()["parameter"] == "fdr"

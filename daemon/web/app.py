@@ -23,14 +23,23 @@ from daemon.web.auth import BearerAuth
 from daemon.web.context import WebContext
 from daemon.web.params import ApiError
 from daemon.web.responses import JSON, error
-from daemon.web.routes import alerts, dashboard, jobs, metrics, results, runs, status
+from daemon.web.routes import alerts, compare, dashboard, jobs, metrics, results, runs, status
 from storage.database import Database
 from storage.errors import DatabaseUnreachable
 
 log = structlog.get_logger("daemon.web")
 
 #: One module per resource; each has ``routes() -> list[BaseRoute]``.
-ROUTE_MODULES: tuple[ModuleType, ...] = (runs, results, alerts, status, jobs, dashboard, metrics)
+ROUTE_MODULES: tuple[ModuleType, ...] = (
+    runs,
+    results,
+    alerts,
+    compare,
+    status,
+    jobs,
+    dashboard,
+    metrics,
+)
 
 API_INDEX = {
     "runs": "/api/v1/runs",
@@ -42,6 +51,7 @@ API_INDEX = {
     "results": "/api/v1/results?run=&task=&stage=&metric=&step_min=&step_max=&limit=&offset=",
     "latest": "/api/v1/results/latest?run=",
     "alerts": "/api/v1/alerts?run=&state=firing|resolved",
+    "compare": "/api/v1/compare?run_a=&run_b=&task=&stage=&metric=&smooth=&fdr=0.05",
     "status": "/api/v1/status?run=",
     "jobs": "/api/v1/jobs?run=&state=",
     "job": "/api/v1/jobs/{job}",

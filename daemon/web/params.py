@@ -6,6 +6,7 @@ silently unfiltered answer.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
@@ -14,6 +15,9 @@ from starlette.datastructures import QueryParams
 from daemon import filter_values
 from daemon.errors import EvaldError
 from daemon.filter_values import MAX_INT, ValueRefused, shown, step_range_problem
+
+#: A plain decimal number (``0.05``, ``.1``, ``5e-2``): no sign, spaces, ``nan`` or ``inf``.
+DECIMAL = re.compile(r"\d*\.?\d+(?:[eE][-+]?\d+)?", re.ASCII)
 
 #: Rows one page may hold; a larger ``limit`` is refused (400), not silently cut.
 MAX_LIMIT = 10_000
@@ -80,6 +84,18 @@ class Params:
             return filter_values.parse_integer(value, minimum=minimum, maximum=maximum)
         except ValueRefused as exc:
             raise bad(name, str(exc)) from None
+
+    def fraction(self, name: str, default: float) -> float:
+        """A number strictly between 0 and 1 (a false discovery rate), ``default`` when not given."""
+        value = self.values.get(name)
+        if value is None:
+            return default
+        if not DECIMAL.fullmatch(value):
+            raise bad(name, f"{shown(value)} is not a number (e.g. 0.05)")
+        number = float(value)
+        if not 0 < number < 1:
+            raise bad(name, f"{shown(value)} is not between 0 and 1 (e.g. 0.05)")
+        return number
 
     def boolean(self, name: str) -> bool:
         value = self.values.get(name)

@@ -85,7 +85,8 @@ function domains(model) {
 /**
  * Draws ``model`` into ``card``'s svg.plot. model: {key, width, xmode, ylog, outliers, zoom, xTitle, yTitle,
  * traces: [{id, name, color, kind: run|group|member, run, count, points: [{x, step, y, raw, se, n, lo, hi}],
- * best}], alerts: [{x, xLast, state, step, lastStep, run, title}]}. handlers: {onZoom(zoom|null),
+ * best}], alerts: [{x, xLast, state, step, lastStep, run, title}], marks: [{x, step, title}] (optional)}.
+ * handlers: {onZoom(zoom|null),
  * onPick(run, step)}. Returns what was drawn (domains and tick labels), also left on the svg's dataset.
  */
 export function drawChart(card, model, handlers) {
@@ -232,6 +233,13 @@ export function drawChart(card, model, handlers) {
       el("title", {}, mark).textContent = `${t.name} step ${p.step}: no samples (n = 0), no value`;
     }
   }
+  for (const m of model.marks || []) {
+    // A step singled out (the comparison's differing steps): a diamond on the plot's top edge.
+    if (!Number.isFinite(m.x) || !inX(m.x)) continue;
+    const x = xs.to(m.x);
+    const mark = el("path", { class: "mark", d: `M${x},${top} l4.5,5 l-4.5,5 l-4.5,-5 z`, fill: INK, "data-step": m.step }, svg);
+    el("title", {}, mark).textContent = m.title;
+  }
   Object.assign(svg.dataset, { x0: dom.x[0], x1: dom.x[1], y0: dom.y[0], y1: dom.y[1], skipped, clipped });
   el("g", { class: "hover" }, svg);
   el("rect", { class: "zoom-sel", x: 0, y: 0, width: 0, height: 0, fill: "#1f77b4", opacity: 0.12, visibility: "hidden" }, svg);
@@ -318,9 +326,12 @@ function tooltip(card, model, x, px, geometry) {
 function interact(card, svg, model, handlers, g) {
   const hover = svg.querySelector("g.hover"), sel = svg.querySelector("rect.zoom-sel");
   const tip = card.querySelector(".tooltip");
+  // In the svg's own units: a card narrowed since it was drawn shows the chart scaled down (CSS
+  // max-width) until it is redrawn at its new width, and a pointer on it still finds its points.
+  const ratio = () => svg.getBoundingClientRect().width / svg.width.baseVal.value || 1;
   const local = (event) => {
-    const box = svg.getBoundingClientRect();
-    return { px: event.clientX - box.left, py: event.clientY - box.top };
+    const box = svg.getBoundingClientRect(), k = ratio();
+    return { px: (event.clientX - box.left) / k, py: (event.clientY - box.top) / k };
   };
   const inside = ({ px, py }) => px >= g.left && px <= g.left + g.plotW && py >= g.top - 4 && py <= g.top + g.plotH + 4;
   let drag = null, clickTimer = null;
@@ -336,7 +347,7 @@ function interact(card, svg, model, handlers, g) {
       const cy = g.ys.to(p.y);
       if (cy >= g.top && cy <= g.top + g.plotH) el("circle", { cx: g.xs.to(p.x), cy, r: 4.5, fill: "none", stroke: t.color, "stroke-width": 2 }, hover);
     }
-    tooltip(card, model, x, hx, g);
+    tooltip(card, model, x, hx * ratio(), g);
   };
   svg.onpointerdown = (event) => {
     const pos = local(event);

@@ -9,13 +9,19 @@
 // the y axis linear or log, optionally scaled without outliers. Drag to zoom, double-click to reset; hover
 // lists every run at that x; a click opens that checkpoint's metrics, its jobs with their attempts
 // (retries, Slurm ids, nodes, queue wait, errors: attempts.js) and its samples. The page polls
-// /api/v1/changes every 2 s and reloads its data when the database moved. The view is kept in the URL.
+// /api/v1/changes every 2 s and reloads its data when the database moved. The view is kept in the URL,
+// with the step detail or the comparison open (links.js): a link opens it, opening one is a new history
+// entry (Back closes it). The alert list (alertlist.js) links each alert to its onset's detail; the
+// paired comparison of two runs (compare.js) is `evald compare`'s answer, from /api/v1/compare.
 "use strict";
 
+import { showAlerts } from "./alertlist.js";
 import { showJobs } from "./attempts.js";
 import { fmt } from "./axis.js";
 import { drawChart } from "./chart.js";
+import { showComparison } from "./compare.js";
 import { downloads, saveCsv, savePng, saveSvg } from "./export.js";
+import { DEFAULT_FDR, viewFrom, withView } from "./links.js";
 
 const POLL_MS = 2000;
 const FIRST_WAIT_MS = 3000; // the longest the first chart holds back the rest of the first load
@@ -37,8 +43,14 @@ const state = {
   selected: [],      // run names shown
   series: {},        // run -> series list from /series
   alerts: {},        // run -> alert list
+  alertList: [],     // every run's alerts (the alert list)
+  alertState: "",    // the alert list shows: "" (all), firing, resolved
   version: null,     // /changes version last loaded
-  detail: null,      // {run, step}
+  detail: null,      // {run, step, metric, task}: the step detail open (in the URL)
+  compare: null,     // {a, b, fdr}: the comparison open (in the URL)
+  comparison: null,  // its /api/v1/compare answer
+  compareZooms: {},  // comparison chart key -> zoom
+  applied: null,     // the URL fragment the page shows (a different one was navigated to)
   smooth: DEFAULTS.smooth,
   filter: "",
   x: DEFAULTS.x,     // step | wall | relative
@@ -145,15 +157,21 @@ function readHash() {
   state.y = take("y", (v) => (v === "linear" || v === "log" ? null : "the y scale is linear or log"), DEFAULTS.y, "y scale");
   state.group = take("group", groupProblem, DEFAULTS.group, "grouping");
   state.outliers = params.get("outliers") === "1";
-  if (params.get("filter")) state.filter = params.get("filter");
+  state.filter = params.get("filter") || "";
   if (params.has("pins")) state.pins = params.get("pins").split(",").filter(Boolean);
   else {
     try { state.pins = JSON.parse(localStorage.getItem(PINS_KEY) || "[]").filter((k) => typeof k === "string"); } catch { state.pins = []; }
   }
-  state.notices = notices;
+  const view = viewFrom(params);
+  state.detail = view.detail;
+  state.compare = view.compare;
+  // The detail's run is drawn, so its point is on the charts.
+  if (view.detail && !state.selected.includes(view.detail.run)) state.selected = [...state.selected, view.detail.run];
+  state.notices = [...notices, ...view.problems];
 }
 
-function writeHash() {
+// The page's state as URL parameters, without a view (a step's detail, a comparison).
+function stateParams() {
   const params = new URLSearchParams();
   params.set("runs", state.selected.join(","));
   params.set("smooth", state.smooth);
@@ -163,7 +181,24 @@ function writeHash() {
   if (state.group !== DEFAULTS.group) params.set("group", state.group);
   if (state.filter) params.set("filter", state.filter);
   params.set("pins", state.pins.join(","));
-  history.replaceState(null, "", "#" + params.toString());
+  return params;
+}
+
+/** The link to a step's detail (its run drawn beside those shown), for the alert list and comparison. */
+function stepLink(detail) {
+  const params = stateParams();
+  if (!state.selected.includes(detail.run)) params.set("runs", [...state.selected, detail.run].join(","));
+  return "#" + withView(params, { detail, compare: state.compare }).toString();
+}
+
+/** The URL says what is shown. ``push``: a new history entry (a view opened or closed, which Back undoes);
+ *  else the entry is replaced (a control changed). */
+function writeHash(push = false) {
+  const hash = "#" + withView(stateParams(), { detail: state.detail, compare: state.compare }).toString();
+  if (hash !== window.location.hash) {
+    if (push) history.pushState(null, "", hash); else history.replaceState(null, "", hash);
+  }
+  state.applied = window.location.hash;
   try { localStorage.setItem(PINS_KEY, JSON.stringify(state.pins)); } catch { /* private mode: the URL keeps them */ }
 }
 
@@ -276,7 +311,7 @@ function renderRunTable() {
   const body = document.createDocumentFragment();
   for (const run of state.runs) {
     const tr = html("tr", { "data-run": run.name }, null, body);
-    const pick = html("td", {}, null, tr);
+    const pick = html("td", { class: "pick" }, null, tr);
     const input = html("input", { type: "checkbox", value: run.name, "data-run": run.name, "aria-label": `show ${run.name}` }, null, pick);
     input.checked = state.selected.includes(run.name);
     input.addEventListener("change", () => {
@@ -288,23 +323,37 @@ function renderRunTable() {
     // The colour the charts draw it in: its group's when grouped.
     swatch(grouping ? groupColor(groupOf(run.name)) : colorOf(run.name), name);
     name.append(run.name);
-    if (grouping) html("td", { "data-key": "group" }, groupOf(run.name), tr);
-    html("td", { class: "num" }, String(run.checkpoints), tr);
-    html("td", { class: "num" }, fmt(run.latest_step), tr);
-    html("td", { class: "num" }, fmt(run.evaluated_step), tr);
-    html("td", { class: run.firing_alerts ? "num firing" : "num" }, String(run.firing_alerts), tr);
-    html("td", { class: "when" }, run.created_at ? new Date(run.created_at).toLocaleString() : "–", tr);
+    // Each cell names its column (data-label): a narrow screen stacks a row's cells (dashboard.css).
+    if (grouping) html("td", { "data-key": "group", "data-label": "group" }, groupOf(run.name), tr);
+    html("td", { class: "num", "data-label": "checkpoints" }, String(run.checkpoints), tr);
+    html("td", { class: "num", "data-label": "latest step" }, fmt(run.latest_step), tr);
+    html("td", { class: "num", "data-label": "evaluated step" }, fmt(run.evaluated_step), tr);
+    html("td", { class: run.firing_alerts ? "num firing" : "num", "data-label": "firing alerts" }, String(run.firing_alerts), tr);
+    html("td", { class: "when", "data-label": "created" }, run.created_at ? new Date(run.created_at).toLocaleString() : "–", tr);
     const flat = flatConfig(run.config);
     for (const k of keys) {
       const v = flat[k];
-      html("td", { "data-key": `config.${k}` }, v === null || v === undefined || v === "" ? "–" : String(v), tr);
+      html("td", { "data-key": `config.${k}`, "data-label": k }, v === null || v === undefined || v === "" ? "–" : String(v), tr);
     }
   }
   $("run-table").replaceChildren(html("thead"), html("tbody"));
   $("run-table").tHead.appendChild(head);
   $("run-table").tBodies[0].appendChild(body);
   $("runs-note").textContent = state.runs.some((r) => r.config === null) ? "– : not in this evald's config (any more)" : "";
+  fitTable($("run-table"));
 }
+
+// A table of runs or alerts wider than its box stacks each row's cells (dashboard.css: table.stacked)
+// instead of scrolling sideways: on a phone, beside the detail panel, or with many config columns.
+function fitTable(table) {
+  table.classList.remove("stacked");
+  table.classList.toggle("stacked", table.scrollWidth > table.parentElement.clientWidth + 1);
+}
+
+// Refitted when its box's width changes (the window, the detail panel opened or closed).
+const tableSized = new ResizeObserver((entries) => {
+  for (const entry of entries) fitTable(entry.target.querySelector("table"));
+});
 
 // ---- loading
 async function loadRuns() {
@@ -313,25 +362,41 @@ async function loadRuns() {
   state.selected = state.selected.filter((n) => names.includes(n));
   if (!state.selected.length && names.length) state.selected = [names[0]];
   syncGroupControl();
+  syncCompareControls();
   renderRunTable();
 }
 
 async function loadData() {
   const smooth = encodeURIComponent(state.smooth);
-  const loaded = await Promise.all(state.selected.map(async (run) => {
-    const enc = encodeURIComponent(run);
-    const [series, alerts] = await Promise.all([
-      api(`/api/v1/runs/${enc}/series?smooth=${smooth}`),
-      pages(`/api/v1/alerts?run=${enc}&limit=10000`),
-    ]);
-    return [run, series.series, alerts];
-  }));
+  // Every run's alerts at once: the alert list shows them all, the charts those of the runs drawn.
+  const [loaded, alerts] = await Promise.all([
+    Promise.all(state.selected.map(async (run) => {
+      const series = await api(`/api/v1/runs/${encodeURIComponent(run)}/series?smooth=${smooth}`);
+      return [run, series.series];
+    })),
+    pages("/api/v1/alerts?limit=10000"),
+  ]);
   state.complete = true;
   state.loadError = null;
   state.dataStale = false;
   state.series = {}; state.alerts = {};
-  for (const [run, series, alerts] of loaded) { state.series[run] = series; state.alerts[run] = alerts; }
+  for (const [run, series] of loaded) { state.series[run] = series; state.alerts[run] = []; }
+  for (const a of alerts) if (state.alerts[a.run]) state.alerts[a.run].push(a);
+  state.alertList = alerts;
+  renderAlerts();
   render();
+  // A comparison on show is asked again (new results, another smoothing); one being opened asks itself.
+  if (state.compare && state.comparison) loadComparison().catch(comparisonFailed);
+}
+
+function renderAlerts() {
+  const [shown, total] = showAlerts($("alert-table"), state.alertList, { html, linkTo: stepLink, only: state.alertState });
+  const firing = state.alertList.filter((a) => a.state === "firing").length;
+  $("alerts-count").textContent = `${firing} firing · ${state.alertList.length} in all` + (shown < total ? ` · ${shown} of ${total} listed` : "");
+  $("alert-table").hidden = total === 0;
+  $("alerts-empty").hidden = total !== 0;
+  $("alerts-empty").textContent = state.alertList.length ? `No ${state.alertState} alert.` : "No alert has fired.";
+  fitTable($("alert-table"));
 }
 
 function loadFailed(e) {
@@ -526,7 +591,7 @@ function drawCard(node, meta, width) {
   const model = { ...chartModel(meta), width };
   const drawn = drawChart(node, model, {
     onZoom: (zoom) => setZoom(meta.key, zoom),
-    onPick: (run, step) => openDetail(run, step, meta.task),
+    onPick: (run, step) => openDetail({ run, step, task: meta.task, metric: meta.metric }),
     selected: (run, step) => state.detail !== null && state.detail.run === run && state.detail.step === step,
   });
   state.drawn[meta.key] = drawn;
@@ -589,11 +654,22 @@ function render() {
   // chart is still empty (a forced layout of twenty drawn charts cost more than drawing them).
   const fresh = placed.filter(([node]) => node._width === undefined);
   const widths = fresh.map(([node]) => node.querySelector(".plot-box").getBoundingClientRect().width);
-  fresh.forEach(([node], i) => { node._width = widths[i]; sized.observe(node.querySelector(".plot-box")); });
-  for (const [node, meta] of placed) drawCard(node, meta, node._width);
+  fresh.forEach(([node], i) => {
+    node._width = widths[i];
+    node._redraw = () => {
+      const m = metaOf(node);
+      if (m && !state.folded[node.dataset.section]) drawCard(node, m, node._width);
+    };
+    sized.observe(node.querySelector(".plot-box"));
+  });
+  for (const [node, m] of placed) drawCard(node, m, node._width);
+  markFocus();
 }
 
-// Charts are drawn at their card's width: a card whose width changes (window, detail panel) is redrawn.
+const metaOf = (node) => chartKeys().find((m) => m.key === node.dataset.chart);
+
+// Charts are drawn at their card's width: a card whose width changes (window, detail panel, a phone
+// turned) is redrawn at its new width (until then its svg is scaled down to fit: dashboard.css).
 const sized = new ResizeObserver((entries) => {
   const changed = [];
   for (const entry of entries) {
@@ -605,11 +681,7 @@ const sized = new ResizeObserver((entries) => {
   }
   if (!changed.length) return;
   requestAnimationFrame(() => {
-    for (const node of changed) {
-      if (!node.isConnected) continue;
-      const meta = chartKeys().find((m) => m.key === node.dataset.chart);
-      if (meta && !state.folded[node.dataset.section]) drawCard(node, meta, node._width);
-    }
+    for (const node of changed) if (node.isConnected && node._redraw) node._redraw();
   });
 });
 
@@ -653,36 +725,65 @@ async function download(meta, format) {
   }
 }
 
-// ---- detail: one checkpoint's metrics, alerts and samples
-async function openDetail(run, step, task) {
-  state.detail = { run, step, task };
+// ---- detail: one checkpoint's metrics, alerts and samples; in the URL as run=R&step=S&metric=M&task=T
+function metricsTable(info, detail) {
+  // Task and stage get a column only when they differ between rows (else the caption says them).
+  const varies = (k) => new Set(info.results.map((r) => r[k])).size > 1;
+  const cols = ["task", "stage"].filter(varies);
+  const table = html("table", { id: "metrics-table" });
+  const same = ["task", "stage"].filter((k) => !cols.includes(k)).map((k) => info.results[0]?.[k]).filter(Boolean);
+  if (same.length) html("caption", {}, same.join(" · "), table);
+  const head = html("tr", {}, null, html("thead", {}, null, table));
+  for (const h of [...cols, "metric", "value", "± stderr", "n"]) html("th", {}, h, head);
+  const body = html("tbody", {}, null, table);
+  for (const r of info.results) {
+    // The metric the link (or the clicked chart) names is marked.
+    const focus = r.metric === detail.metric && (!detail.task || r.task === detail.task);
+    const tr = html("tr", { class: focus ? "focus" : null, "data-metric": r.metric, "data-task": r.task }, null, body);
+    for (const k of cols) html("td", {}, r[k], tr);
+    html("td", { class: "metric" }, r.metric, tr);
+    html("td", { class: "num" }, r.value === null && r.n === 0 ? "no samples" : fmt(r.value), tr);
+    html("td", { class: "num" }, fmt(r.stderr), tr); html("td", { class: "num" }, fmt(r.n), tr);
+  }
+  return table;
+}
+
+function markSelected() {
   document.querySelectorAll("circle.pt.selected").forEach((c) => c.classList.remove("selected"));
-  document.querySelectorAll(`circle.pt[data-run="${CSS.escape(run)}"][data-step="${step}"]`).forEach((c) => c.classList.add("selected"));
+  const d = state.detail;
+  if (d) document.querySelectorAll(`circle.pt[data-run="${CSS.escape(d.run)}"][data-step="${d.step}"]`).forEach((c) => c.classList.add("selected"));
+}
+
+// The charts of the detail's metric are outlined (its task's only, when the link names one).
+function markFocus() {
+  const d = state.detail;
+  for (const node of document.querySelectorAll("#charts .chart")) {
+    const [task, , metric] = node.dataset.chart.split("/");
+    node.classList.toggle("focus", !!d && !!d.metric && metric === d.metric && (!d.task || task === d.task));
+  }
+}
+
+/** Opens ``detail`` ({run, step, metric, task}). ``push``: a new history entry (Back closes it);
+ *  ``reveal``: scroll its metric's chart into view (a link was followed: nothing on the page led there). */
+async function openDetail(detail, { push = true, reveal = false } = {}) {
+  state.detail = detail;
+  if (push) writeHash(true);
+  const { run, step, task } = detail;
+  markSelected();
+  markFocus();
   $("detail").hidden = false;
   document.body.classList.add("detail-open");
+  // Once the page has laid out beside the open panel (its tables may stack, moving the charts).
+  if (reveal) requestAnimationFrame(() => document.querySelector("#charts .chart.focus")?.scrollIntoView({ block: "center" }));
   $("detail-title").textContent = `${run} · step ${step}`;
-  const enc = encodeURIComponent(run);
+  $("detail-link").href = window.location.hash;
   try {
-    const info = await api(`/api/v1/runs/${enc}/steps/${step}`);
+    const info = await api(`/api/v1/runs/${encodeURIComponent(run)}/steps/${step}`);
+    if (state.detail !== detail) return; // another step was opened meanwhile
     $("detail-title").textContent = `${run} · step ${step} · ${info.checkpoint}`;
-    // Task and stage get a column only when they differ between rows (else the caption says them).
-    const varies = (k) => new Set(info.results.map((r) => r[k])).size > 1;
-    const cols = ["task", "stage"].filter(varies);
-    const table = html("table", { id: "metrics-table" });
-    const same = ["task", "stage"].filter((k) => !cols.includes(k)).map((k) => info.results[0]?.[k]).filter(Boolean);
-    if (same.length) html("caption", {}, same.join(" · "), table);
-    const head = html("tr", {}, null, html("thead", {}, null, table));
-    for (const h of [...cols, "metric", "value", "± stderr", "n"]) html("th", {}, h, head);
-    const body = html("tbody", {}, null, table);
-    for (const r of info.results) {
-      const tr = html("tr", {}, null, body);
-      for (const k of cols) html("td", {}, r[k], tr);
-      html("td", { class: "metric" }, r.metric, tr);
-      html("td", { class: "num" }, r.value === null && r.n === 0 ? "no samples" : fmt(r.value), tr);
-      html("td", { class: "num" }, fmt(r.stderr), tr); html("td", { class: "num" }, fmt(r.n), tr);
-    }
     $("detail-metrics").replaceChildren(html("div", { class: "table-wrap" }, null));
-    $("detail-metrics").firstChild.appendChild(table);
+    $("detail-metrics").firstChild.appendChild(metricsTable(info, detail));
+    document.querySelector("#metrics-table tr.focus")?.scrollIntoView({ block: "nearest" });
     const alerts = $("detail-alerts");
     alerts.replaceChildren();
     if (info.alerts.length) {
@@ -697,17 +798,21 @@ async function openDetail(run, step, task) {
     select.hidden = tasks.length < 2;
     await loadSamples();
   } catch (e) {
+    if (state.detail !== detail) return;
     $("detail-metrics").replaceChildren(html("p", { class: "muted" }, e.message));
+    $("detail-alerts").replaceChildren();
     $("detail-jobs").replaceChildren();
     $("detail-samples").replaceChildren();
   }
 }
 
-function closeDetail() {
+function closeDetail({ push = true } = {}) {
   $("detail").hidden = true;
   document.body.classList.remove("detail-open");
   state.detail = null;
-  document.querySelectorAll("circle.pt.selected").forEach((c) => c.classList.remove("selected"));
+  if (push) writeHash(true);
+  markSelected();
+  markFocus();
 }
 
 async function loadSamples() {
@@ -734,6 +839,137 @@ async function loadSamples() {
   } catch (e) {
     box.replaceChildren(html("p", { class: "muted" }, e.message));
   }
+}
+
+// ---- the paired comparison of two runs (compare.js); in the URL as compare=A,B&fdr=F
+function syncCompareControls() {
+  const names = state.runs.map((r) => r.name);
+  for (const [id, run] of [["compare-a", state.compare?.a], ["compare-b", state.compare?.b]]) {
+    const select = $(id);
+    select.replaceChildren(...names.map((n) => html("option", { value: n }, n)));
+    if (run) select.value = run;
+  }
+  $("compare-fdr").value = String(state.compare?.fdr ?? DEFAULT_FDR);
+  $("open-compare").disabled = names.length < 2;
+}
+
+async function loadComparison() {
+  const wanted = state.compare;
+  const query = new URLSearchParams({ run_a: wanted.a, run_b: wanted.b, smooth: state.smooth, fdr: String(wanted.fdr) });
+  const body = await api(`/api/v1/compare?${query}`);
+  if (state.compare !== wanted) return; // another pair was chosen meanwhile
+  state.comparison = body;
+  renderComparison();
+}
+
+function renderComparison() {
+  const body = state.comparison;
+  if (!body || !state.compare) return;
+  for (const box of $("compare-charts").querySelectorAll(".plot-box")) sized.unobserve(box);
+  showComparison($("compare-box"), body, {
+    html, swatch, colorOf, filter: state.filter, zooms: state.compareZooms,
+    linkTo: stepLink,
+    onPick: (run, step, group) => openDetail({ run, step, metric: group.metric, task: group.task }),
+    placed: (node) => {
+      node._width = node.querySelector(".plot-box").getBoundingClientRect().width;
+      sized.observe(node.querySelector(".plot-box"));
+      node._redraw();
+    },
+  });
+  $("compare-box").dataset.ready = `${body.run_a},${body.run_b}`;
+}
+
+function comparisonFailed(e) {
+  $("compare-summary").textContent = `Cannot compare: ${e.message}`;
+  $("compare-rule").textContent = "";
+  $("compare-unmatched").textContent = "";
+  $("compare-charts").replaceChildren();
+  $("compare-box").dataset.ready = "failed";
+}
+
+/** Opens the comparison of ``compare`` ({a, b, fdr}); ``push`` as openDetail's. */
+function openCompare(compare, { push = true } = {}) {
+  state.compare = compare;
+  state.comparison = null;
+  state.compareZooms = {};
+  if (push) writeHash(true);
+  syncCompareControls();
+  $("compare-box").hidden = false;
+  delete $("compare-box").dataset.ready;
+  $("compare-summary").textContent = `comparing ${compare.b} with ${compare.a}…`;
+  loadComparison().catch(comparisonFailed);
+}
+
+function closeCompare({ push = true } = {}) {
+  state.compare = null;
+  state.comparison = null;
+  $("compare-box").hidden = true;
+  $("compare-charts").replaceChildren();
+  if (push) writeHash(true);
+}
+
+function compareFromControls() {
+  const raw = Number($("compare-fdr").value);
+  const fdr = raw > 0 && raw < 1 ? raw : DEFAULT_FDR;
+  openCompare({ a: $("compare-a").value, b: $("compare-b").value, fdr });
+}
+
+function startCompare() {
+  // The first two runs shown, else the first two runs.
+  const names = state.selected.length >= 2 ? state.selected : state.runs.map((r) => r.name);
+  if (names.length < 2) return;
+  openCompare({ a: names[0], b: names[1], fdr: DEFAULT_FDR });
+  $("compare-box").scrollIntoView({ block: "start" });
+}
+
+// ---- the view the URL names: on load, and when a link or Back/Forward changes it
+function checkViewRuns() {
+  const names = state.runs.map((r) => r.name);
+  if (state.detail && !names.includes(state.detail.run)) {
+    state.notices.push(`This link's run “${state.detail.run}” is not in the database (runs: ${names.join(", ") || "none"}).`);
+    state.detail = null;
+  }
+  const missing = state.compare ? [state.compare.a, state.compare.b].filter((r) => !names.includes(r)) : [];
+  if (missing.length) {
+    state.notices.push(`This link compares “${missing.join("” and “")}”, not in the database (runs: ${names.join(", ") || "none"}).`);
+    state.compare = null;
+  }
+  showNotices();
+}
+
+// The comparison on show: {a, b, fdr}, as drawn (null while none is).
+function shownCompare() {
+  const body = state.comparison;
+  return body && !$("compare-box").hidden ? { a: body.run_a, b: body.run_b, fdr: body.fdr } : null;
+}
+
+function showView({ reveal = false } = {}) {
+  if (state.detail) openDetail(state.detail, { push: false, reveal });
+  else if (!$("detail").hidden) closeDetail({ push: false });
+  const shown = shownCompare(), wanted = state.compare;
+  // The same comparison is kept as drawn (a step opened from its table is a new URL, not a new pair).
+  const same = shown && wanted && shown.a === wanted.a && shown.b === wanted.b && shown.fdr === wanted.fdr;
+  if (wanted && !same) openCompare(wanted, { push: false });
+  else if (!wanted && !$("compare-box").hidden) closeCompare({ push: false });
+}
+
+async function followUrl() {
+  if (window.location.hash === state.applied) return;
+  const before = `${state.selected.join(",")}|${state.smooth}`;
+  readHash();
+  state.applied = window.location.hash;
+  state.selected = state.selected.filter((n) => state.runs.some((r) => r.name === n));
+  checkViewRuns();
+  syncControls();
+  if (`${state.selected.join(",")}|${state.smooth}` !== before) {
+    renderRunTable();
+    await loadData().catch(loadFailed);
+  } else {
+    renderRunTable();
+    render();
+  }
+  showView({ reveal: true });
+  writeHash(); // the URL now says what is shown (a run or view it named that does not exist is left out)
 }
 
 // ---- live updates
@@ -778,7 +1014,7 @@ function wire() {
   $("ema-weight").addEventListener("input", () => { $("ema-value").textContent = $("ema-weight").value; });
   $("ema-weight").addEventListener("change", onSmooth);
   $("window-width").addEventListener("change", onSmooth);
-  $("filter").addEventListener("input", () => { state.filter = $("filter").value; writeHash(); render(); });
+  $("filter").addEventListener("input", () => { state.filter = $("filter").value; writeHash(); render(); renderComparison(); });
   $("x-axis").addEventListener("change", () => { state.x = $("x-axis").value; state.zoom = {}; writeHash(); render(); });
   $("y-scale").addEventListener("change", () => {
     state.y = $("y-scale").value;
@@ -807,8 +1043,16 @@ function wire() {
   $("notice-close").addEventListener("click", () => { state.notices = []; showNotices(); });
   $("wrong-only").addEventListener("change", () => loadSamples());
   $("detail-task").addEventListener("change", () => loadSamples());
-  $("close-detail").addEventListener("click", closeDetail);
+  $("close-detail").addEventListener("click", () => closeDetail());
   document.addEventListener("keydown", (e) => { if (e.key === "Escape" && state.detail) closeDetail(); });
+  for (const id of ["run-table", "alert-table"]) tableSized.observe($(id).parentElement);
+  $("alerts-state").addEventListener("change", () => { state.alertState = $("alerts-state").value; renderAlerts(); });
+  $("open-compare").addEventListener("click", startCompare);
+  $("close-compare").addEventListener("click", () => closeCompare());
+  for (const id of ["compare-a", "compare-b", "compare-fdr"]) $(id).addEventListener("change", compareFromControls);
+  // A link followed (the alert list's, a pasted one) or Back/Forward: show the view the URL names.
+  window.addEventListener("popstate", () => { followUrl().catch(loadFailed); });
+  window.addEventListener("hashchange", () => { followUrl().catch(loadFailed); });
 }
 
 async function start() {
@@ -827,9 +1071,11 @@ async function start() {
       early = loadData().then(() => true, () => false);
     }
     await Promise.all([poll(), loadRuns()]);
+    checkViewRuns();
     writeHash();
     if (!(await early)) { await firstChart(); await loadData(); }
     render(); // again, now that every run has its colour
+    showView({ reveal: true });
     setLive();
     document.body.dataset.ready = "true";
   } catch (e) {
