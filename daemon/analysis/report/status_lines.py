@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from daemon.analysis.report.cells import NO_SAMPLES, cell, duration, first_line
@@ -124,7 +125,7 @@ def _running_lines(job: Mapping[str, Any]) -> list[str]:
     attempt = f"attempt {job['attempt']}" + (f" of {most}" if most is not None else "")
     if job.get("in_slurm") == "unknown":
         name = scheduler_name(job.get("executor"))
-        since = str(job.get("unknown_since") or "?").replace("+00:00", "Z")
+        since = _moment(job.get("unknown_since"))
         held = "" if job.get("unknown_for_s") is None else f" ({duration(job['unknown_for_s'])})"
         return [
             f"  unknown:     {where}: {name} job {cell(job.get('slurm_job_id'))} state unknown since "
@@ -224,7 +225,7 @@ def executor_text(executor: Mapping[str, Any] | None) -> str:
     nothing."""
     if not executor or executor.get("reachable") is not False:
         return ""
-    since = str(executor.get("since") or "?").replace("+00:00", "Z")
+    since = _moment(executor.get("since"))
     held = "" if executor.get("away_s") is None else f" ({duration(executor['away_s'])})"
     head, _ = first_line(str(executor.get("error") or ""), ERROR_CHARS)
     return (
@@ -232,6 +233,14 @@ def executor_text(executor: Mapping[str, Any] | None) -> str:
         f"{executor.get('daemon')} saw it); claiming paused; the states of the jobs handed to it are "
         "unknown until it answers" + (f"; it said: {head}" if head else "")
     )
+
+
+def _moment(iso: str | None) -> str:
+    """``2026-05-01T10:00:00Z``: a stored UTC time to the second (as it is where it does not parse)."""
+    try:
+        return datetime.fromisoformat(str(iso)).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except ValueError:
+        return str(iso or "?")
 
 
 def cluster_text(cluster: Mapping[str, Any] | None) -> str:
