@@ -277,11 +277,15 @@ def _status(daemon: RayDaemon, *extra: str) -> str:
     return done.stdout
 
 
-def _node_of_rank(daemon: RayDaemon, folder: str) -> str:
-    """The node of a running rank as Ray's state API names it: ``a (192.0.2.2)``."""
+def _node_of_rank(daemon: RayDaemon, folder: str) -> str | None:
+    """The node of a running rank as Ray's state API names it (``a (192.0.2.2)``), once its log's first
+    line says where it runs."""
     from ray.util.state import list_nodes
 
-    line = (daemon.job_dir / folder / "worker.log").read_text(errors="replace").splitlines()[0]
+    log = daemon.job_dir / folder / "worker.log"
+    line = log.read_text(errors="replace") if log.exists() else ""
+    if "on Ray node " not in line:
+        return None
     node_id = line.split("on Ray node ", 1)[1].split(" ", 1)[0]
     (node,) = [n for n in list_nodes(address=daemon.cluster.dashboard, detail=True) if n.node_id == node_id]
     return f"{node.node_name} ({node.node_ip})"
@@ -329,8 +333,8 @@ def test_a_head_cut_off_shows_unreachable_its_job_unknown_and_the_lost_job_resub
     first, second = f"{daemon.prefix}-1-1", f"{daemon.prefix}-1-2"
     try:
         with running_daemon(daemon.config, tmp_path / "daemon.log", {"HF_HUB_OFFLINE": "1"}) as process:
-            wait_for(lambda: (_states(process.log) or [""])[0].startswith("RUNNING") or None, 120, "running")
-            node = _node_of_rank(daemon, "1-1")
+            node = wait_for(lambda: _node_of_rank(daemon, "1-1"), 120, "the rank running", process.process)
+            wait_for(lambda: (_states(process.log) or [""])[0].startswith("RUNNING") or None, 60, "running")
             assert _states(process.log) == [f"RUNNING on {node}"]
             assert f"ray:       job {first}: RUNNING on {node}" in _status(daemon)
 

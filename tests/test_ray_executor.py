@@ -127,10 +127,8 @@ def test_a_bad_ray_section_names_the_field(settings: dict[str, object], message:
         {"kind": "ray", "job_dir": tmp_path, "ray": {"address": "ray://h:10001"}}
     )
     assert good.ray.address == "ray://h:10001" and good.ray.placement_strategy == "STRICT_PACK"
-    # An INFEASIBLE placement group waits 10 minutes unless told otherwise; None waits as long as it is.
+    # An INFEASIBLE placement group waits 10 minutes unless told otherwise.
     assert good.ray.infeasible_timeout_secs == 600.0
-    unlimited = {"kind": "ray", "job_dir": tmp_path, "ray": {"infeasible_timeout_secs": None}}
-    assert ExecutorConfig.model_validate(unlimited).ray.infeasible_timeout_secs is None
 
 
 def test_a_head_that_does_not_answer_is_unavailable_not_an_error_of_the_job(tmp_path: Path) -> None:

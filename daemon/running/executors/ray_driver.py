@@ -7,7 +7,8 @@ entrypoint, so it imports nothing but ``ray`` and the standard library. It
 
 1. writes ``ray_state.json`` ``{"phase": "placing"}`` and creates the placement group (tp × dp bundles,
    named like the job, in the configured namespace), updating the file with the group's scheduling state
-   while it waits for resources;
+   while it waits for resources (and since when Ray says it is INFEASIBLE: past
+   ``infeasible_timeout_s`` the job ends ``infeasible``);
 2. asks bundle 0's node for a free port: the rendezvous (``MASTER_ADDR``, ``MASTER_PORT``) is there;
 3. starts one Ray task a rank in its bundle, each running ``python -m inference.worker spec.json`` as a
    child process (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` set for a group of more
@@ -17,7 +18,8 @@ entrypoint, so it imports nothing but ``ray`` and the standard library. It
 4. waits for them: the first rank that fails ends the others (as ``srun --kill-on-bad-exit``), as does
    the time limit, a SIGTERM (``ray job stop``) or a node that dies;
 5. writes ``exit.json``: ``exit_code``, ``end`` (succeeded, failed, node_fail, out_of_memory, timeout,
-   lost, cancelled), ``detail``, the failed ``rank``, the ``nodes``; and exits with the worker's status.
+   infeasible, lost, cancelled), ``detail``, the failed ``rank``, the ``nodes`` (as Ray names them: ``a
+   (10.0.0.5)``); and exits with the worker's status.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ A Ray job and its driver's files, and the attempt's status::
 
     PENDING                               pending (Ray's message: the supervisor waits for the head)
     RUNNING, ray_state placing            pending ("waiting for resources: 2 bundles {CPU: 1} (STRICT_PACK;
-                                          placement group NO_RESOURCES)")
+                                          placement group NO_RESOURCES)"; INFEASIBLE: since when, and
+                                          when the job fails for it)
     RUNNING, ray_state running            running (on the bundles' nodes)
     exit.json end = succeeded             SUCCEEDED when result.json holds no error, else FAILED
     exit.json end = failed                FAILED (OUT_OF_MEMORY for the worker's exit status 4), the
