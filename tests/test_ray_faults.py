@@ -4,7 +4,8 @@ Both break the cluster for anyone else, so they run on a private cluster of this
 tests/raycluster.py, under another root and other ports), not the session's shared one. A killed node
 ends its job ``node_fail`` and the job is retried on the node left; a head that restarts forgets its jobs
 (Ray without an external GCS store): the daemon says once that Ray is away, lives, says when it is back,
-and the job it lost is retried (``lost``, its next submission logged ``job.resubmitted``). Both are ``long`` (a cluster start alone is ~45 s here).
+and the job it lost is retried (``lost``, its next submission logged ``job.resubmitted``). Both are
+``long`` (a cluster start alone is ~45 s here).
 """
 
 from __future__ import annotations
