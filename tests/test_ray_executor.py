@@ -20,6 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from daemon.config import ExecutorConfig
@@ -391,6 +393,48 @@ def test_a_placement_group_ray_says_is_infeasible_fails_the_job_past_its_limit_n
         Verdict.FAIL
     )
     assert not spec.result_path.exists()
+
+
+_NODE = st.fixed_dictionaries(
+    {
+        "NodeName": st.sampled_from(["", "a", "b", "10.0.0.5", "192.0.2.2"]),
+        "NodeManagerAddress": st.sampled_from(["", "10.0.0.5", "192.0.2.2"]),
+    }
+)
+
+
+# No deadline: the first example imports ray (seconds), the rest take microseconds.
+@settings(deadline=None)
+@given(
+    nodes=st.dictionaries(
+        st.text(alphabet="0123456789abcdef", min_size=8, max_size=8).map(lambda head: head + "0" * 48),
+        _NODE,
+        min_size=1,
+        max_size=6,
+    ),
+    unknown=st.integers(min_value=0, max_value=2),
+)
+def test_the_nodes_of_a_job_are_told_apart_whatever_ray_names_them(
+    nodes: dict[str, dict[str, str]], unknown: int
+) -> None:
+    """A job's nodes as :func:`ray_driver.labels` names them (from ``ray.nodes()``): never two alike, each
+    with its Ray name and address where it has them, and one Ray does not know by its id's digits."""
+    pytest.importorskip("ray")
+    from daemon.running.executors import ray_driver
+
+    ids = [*nodes, *(f"{i:08x}" + "f" * 48 for i in range(unknown))]
+    named = ray_driver.labels(ids, nodes)
+    assert list(named) == ids and len(set(named.values())) == len(ids)
+    for node_id, label in named.items():
+        node = nodes.get(node_id, {})
+        name, address = node.get("NodeName", ""), node.get("NodeManagerAddress", "")
+        assert name in label and address in label
+        if not name and not address:
+            assert label == f"[node {node_id[:8]}]"
+        elif list(named.values()).count(label) == 1 and "[node" not in label:
+            assert label == (
+                f"{name} ({address})" if name and address and name != address else name or address
+            )
 
 
 def test_a_failed_rank_names_its_node_as_ray_reports_it(ray_cluster: RayCluster, tmp_path: Path) -> None:

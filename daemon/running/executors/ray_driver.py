@@ -318,22 +318,27 @@ def node_list(group: PlacementGroup | None) -> str:
 
 
 def node_names(ids: list[str]) -> dict[str, str]:
-    """Node id → the node as Ray reports it: its name and address (``a (10.0.0.5)``), or its address
-    alone where its name is that address (Ray's default); where nodes of ``ids`` share a label (one host,
-    several nodes), each id's first digits after it. Empty where Ray does not say."""
+    """Node id → the node as Ray reports it (:func:`labels`); empty where Ray does not say."""
     try:
         known = {n["NodeID"]: n for n in ray.nodes()}  # type: ignore[no-untyped-call]
     except Exception:  # the names are a courtesy
         return {}
-    labels = {}
+    return labels(ids, known)
+
+
+def labels(ids: list[str], known: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Each node of ``ids`` as ``known`` (``ray.nodes()`` by node id) has it: its name and address
+    (``a (10.0.0.5)``), or its address alone where its name is that address (Ray's default); where nodes
+    of ``ids`` share a label (one host, several nodes) or have none, each id's first digits after it."""
+    said = {}
     for node_id in dict.fromkeys(ids):
         node = known.get(node_id) or {}
         address, name = str(node.get("NodeManagerAddress") or ""), str(node.get("NodeName") or "")
-        labels[node_id] = f"{name} ({address})" if name and address and name != address else name or address
-    shared = [label for label in labels.values() if list(labels.values()).count(label) > 1]
+        said[node_id] = f"{name} ({address})" if name and address and name != address else name or address
+    shared = [label for label in said.values() if list(said.values()).count(label) > 1]
     return {
         node_id: f"{label} [node {node_id[:ID_CHARS]}]".strip() if not label or label in shared else label
-        for node_id, label in labels.items()
+        for node_id, label in said.items()
     }
 
 
