@@ -146,7 +146,9 @@ def test_the_head_restarted_mid_job_the_daemon_lives_says_so_once_and_the_lost_j
         daemon.stop_all()
     assert [(j.state, j.attempts) for j in rows] == [("succeeded", 2)]
     events = _count(tmp_path / "daemon.log")
-    assert events["executor.unreachable"] == 1 and events["executor.reachable"] == 1
+    # One outage for the restart; a submission meanwhile may meet the restarted head before its job agent
+    # is up (HTTP 500 "No available agent to submit job"): a second, short one, said and ended alike.
+    assert 1 <= events["executor.unreachable"] == events["executor.reachable"] <= 2
     assert "scheduler.pass_failed" not in events and "executor.unusable" not in events
     # The lost job's next attempt is a new submission, said so; nothing was re-attached.
     assert events["job.resubmitted"] == 1 and "job.reattached" not in events
