@@ -1,14 +1,17 @@
 """A local Ray cluster of the tests' own: a head and two worker nodes, each a ``ray start --block`` process.
 
 The head (``--num-cpus=1``, the dashboard and its Jobs API on loopback) and the workers ``a`` and ``b``
-(``--num-cpus=1`` each, told apart by the custom resources ``evald_node_a`` / ``evald_node_b``) all run
-on this host, on free ports, with small object stores. Each node is its own process group, started with
-``--block`` so that stopping it (SIGTERM to its ``ray start``) stops what it started, and killing it
-(SIGKILL to the group) is a node that dies. Nothing else of Ray on this machine is touched: no
-``ray stop`` (it stops every Ray process of the host). A module's private cluster (a :class:`RayCluster`
-of its own root) may name other worker nodes, and nodes that declare GPUs this host does not have
-(``RayCluster(root, workers=("gpu",), gpus={"gpu": 2})``): :func:`private_cluster`; the shared one
-has none.
+(``--num-cpus=1`` each, told apart by the custom resources ``evald_node_a`` / ``evald_node_b``, and
+named ``head``, ``a``, ``b`` with ``--node-name``) all run on this host, on free ports, with small
+object stores. Ray registers every node under the host's own address, whatever ``--node-ip-address``
+says (it resolves loopback to the address the host reaches out by: 192.0.2.2 in this sandbox), so their
+names are what tells them apart where evald shows a job's nodes (``a (192.0.2.2)``). Each node is its own
+process group, started with ``--block`` so that stopping it (SIGTERM to its ``ray start``) stops what it
+started, and killing it (SIGKILL to the group) is a node that dies. Nothing else of Ray on this machine
+is touched: no ``ray stop`` (it stops every Ray process of the host). A module's private cluster (a
+:class:`RayCluster` of its own root) may name other worker nodes, and nodes that declare GPUs this host
+does not have (``RayCluster(root, workers=("gpu",), gpus={"gpu": 2})``): :func:`private_cluster`; the
+shared one has none.
 
 The cluster is shared by the test processes of one session (xdist workers): the first to need it starts
 it under a lock and records its ports and pids in ``<root>/cluster.json``; each process registers
@@ -120,7 +123,14 @@ class RayCluster:
             "RAY_gcs_rpc_server_reconnect_timeout_s": "20",
         }
         env.pop("RAY_ADDRESS", None)
-        command = [_ray_binary(), "start", "--block", "--disable-usage-stats", "--node-ip-address=127.0.0.1"]
+        command = [
+            _ray_binary(),
+            "start",
+            "--block",
+            "--disable-usage-stats",
+            "--node-ip-address=127.0.0.1",
+            f"--node-name={name}",
+        ]
         self.pids[name] = spawn([*command, *args], self._log(name), env).pid
 
     def _log(self, name: str) -> Path:

@@ -16,6 +16,7 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,13 +27,16 @@ from tests.conftest import ToyRun
 from tests.harness import (
     DaemonProcess,
     all_jobs_done,
+    evald,
     jobs,
     running_daemon,
     upgraded,
     wait_for,
+    worker_processes,
     write_config,
     write_dataset,
 )
+from tests.mlflowserver import Gate
 from tests.raycluster import RayCluster, ray_cluster
 
 __all__ = ["ray_cluster"]
@@ -88,6 +92,7 @@ def ray_config(
     executor_extra: str = "",
     ray_extra: str = "",
     run_extra: str = "",
+    address: str | None = None,
 ) -> RayDaemon:
     job_dir = tmp / "ray-jobs"
     job_dir.mkdir(parents=True, exist_ok=True)
@@ -103,7 +108,7 @@ poll_secs = 0.5
 {executor_extra}
 
 [executor.ray]
-address = "{cluster.address}"
+address = "{address or cluster.address}"
 driver_python = "{sys.executable}"
 env_vars = ["HF_HUB_OFFLINE"]
 {ray_extra}
@@ -263,4 +268,165 @@ def test_kill_9_while_pending_and_while_running_reattaches_without_a_second_subm
     with database.session() as session:
         counts = Counter(r.checkpoint for r in queries.result_rows(session))
     assert set(counts) == {"step_10", "step_20"} and len(set(counts.values())) == 1
+    database.dispose()
+
+
+def _status(daemon: RayDaemon, *extra: str) -> str:
+    done = evald("--config", str(daemon.config), "status", *extra)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _node_of_rank(daemon: RayDaemon, folder: str) -> str | None:
+    """The node of a running rank as Ray's state API names it (``a (192.0.2.2)``), once its log's first
+    line says where it runs."""
+    from ray.util.state import list_nodes
+
+    log = daemon.job_dir / folder / "worker.log"
+    line = log.read_text(errors="replace") if log.exists() else ""
+    if "on Ray node " not in line:
+        return None
+    node_id = line.split("on Ray node ", 1)[1].split(" ", 1)[0]
+    (node,) = [n for n in list_nodes(address=daemon.cluster.dashboard, detail=True) if n.node_id == node_id]
+    return f"{node.node_name} ({node.node_ip})"
+
+
+def _lose(daemon: RayDaemon, name: str, folder: Path) -> None:
+    """What a head restart does to a job: Ray forgets it, and its folder holds no end (its driver died)."""
+    from ray.job_submission import JobSubmissionClient
+
+    client = JobSubmissionClient(daemon.cluster.dashboard)
+    client.stop_job(name)
+    # Stopped, its driver writes its end (unless Ray killed it first): once the driver is gone, the end
+    # is removed with Ray's record of the job.
+    wait_for(lambda: client.get_job_status(name).is_terminal() or None, 60, "the job stopped")
+    driver = str(folder / "ray_driver.py")
+    wait_for(
+        lambda: not [p for p in worker_processes(folder) if driver in p.info["cmdline"]] or None,
+        60,
+        "its driver gone",
+    )
+    (folder / "exit.json").unlink(missing_ok=True)
+    client.delete_job(name)
+
+
+@pytest.mark.long
+def test_a_head_cut_off_shows_unreachable_its_job_unknown_and_the_lost_job_resubmitted(
+    ray_cluster: RayCluster, sqlite_url: str, dataset: Path, toy_run: ToyRun, tmp_path: Path
+) -> None:
+    """The daemon reaches Ray's dashboard through a loopback gate, closed mid-job: ``evald status`` says
+    the head has not answered since when (claiming paused) and the job's state unknown since when, its
+    last state named, not RUNNING; the head forgets the job meanwhile; the gate opened, the job is lost
+    and its next attempt logged ``job.resubmitted``, never ``job.reattached``; every line names the Ray
+    job under ``ray_job``, never ``slurm_job_id``."""
+    database = upgraded(sqlite_url)
+    gate = Gate(ray_cluster.dashboard_port)
+    daemon = ray_config(
+        tmp_path,
+        sqlite_url,
+        ray_cluster,
+        dataset=dataset,
+        executor_extra=f'python = "{_gate(tmp_path)}"\nprobe_job_dir = false',
+        address=gate.uri,
+    )
+    copy_checkpoint(toy_run.last_checkpoint, tmp_path / "run" / "step_10")
+    first, second = f"{daemon.prefix}-1-1", f"{daemon.prefix}-1-2"
+    try:
+        with running_daemon(daemon.config, tmp_path / "daemon.log", {"HF_HUB_OFFLINE": "1"}) as process:
+            node = wait_for(lambda: _node_of_rank(daemon, "1-1"), 120, "the rank running", process.process)
+            wait_for(lambda: (_states(process.log) or [""])[0].startswith("RUNNING") or None, 60, "running")
+            assert _states(process.log) == [f"RUNNING on {node}"]
+            assert f"ray:       job {first}: RUNNING on {node}" in _status(daemon)
+
+            gate.close()
+            wait_for(lambda: _count(process.log)["executor.unreachable"] or None, 60, "unreachable")
+
+            def away() -> dict[str, Any] | None:
+                shown = json.loads(_status(daemon, "--format", "json"))
+                (job,) = shown["runs"]["toy"]["running"]
+                return shown if job.get("in_slurm") == "unknown" else None
+
+            shown = wait_for(away, 60, "the job's state unknown", process.process)
+            text = _status(daemon)
+            _lose(daemon, first, daemon.job_dir / "1-1")
+            gate.open()
+            wait_for(lambda: _count(process.log)["job.resubmitted"] or None, 120, "a resubmission")
+            wait_for(lambda: "executor:" not in _status(daemon) or None, 60, "the outage over in status")
+            assert process.stop() == 0
+    finally:
+        gate.close()
+        daemon.stop_all()
+
+    what = f"the Ray head at {gate.uri}"
+    executor = shown["executor"]
+    assert (executor["reachable"], executor["what"], executor["claiming"]) == (False, what, "paused")
+    (job,) = shown["runs"]["toy"]["running"]
+    assert (job["slurm_job_id"], job["executor"]) == (first, "ray")
+    assert job["reason"] == f"{what} does not answer; last RUNNING on {node}"
+    assert job["scheduler_state"] == f"UNKNOWN since {job['unknown_since'][:19]}Z ({job['reason']})"
+    stamp = executor["since"][:19]
+    assert f"executor: unreachable since {stamp}Z" in text and "claiming paused" in text, text
+    assert "  jobs:        state unknown 1 (Ray does not answer), running 0" in text, text
+    assert f"Ray job {first} state unknown since {job['unknown_since'][:19]}Z" in text
+    assert "  running:" not in text
+
+    events = _events(tmp_path / "daemon.log")
+    named = [e for e in events if e.get("ray_job") or e.get("slurm_job_id")]
+    assert named and all("slurm_job_id" not in e for e in named), named
+    said = [
+        (e["event"], e.get("attempt"), e.get("ray_job")) for e in events if str(e["event"]).startswith("job.")
+    ]
+    assert ("job.submitted", 1, first) in said and ("job.resubmitted", 2, second) in said, said
+    assert "job.reattached" not in [e for e, _, _ in said]
+    with database.session() as session:
+        (row,) = queries.job_rows(session)
+        history = queries.job_history(session, row.id)
+    assert [(a.attempt, a.error_kind) for a in history] == [(1, "lost")]
+    database.dispose()
+
+
+@pytest.mark.long
+def test_an_infeasible_job_fails_once_with_what_it_asked_and_an_alert_fires(
+    ray_cluster: RayCluster, sqlite_url: str, dataset: Path, toy_run: ToyRun, tmp_path: Path
+) -> None:
+    """No node has ``evald_nowhere``: the job waits, its state saying Ray finds it INFEASIBLE and when it
+    fails; past ``infeasible_timeout_secs`` it fails ``infeasible`` (no retry), naming what it asked, and
+    the ``eval_failed`` alert fires with it."""
+    database = upgraded(sqlite_url)
+    daemon = ray_config(
+        tmp_path,
+        sqlite_url,
+        ray_cluster,
+        dataset=dataset,
+        executor_extra="probe_job_dir = false",
+        ray_extra='resources = { "evald_nowhere" = 1 }\ninfeasible_timeout_secs = 5',
+    )
+    copy_checkpoint(toy_run.last_checkpoint, tmp_path / "run" / "step_10")
+    try:
+        with running_daemon(daemon.config, tmp_path / "daemon.log", {"HF_HUB_OFFLINE": "1"}) as process:
+            rows = wait_for(lambda: all_jobs_done(database, 1), WAIT_S, "the job", process.process)
+            text = _status(daemon)
+            alerts = json.loads(evald("--config", str(daemon.config), "alerts", "--format", "json").stdout)
+            assert process.stop() == 0
+    finally:
+        daemon.stop_all()
+
+    asked = "1 bundle {CPU: 1, evald_nowhere: 1} (STRICT_PACK)"
+    (job,) = rows
+    assert (job.state, job.attempts, job.error_kind) == ("failed", 1, "infeasible")
+    assert job.error is not None and f"is INFEASIBLE: no node of the cluster can hold {asked}" in job.error
+    assert len(daemon.submissions()) == 1
+    events = _events(tmp_path / "daemon.log")
+    waiting = [str(e["state"]) for e in events if e["event"] == "job.scheduler_state"]
+    assert any("placement group INFEASIBLE since " in s and ", the job fails at " in s for s in waiting), (
+        waiting
+    )
+    (failed,) = [e for e in events if e["event"] == "job.failed"]
+    assert failed["kind"] == "infeasible" and asked in str(failed["error"])
+    assert "job.retrying" not in [e["event"] for e in events]
+    (line,) = [line for line in text.splitlines() if line.startswith("  failed: step_10")]
+    assert f"(job {job.id}, 1 of 3 attempt(s)): Ray job {daemon.prefix}-1-1 FAILED: Ray says" in line, line
+    (alert,) = alerts
+    assert (alert["rule"], alert["state"]) == ("eval_failed", "firing")
+    assert "infeasible: " in alert["message"] and "evald_nowhere" in alert["message"]
     database.dispose()

@@ -11,6 +11,7 @@ single process's results.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import sys
 import time
@@ -19,9 +20,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from daemon.config import ExecutorConfig
+from daemon.running.attempt import Verdict, verdict
 from daemon.running.executors import folder_probe
 from daemon.running.executors.base import (
     Active,
@@ -111,6 +115,7 @@ def _prefix_jobs(cluster: RayCluster, prefix: str) -> list[str]:
         ({"kind": "ray", "ray": {"address": "ftp://head"}}, "a Ray address is auto, ray://"),
         ({"kind": "ray", "ray": {"env_vars": ["A B"]}}, "not variable names: 'A B'"),
         ({"kind": "ray", "ray": {"placement_strategy": "ANYWHERE"}}, "ray.placement_strategy"),
+        ({"kind": "ray", "ray": {"infeasible_timeout_secs": 0}}, "ray.infeasible_timeout_secs"),
     ],
 )
 def test_a_bad_ray_section_names_the_field(settings: dict[str, object], message: str, tmp_path: Path) -> None:
@@ -124,6 +129,8 @@ def test_a_bad_ray_section_names_the_field(settings: dict[str, object], message:
         {"kind": "ray", "job_dir": tmp_path, "ray": {"address": "ray://h:10001"}}
     )
     assert good.ray.address == "ray://h:10001" and good.ray.placement_strategy == "STRICT_PACK"
+    # An INFEASIBLE placement group waits 10 minutes unless told otherwise.
+    assert good.ray.infeasible_timeout_secs == 600.0
 
 
 def test_a_head_that_does_not_answer_is_unavailable_not_an_error_of_the_job(tmp_path: Path) -> None:
@@ -345,3 +352,110 @@ def test_the_ray_client_address_and_the_dashboard_address_reach_the_same_cluster
                     raise
                 time.sleep(2)
         assert executor.jobs.dashboard_url == ray_cluster.dashboard
+
+
+def test_a_placement_group_ray_says_is_infeasible_fails_the_job_past_its_limit_naming_what_it_asked(
+    ray_cluster: RayCluster, tmp_path: Path
+) -> None:
+    """No node declares ``evald_nowhere``: Ray says the group is INFEASIBLE; the pending reason says since
+    when and when the job fails; past ``infeasible_timeout_secs`` it ends ``infeasible``, which no retry
+    follows (another attempt would ask the same) and which fails the job."""
+    settings = _settings(
+        tmp_path, ray_cluster.address, resources={"evald_nowhere": 1}, infeasible_timeout_secs=4
+    )
+    executor = RayExecutor(settings, python=sys.executable, env=SUBPROCESS_ENV)
+    spec = group_spec(tmp_path / "ckpt", tmp_path / "data.jsonl", tmp_path / "unused", tp=1, dp=1)
+    spec, handle = _start(executor, spec, 205)
+
+    waiting = _until(
+        executor,
+        handle,
+        lambda s: isinstance(s, Ended) or "INFEASIBLE since" in (getattr(s, "reason", None) or ""),
+        "said it is infeasible",
+    )
+    assert isinstance(waiting, Active) and waiting.phase is Phase.PENDING, waiting
+    assert re.fullmatch(
+        r"waiting for resources: 1 bundle \{CPU: 1, evald_nowhere: 1\} \(STRICT_PACK; placement group "
+        r"INFEASIBLE since (\S+Z): no node can hold them, the job fails at (\S+Z)\)",
+        waiting.reason or "",
+    ), waiting.reason
+    ended = _until(executor, handle, lambda s: isinstance(s, Ended), "ended")
+
+    assert isinstance(ended, Ended) and ended.kind is EndKind.INFEASIBLE and not ended.retryable
+    assert (
+        f"Ray says the placement group {handle.external_id} is INFEASIBLE: no node of the cluster can hold "
+        "1 bundle {CPU: 1, evald_nowhere: 1} (STRICT_PACK); gave up after 4 s of it "
+        "(executor.ray.infeasible_timeout_secs)"
+    ) in ended.detail
+    outcome = read_end(spec, ended, detached=True)
+    assert outcome.error_kind == "infeasible" and "evald_nowhere: 1" in (outcome.error or "")
+    assert verdict("infeasible", batch_size=8, attempt=1, max_attempts=3, stopping=False, detached=True) is (
+        Verdict.FAIL
+    )
+    assert not spec.result_path.exists()
+
+
+_NODE = st.fixed_dictionaries(
+    {
+        "NodeName": st.sampled_from(["", "a", "b", "10.0.0.5", "192.0.2.2"]),
+        "NodeManagerAddress": st.sampled_from(["", "10.0.0.5", "192.0.2.2"]),
+    }
+)
+
+
+# No deadline: the first example imports ray (seconds), the rest take microseconds.
+@settings(deadline=None)
+@given(
+    nodes=st.dictionaries(
+        st.text(alphabet="0123456789abcdef", min_size=8, max_size=8).map(lambda head: head + "0" * 48),
+        _NODE,
+        min_size=1,
+        max_size=6,
+    ),
+    unknown=st.integers(min_value=0, max_value=2),
+)
+def test_the_nodes_of_a_job_are_told_apart_whatever_ray_names_them(
+    nodes: dict[str, dict[str, str]], unknown: int
+) -> None:
+    """A job's nodes as :func:`ray_driver.labels` names them (from ``ray.nodes()``): never two alike, each
+    with its Ray name and address where it has them, and one Ray does not know by its id's digits."""
+    pytest.importorskip("ray")
+    from daemon.running.executors import ray_driver
+
+    ids = [*nodes, *(f"{i:08x}" + "f" * 48 for i in range(unknown))]
+    named = ray_driver.labels(ids, nodes)
+    assert list(named) == ids and len(set(named.values())) == len(ids)
+    for node_id, label in named.items():
+        node = nodes.get(node_id, {})
+        name, address = node.get("NodeName", ""), node.get("NodeManagerAddress", "")
+        assert name in label and address in label
+        if not name and not address:
+            assert label == f"[node {node_id[:8]}]"
+        elif list(named.values()).count(label) == 1 and "[node" not in label:
+            assert label == (
+                f"{name} ({address})" if name and address and name != address else name or address
+            )
+
+
+def test_a_failed_rank_names_its_node_as_ray_reports_it(ray_cluster: RayCluster, tmp_path: Path) -> None:
+    """The node a rank ran on is named as Ray's state API has it (its name and address), in the failure
+    and in the job's node list: ``a (192.0.2.2)``, not an address alone that every node of a host shares."""
+    from ray.util.state import list_nodes
+
+    settings = _settings(tmp_path, ray_cluster.address, resources={"evald_node_a": 1})
+    executor = RayExecutor(settings, python=sys.executable, env=SUBPROCESS_ENV)
+    # No checkpoint there: the worker exits non-zero at once.
+    spec = group_spec(tmp_path / "ckpt", tmp_path / "data.jsonl", tmp_path / "unused", tp=1, dp=1)
+    _, handle = _start(executor, spec, 206)
+
+    ended = _until(executor, handle, lambda s: isinstance(s, Ended), "ended")
+
+    node_a = ray_cluster.node_ids()["a"]
+    (ray_a,) = [n for n in list_nodes(address=ray_cluster.dashboard, detail=True) if n.node_id == node_a]
+    label = f"{ray_a.node_name} ({ray_a.node_ip})"
+    assert ray_a.node_name == "a" and label == f"a ({ray_a.node_ip})"
+    assert isinstance(ended, Ended) and ended.kind is EndKind.FAILED, ended
+    assert f"rank 0 on {label} exited status " in ended.detail, ended.detail
+    assert ended.placement.nodes == label
+    record = json.loads((handle.job_dir / EXIT_NAME).read_text())
+    assert (record["nodes"], record["node_ids"]) == (label, [node_a])

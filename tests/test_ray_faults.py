@@ -4,7 +4,8 @@ Both break the cluster for anyone else, so they run on a private cluster of this
 tests/raycluster.py, under another root and other ports), not the session's shared one. A killed node
 ends its job ``node_fail`` and the job is retried on the node left; a head that restarts forgets its jobs
 (Ray without an external GCS store): the daemon says once that Ray is away, lives, says when it is back,
-and the job it lost is retried (``lost``). Both are ``long`` (a cluster start alone is ~45 s here).
+and the job it lost is retried (``lost``, its next submission logged ``job.resubmitted``). Both are
+``long`` (a cluster start alone is ~45 s here).
 """
 
 from __future__ import annotations
@@ -145,8 +146,12 @@ def test_the_head_restarted_mid_job_the_daemon_lives_says_so_once_and_the_lost_j
         daemon.stop_all()
     assert [(j.state, j.attempts) for j in rows] == [("succeeded", 2)]
     events = _count(tmp_path / "daemon.log")
-    assert events["executor.unreachable"] == 1 and events["executor.reachable"] == 1
+    # One outage for the restart; a submission meanwhile may meet the restarted head before its job agent
+    # is up (HTTP 500 "No available agent to submit job"): a second, short one, said and ended alike.
+    assert 1 <= events["executor.unreachable"] == events["executor.reachable"] <= 2
     assert "scheduler.pass_failed" not in events and "executor.unusable" not in events
+    # The lost job's next attempt is a new submission, said so; nothing was re-attached.
+    assert events["job.resubmitted"] == 1 and "job.reattached" not in events
     with database.session() as session:
         history = queries.job_history(session, rows[0].id)
     assert history[0].error_kind == "lost"

@@ -53,6 +53,7 @@ def test_jobs_held_in_slurms_queue_are_pending_there_with_their_wait(
                 in_slurm = slurm == {
                     "pending": 2,
                     "running": 0,
+                    "unknown": 0,
                     "reasons": {"JobHeldUser": 2},
                     "executor": "slurm",
                 }

@@ -247,7 +247,13 @@ def test_status_splits_slurm_queue_from_running_and_shows_held_errors_and_tracke
     toy = shown["runs"]["toy"]
     # The database's states stay as they are; Slurm's view is beside them.
     assert toy["jobs"]["running"] == 3 and toy["jobs"]["pending"] == 3 and toy["jobs"]["failed"] == 1
-    assert toy["slurm"] == {"pending": 2, "running": 1, "reasons": {"Resources": 2}, "executor": "slurm"}
+    assert toy["slurm"] == {
+        "pending": 2,
+        "running": 1,
+        "unknown": 0,
+        "reasons": {"Resources": 2},
+        "executor": "slurm",
+    }
     by_step = {j["step"]: j for j in toy["running"]}
     assert [by_step[s]["in_slurm"] for s in (10, 20, 30)] == ["pending", "pending", "running"]
     assert [by_step[s]["slurm_job_id"] for s in (10, 20, 30)] == ["501", "502", "503"]
@@ -362,7 +368,13 @@ def test_api_status_and_a_steps_jobs(stored: Stored) -> None:
         client = TestClient(app, raise_server_exceptions=False)
         body = client.get("/api/v1/status").json()
         toy = body["runs"]["toy"]
-        assert toy["slurm"] == {"pending": 2, "running": 1, "reasons": {"Resources": 2}, "executor": "slurm"}
+        assert toy["slurm"] == {
+            "pending": 2,
+            "running": 1,
+            "unknown": 0,
+            "reasons": {"Resources": 2},
+            "executor": "slurm",
+        }
         assert [h["step"] for h in toy["held"]] == [40, 50]
         assert [(t["name"], t["state"]) for t in body["trackers"]] == [
             ("mlflow", "failing"),
@@ -487,7 +499,13 @@ def test_a_job_waiting_in_rays_queue_is_said_to_be_in_ray_with_its_reason() -> N
     runs["toy"]["running"] = [waiting]
     why = "waiting for resources: 1 bundle {CPU: 1} (STRICT_PACK)"
     shown = report.with_scheduler(runs, {7: (handle.to_json(), f"PENDING ({why})")}, now)
-    assert shown["toy"]["slurm"] == {"pending": 1, "running": 0, "reasons": {why: 1}, "executor": "ray"}
+    assert shown["toy"]["slurm"] == {
+        "pending": 1,
+        "running": 0,
+        "unknown": 0,
+        "reasons": {why: 1},
+        "executor": "ray",
+    }
     (job,) = shown["toy"]["running"]
     assert (job["executor"], job["slurm_job_id"], job["queue_wait_s"]) == ("ray", "evald-7-1", 90.0)
     text = report.status_text(shown)

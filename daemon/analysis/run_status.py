@@ -1,4 +1,5 @@
-"""Every run's status read from the database, as ``evald status`` and ``/api/v1/status`` show it.
+"""Every run's status read from the database, as ``evald status`` and ``/api/v1/status`` show it, and the
+executor's controller as the daemons last saw it (:func:`executor_summary`).
 
 What is stored (checkpoints, jobs, plans, schedules, ignored and alternate folders, the newest results)
 is assembled by :func:`daemon.analysis.report.status`, with the scheduler's view of jobs handed to Slurm
@@ -7,7 +8,9 @@ is assembled by :func:`daemon.analysis.report.status`, with the scheduler's view
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -55,3 +58,47 @@ def tracker_summaries(session: Session, config: Config) -> list[dict[str, Any]]:
     # A tracker's target (where it sends now) where the config has one: its rows for another wait apart.
     refs = [TrackerRef(t.name, t.kind, t.endpoint, getattr(t, "target", None)) for t in config.trackers]
     return trackers(refs, outbox_backlog(session, ENDPOINT_PREFIX), database_now(session))
+
+
+#: The events a daemon stores as its executor's controller stops answering and answers again
+#: (daemon.running.dispatch), oldest first; their message is JSON (daemon.running.executor_watch).
+OUTAGE_KINDS = ("executor_unreachable", "executor_reachable")
+
+
+def executor_summary(session: Session, config: Config) -> dict[str, Any] | None:
+    """The configured executor's controller (a Ray head, Slurm's controller) as the daemons last said it:
+    ``reachable`` False with what is away, since when, for how long now, its error and the daemon that saw
+    it (which pauses claiming and knows its jobs' states no more until it answers); True once it answered
+    again; None before any word. None for the local executor, which has no controller."""
+    if config.executor.kind == "local":
+        return None
+    latest: tuple[str, dict[str, Any]] | None = None
+    for row in scheduling.events(session, kinds=OUTAGE_KINDS):
+        try:
+            said = json.loads(row.message)
+        except ValueError:
+            continue
+        if isinstance(said, dict) and said.get("executor") == config.executor.kind:
+            latest = (row.kind, said)
+    out: dict[str, Any] = {"kind": config.executor.kind, "reachable": None}
+    if latest is None:
+        return out
+    kind, said = latest
+    if kind == "executor_reachable":
+        return {**out, "reachable": True, "what": said.get("what"), "since": said.get("at")}
+    since = str(said.get("since") or "")
+    try:
+        began = datetime.fromisoformat(since)
+        away_s: float | None = max(0.0, (database_now(session) - began).total_seconds())
+    except (TypeError, ValueError):
+        away_s = None
+    return {
+        **out,
+        "reachable": False,
+        "what": said.get("what"),
+        "since": since or None,
+        "away_s": None if away_s is None else round(away_s, 1),
+        "error": said.get("error"),
+        "daemon": said.get("daemon"),
+        "claiming": "paused",
+    }

@@ -1,5 +1,6 @@
-"""``evald status``: checkpoints and jobs by state per run, the resource thresholds now, the Slurm
-queue where jobs run through Slurm, and each tracker's backlog."""
+"""``evald status``: the executor's controller where a daemon says it does not answer, checkpoints and
+jobs by state per run, the resource thresholds now, the Slurm queue where jobs run through Slurm, and
+each tracker's backlog."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import json
 from typing import Any
 
 from daemon.analysis import report
+from daemon.analysis.report.status_lines import executor_text
 from daemon.analysis.report.tracker_rows import trackers_text
-from daemon.analysis.run_status import run_summaries, tracker_summaries
+from daemon.analysis.run_status import executor_summary, run_summaries, tracker_summaries
 from daemon.cli.base import load, open_current, terminal_width
 from daemon.config import Config
 from daemon.scheduling.resources import Check
@@ -22,16 +24,24 @@ def cmd_status(args: argparse.Namespace) -> int:
         with database.session() as session:
             runs = run_summaries(session, config, [r.name for r in config.runs])
             trackers = tracker_summaries(session, config)
+            executor = executor_summary(session, config)
     finally:
         database.dispose()
     cluster = slurm_queue(config)
     check = resource_check(config)
     if args.format == "json":
-        shown: dict[str, Any] = {"runs": runs, "resources": report.resources(check), "trackers": trackers}
+        shown: dict[str, Any] = {
+            "executor": executor,
+            "runs": runs,
+            "resources": report.resources(check),
+            "trackers": trackers,
+        }
         if cluster is not None:
             shown["slurm"] = cluster
         print(json.dumps(shown, indent=1))
     else:
+        if executor_text(executor):
+            print(executor_text(executor))
         print(report.status_text(runs, terminal_width()))
         print(report.resources_text(check))
         if cluster is not None:

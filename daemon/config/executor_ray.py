@@ -60,6 +60,12 @@ class RayConfig(Section):
     #: (retried within ``max_attempts``); None: no limit (it waits as a queued Slurm job does, its
     #: reason in ``evald status``).
     placement_timeout_secs: float | None = Field(default=None, gt=0)
+    #: Seconds a job's placement group may stay INFEASIBLE — Ray's word for bundles no node of the
+    #: cluster can hold as it is (a custom resource no node declares, more CPUs or GPUs than a node has,
+    #: ``STRICT_PACK`` ranks no one node fits) — before the job fails ``infeasible``, naming what it asked
+    #: for: not retried (another attempt would ask the same), so its queue slot is freed and an
+    #: ``eval_failed`` alert fires. The wait lets an autoscaler add such a node (a slow one: set more).
+    infeasible_timeout_secs: float = Field(default=600.0, gt=0)
     #: runtime_env ``pip``: packages installed for the job (``["evald[ray]==0.9"]``); not with ``conda``.
     pip: tuple[str, ...] = ()
     #: runtime_env ``conda``: an existing environment's name or path on the nodes; not with ``pip``.

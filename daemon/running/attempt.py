@@ -101,6 +101,9 @@ class Attempt:
     #: What the job's earlier attempts change for this one (time limit, nodes kept out, preemptions so
     #: far): a job handed to a scheduler has one; a local worker None.
     plan: RetryPlan | None = None
+    #: The daemon whose claim this is a re-attachment to (:func:`~daemon.running.handover.reattach`),
+    #: where its submission was still to be found by name; None for this daemon's own submission.
+    taken_over: str | None = None
 
     @property
     def detached(self) -> bool:

@@ -30,9 +30,9 @@ import structlog
 from sqlalchemy.orm import Session
 
 from daemon.config import Config
-from daemon.running import handover, remote
+from daemon.running import handover, outages, remote
 from daemon.running.attempt import Attempt, Stage
-from daemon.running.executor_watch import ExecutorWatch
+from daemon.running.executor_watch import ExecutorWatch, not_cancelled
 from daemon.running.executors.base import (
     Active,
     Ended,
@@ -207,16 +207,7 @@ class Dispatcher:
         attempt.move(Stage.STARTED)
         attempt.handle_recorded = False
         attempt.next_poll = time.monotonic() + self._poll_secs()
-        log.info(
-            "job.submitted",
-            job_id=job.id,
-            run=job.run,
-            step=job.step,
-            task=job.task,
-            attempt=job.attempts,
-            slurm_job_id=handle.external_id,
-            job_dir=str(handle.job_dir),
-        )
+        handover.say_submitted(attempt, handle, "answered")
 
     def _cancel_later(self, executor: Executor, handle: Handle) -> None:
         def work() -> Apply:
@@ -224,7 +215,7 @@ class Dispatcher:
                 executor.cancel(handle)
             except ExecutorUnavailable as exc:
                 said = str(exc)
-                return lambda: log.warning("slurm.not_cancelled", slurm_job_id=handle.external_id, error=said)
+                return lambda: not_cancelled(handle, said)
             return lambda: None
 
         self._calls.start(("cancel", handle.external_id), work)
@@ -364,13 +355,31 @@ class Dispatcher:
         self._watch.back()
         job = attempt.job
         if found is None:
-            log.info("job.resubmitting", job_id=job.id, attempt=job.attempts, reason="sbatch did not answer")
+            log.info(
+                "job.resubmitting",
+                job_id=job.id,
+                attempt=job.attempts,
+                reason="its submission went unanswered and the scheduler does not know it",
+            )
+            attempt.taken_over = None  # what is found from now on is this daemon's own submission
             self._hand_over(attempt)
             return
         # Its folder is this attempt's (an out-of-memory rerun has one of its own).
         found = dataclasses.replace(found, job_dir=attempt.spec.result_path.parent)
         attempt.handle, attempt.handle_recorded = found, False
-        log.info("job.reattached", job_id=job.id, attempt=job.attempts, slurm_job_id=found.external_id)
+        if attempt.taken_over is not None:
+            log.info(
+                "job.reattached",
+                job_id=job.id,
+                run=job.run,
+                attempt=job.attempts,
+                **found.logged(),
+                how="found by name",
+                was=attempt.taken_over,
+            )
+            return
+        # This daemon's own submission, whose answer was lost: a submission, not a re-attachment.
+        handover.say_submitted(attempt, found, "its answer was lost; found by name")
 
     def _polled(self, attempt: Attempt, status: Status) -> None:
         """What the executor said of a job: its state kept for ``evald status``, or its end."""
@@ -388,7 +397,7 @@ class Dispatcher:
             log.info(
                 "job.scheduler_state",
                 job_id=job.id,
-                slurm_job_id=handle.external_id,
+                **handle.logged(),
                 state=state,
                 reason=status.reason,
             )
@@ -437,7 +446,16 @@ class Dispatcher:
 
     def bookkeeping(self) -> None:
         """Store what the database does not know yet of the jobs handed to a scheduler: a handle
-        (a submission found again, or one made while the database was away) and the scheduler's state."""
+        (a submission found again, or one made while the database was away) and the scheduler's state
+        (unknown, since when, while its controller is away); and the controller's outages begun or
+        ended."""
+        news = self._watch.take_news()
+        try:
+            outages.record(self._db, news, self._owner)
+        except DatabaseUnreachable:
+            self._watch.give_back_news(news)  # told again at the next pass
+            raise
+        outages.mark_unknown(self._watch.outage, self._running.values())
         if self._watch.tidy_due():
             with self._db.session() as session:
                 busy = set(queries.executor_states(session))
@@ -471,7 +489,7 @@ class Dispatcher:
                 job_id=job_id,
                 run=attempt.job.run,
                 attempt=attempt.job.attempts,
-                slurm_job_id=attempt.handle.external_id if attempt.handle is not None else None,
+                **(attempt.handle.logged() if attempt.handle is not None else {}),
                 recorded=attempt.handle_recorded,
             )
 

@@ -21,6 +21,7 @@ import functools
 import sys
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
 import structlog
@@ -40,6 +41,8 @@ from daemon.running.executors.calls import Apply, Calls
 from daemon.running.executors.local import LocalExecutor
 from daemon.running.executors.ray import RayExecutor, make_ray_executor
 from daemon.running.executors.slurm import SlurmExecutor
+from daemon.running.outages import Outage
+from storage.models import utcnow
 
 log = structlog.get_logger("evald.runner")
 
@@ -71,6 +74,12 @@ class ExecutorWatch:
         self.unreachable_since: float | None = None
         #: When the controller last answered (monotonic); None before it ever did.
         self.answered_at: float | None = None
+        #: The outage under way (its start as a wall-clock time, for ``evald status``); None while the
+        #: controller answers.
+        self.outage: Outage | None = None
+        #: Outages begun or ended since the database was last told (:meth:`take_news`); the daemon's first
+        #: answer is news too (it ends what an earlier daemon may have left recorded as an outage).
+        self._news: list[Outage] = []
         #: When a controller away is asked next while no job is due to be polled (monotonic).
         self.next_probe = 0.0
         #: The job checking that the compute nodes see ``job_dir`` (``probe_job_dir``), until it answers,
@@ -144,9 +153,24 @@ class ExecutorWatch:
         if self._checking is not None:
             return "the executor is being checked"
         if self.unreachable_since is not None:
-            away = "Ray head" if isinstance(self.executor, RayExecutor) else "Slurm controller"
-            return f"the {away} does not answer"
+            return f"{self.away_what} does not answer"
         return None
+
+    @property
+    def away_what(self) -> str:
+        """What answers for the executor: ``the Ray head at <address>``, ``the Slurm controller``."""
+        if isinstance(self.executor, RayExecutor):
+            return f"the Ray head at {self._config.executor.ray.address}"
+        return "the Slurm controller"
+
+    def take_news(self) -> list[Outage]:
+        """The outages begun or ended that the database does not know of yet; the caller stores them."""
+        news, self._news = self._news, []
+        return news
+
+    def give_back_news(self, news: list[Outage]) -> None:
+        """Outages the database could not take (it was away): told again at the next pass."""
+        self._news[:0] = news
 
     def check(self) -> bool:
         """Whether the executor can take jobs (partition there, job folder writable); an unusable one is
@@ -214,6 +238,9 @@ class ExecutorWatch:
         if self.unreachable_since is None:
             now = time.monotonic()
             self.unreachable_since = now if self.answered_at is None else self.answered_at
+            since = utcnow() - timedelta(seconds=now - self.unreachable_since)
+            self.outage = Outage(False, since, self.away_what, self.executor.kind, error)
+            self._news.append(self.outage)
             log.warning(
                 "executor.unreachable",
                 error=error,
@@ -223,7 +250,12 @@ class ExecutorWatch:
 
     def back(self) -> None:
         """The controller answered: an outage ends, ``down_secs`` counted from its last answer before."""
+        first = self.answered_at is None
         self.answered_at = time.monotonic()
+        if first or self.outage is not None:
+            began = self.outage.since if self.outage is not None else utcnow()
+            self._news.append(Outage(True, began, self.away_what, self.executor.kind, at=utcnow()))
+            self.outage = None
         if self.unreachable_since is not None:
             down = self.answered_at - self.unreachable_since
             self.unreachable_since = None
@@ -392,5 +424,13 @@ def _cancelled(executor: Executor, handle: Handle) -> Apply:
         executor.cancel(handle)
     except ExecutorUnavailable as exc:
         error = str(exc)
-        return lambda: log.warning("slurm.not_cancelled", slurm_job_id=handle.external_id, error=error)
+        return lambda: not_cancelled(handle, error)
     return lambda: None
+
+
+def not_cancelled(handle: Handle, error: str) -> None:
+    """A submission nobody follows any more could not be cancelled (its controller away): said under its
+    executor's name and key (``slurm.not_cancelled`` with ``slurm_job_id``, ``ray.not_cancelled`` with
+    ``ray_job``)."""
+    event = "ray.not_cancelled" if handle.executor == "ray" else "slurm.not_cancelled"
+    log.warning(event, **handle.logged(), error=error)

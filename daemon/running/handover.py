@@ -113,6 +113,7 @@ def reattach(
         handle=handle,
         handle_recorded=handle is not None,
         plan=retry_plan(session, job.id, executor),
+        taken_over=orphan.claimed_by,
     )
     running[job.id] = attempt
     log.info(
@@ -120,7 +121,7 @@ def reattach(
         job_id=job.id,
         run=job.run,
         attempt=job.attempts,
-        slurm_job_id=handle.external_id if handle is not None else None,
+        **(handle.logged() if handle is not None else {}),
         how=how,
         was=orphan.claimed_by,
     )
@@ -149,3 +150,21 @@ def stored_handle(orphan: queries.Orphan, kind: str) -> Handle | None:
     if handle.executor != kind or handle.attempt != orphan.attempts or handle.job_id != orphan.id:
         return None
     return handle
+
+
+def say_submitted(attempt: Attempt, handle: Handle, how: str) -> None:
+    """``job.submitted`` for a job's first attempt, ``job.resubmitted`` for a later one (after a ``lost``,
+    ``node_fail`` or ``timeout`` end), with the scheduler's job under its executor's key."""
+    job = attempt.job
+    event = "job.resubmitted" if job.attempts > 1 else "job.submitted"
+    log.info(
+        event,
+        job_id=job.id,
+        run=job.run,
+        step=job.step,
+        task=job.task,
+        attempt=job.attempts,
+        **handle.logged(),
+        job_dir=str(handle.job_dir),
+        how=how,
+    )

@@ -76,8 +76,8 @@ def handed_over(database: Database, attempt: Attempt) -> bool:
             "job.handed_over",
             job_id=attempt.job.id,
             attempt=attempt.job.attempts,
-            slurm_job_id=handle.external_id,
-            reason="its lease ran out and another daemon re-attached to its Slurm job",
+            **handle.logged(),
+            reason="its lease ran out and another daemon re-attached to its scheduler's job",
         )
         return True
     cancel(attempt)
@@ -95,6 +95,6 @@ def cancel(attempt: Attempt) -> None:
         log.error(
             "job.not_cancelled",
             job_id=attempt.job.id,
-            slurm_job_id=attempt.handle.external_id,
+            **attempt.handle.logged(),
             error=str(exc),
         )

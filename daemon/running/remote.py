@@ -18,6 +18,8 @@ Scheduler ends and the outcome kinds they become::
     OUT_OF_MEMORY  out_of_memory    (rerun at half the batch size, like a local one)
     LOST           lost             (retried: the scheduler forgot it and it left no exit status)
     CANCELLED      cancelled        (not retried: someone meant it)
+    INFEASIBLE     infeasible       (not retried: no node can hold what it asks for; it fails, and its
+                                     eval_failed alert fires)
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
+from datetime import datetime
 
 from daemon.config import Config
 from daemon.running.environment import worker_environment
@@ -41,6 +44,7 @@ _KINDS = {
     EndKind.OUT_OF_MEMORY: "out_of_memory",
     EndKind.LOST: "lost",
     EndKind.CANCELLED: "cancelled",
+    EndKind.INFEASIBLE: "infeasible",
 }
 
 
@@ -93,6 +97,18 @@ def outcome_of(ended: Ended, spec: JobSpec) -> Outcome:
             return own
     detail = ended.detail + (f"; log ends: {ended.log_tail}" if ended.log_tail else "")
     return Outcome(error_kind=_KINDS[ended.kind], error=detail)
+
+
+#: The word of a job's stored scheduler state while its executor's controller does not answer.
+UNKNOWN = "UNKNOWN"
+
+
+def unknown_line(since: datetime, what: str, last: str | None) -> str:
+    """``UNKNOWN since 2026-05-01T10:00:00Z (the Ray head at … does not answer; last RUNNING on a)``: a
+    job's state for ``evald status`` while ``what`` is away since ``since`` (UTC), with the last state
+    the scheduler gave, if any."""
+    seen = f"; last {last}" if last and not last.startswith(UNKNOWN) else ""
+    return f"{UNKNOWN} since {since:%Y-%m-%dT%H:%M:%SZ} ({what} does not answer{seen})"
 
 
 def state_line(status: Active) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from daemon.analysis.report.cells import NO_SAMPLES, cell, duration, first_line
@@ -50,15 +51,20 @@ def scheduler_name(executor: str | None) -> str:
 
 
 def _jobs_line(info: Mapping[str, Any]) -> str:
-    """Jobs by state, a running count split into those waiting in Slurm's queue and those running."""
+    """Jobs by state, a running count split into those waiting in the scheduler's queue, those whose
+    state nobody knows (its controller does not answer) and those running."""
     slurm = info.get("slurm")
     parts = []
     for state, count in info["jobs"].items():
-        if state == "running" and slurm and slurm["pending"]:
-            reasons = slurm["reasons"]
-            why = ", ".join(r if len(reasons) == 1 else f"{r} {n}" for r, n in reasons.items())
-            parts.append(f"pending in {scheduler_name(slurm.get('executor'))} {slurm['pending']} ({why})")
-            parts.append(f"running {count - slurm['pending']}")
+        if state == "running" and slurm and (slurm["pending"] or slurm.get("unknown")):
+            name = scheduler_name(slurm.get("executor"))
+            if slurm["pending"]:
+                reasons = slurm["reasons"]
+                why = ", ".join(r if len(reasons) == 1 else f"{r} {n}" for r, n in reasons.items())
+                parts.append(f"pending in {name} {slurm['pending']} ({why})")
+            if slurm.get("unknown"):
+                parts.append(f"state unknown {slurm['unknown']} ({name} does not answer)")
+            parts.append(f"running {count - slurm['pending'] - slurm.get('unknown', 0)}")
         else:
             parts.append(f"{state} {count}")
     return ", ".join(parts) or "none"
@@ -117,6 +123,14 @@ def _running_lines(job: Mapping[str, Any]) -> list[str]:
     where = f"step {cell(job['step'])} [{job['task']}/{job['stage']}] (job {job['job']})"
     most = job.get("max_attempts")
     attempt = f"attempt {job['attempt']}" + (f" of {most}" if most is not None else "")
+    if job.get("in_slurm") == "unknown":
+        name = scheduler_name(job.get("executor"))
+        since = _moment(job.get("unknown_since"))
+        held = "" if job.get("unknown_for_s") is None else f" ({duration(job['unknown_for_s'])})"
+        return [
+            f"  unknown:     {where}: {name} job {cell(job.get('slurm_job_id'))} state unknown since "
+            f"{since}{held}: {job.get('reason')}; {attempt}, submitted by {job['held_by']}"
+        ]
     if job.get("in_slurm") == "pending":
         name = scheduler_name(job.get("executor"))
         said = job.get("scheduler_state") or "submitted"
@@ -203,6 +217,30 @@ def _finding_lines(info: Mapping[str, Any]) -> list[str]:
             f"{alternate['of']}, which is evaluated instead"
         )
     return lines
+
+
+def executor_text(executor: Mapping[str, Any] | None) -> str:
+    """``evald status``'s line on the executor's controller while a daemon says it does not answer (what,
+    since when, the daemon that saw it, and what that means: no claim, no job's state known); else
+    nothing."""
+    if not executor or executor.get("reachable") is not False:
+        return ""
+    since = _moment(executor.get("since"))
+    held = "" if executor.get("away_s") is None else f" ({duration(executor['away_s'])})"
+    head, _ = first_line(str(executor.get("error") or ""), ERROR_CHARS)
+    return (
+        f"executor: unreachable since {since}{held}: {executor.get('what')} does not answer (as daemon "
+        f"{executor.get('daemon')} saw it); claiming paused; the states of the jobs handed to it are "
+        "unknown until it answers" + (f"; it said: {head}" if head else "")
+    )
+
+
+def _moment(iso: str | None) -> str:
+    """``2026-05-01T10:00:00Z``: a stored UTC time to the second (as it is where it does not parse)."""
+    try:
+        return datetime.fromisoformat(str(iso)).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except ValueError:
+        return str(iso or "?")
 
 
 def cluster_text(cluster: Mapping[str, Any] | None) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -232,57 +233,72 @@ def with_scheduler(
     states: Mapping[int, tuple[str | None, str | None]],
     now: datetime | None = None,
 ) -> dict[str, Any]:
-    """``status``'s summary with each running job's Slurm job id and scheduler state (``PENDING
-    (Resources)``) where it was handed to Slurm, whether it waits in Slurm's queue or runs there, and,
-    while it waits, how long it has so far (``now`` less its claim, which submitted it); and per run,
-    ``slurm``: its jobs pending in Slurm (by Slurm's reason) and running there. ``states``: job id →
-    (stored handle, state)."""
+    """``status``'s summary with each running job's scheduler job id and state (``PENDING
+    (Resources)``) where it was handed to Slurm or Ray, whether it waits in that queue, runs there, or is
+    in a state nobody knows since its controller stopped answering; while it waits, how long it has so far
+    (``now`` less its claim, which submitted it), and since when its state is unknown. Per run,
+    ``slurm``: its jobs pending there (by the scheduler's reason), running and unknown. ``states``: job
+    id → (stored handle, state)."""
     out: dict[str, Any] = {}
     for run, info in runs.items():
-        running = []
-        pending = 0
-        reasons: dict[str, int] = {}
-        for job in info.get("running", []):
-            handle, state = states.get(job["job"], (None, None))
-            if handle is None:
-                running.append(job)
-                continue
-            slurm_id = None
-            executor = "slurm"
-            try:
-                recorded = json.loads(handle)
-                slurm_id = recorded.get("external_id")
-                executor = str(recorded.get("executor") or executor)
-            except (ValueError, AttributeError):
-                slurm_id = None
-            where, reason = scheduler_phase(state)
-            wait = None
-            if where == "pending":
-                pending += 1
-                reasons[reason or "submitted"] = reasons.get(reason or "submitted", 0) + 1
-                wait = _since(job.get("started_at"), now)
-            running.append(
-                {
-                    **job,
-                    "slurm_job_id": slurm_id,
-                    "scheduler_state": state,
-                    "in_slurm": where,
-                    # The keys keep Slurm's name (the first remote executor); this says whose queue it is.
-                    "executor": executor,
-                    "queue_wait_s": wait,
-                }
-            )
+        running = [
+            _scheduled(job, states.get(job["job"], (None, None)), now) for job in info.get("running", [])
+        ]
         handed = [j for j in running if "in_slurm" in j]
         shown = {**info, "running": running}
         if handed:
-            shown["slurm"] = {
-                "pending": pending,
-                "running": len(handed) - pending,
-                "executor": handed[0]["executor"],
-                "reasons": dict(sorted(reasons.items(), key=lambda item: (-item[1], item[0]))),
-            }
+            shown["slurm"] = _queue_counts(handed)
         out[run] = shown
     return out
+
+
+def _scheduled(
+    job: Mapping[str, Any], stored: tuple[str | None, str | None], now: datetime | None
+) -> dict[str, Any]:
+    """A running job as its scheduler has it (``job`` as it is where it was never handed to one)."""
+    handle, state = stored
+    if handle is None:
+        return dict(job)
+    external_id = None
+    executor = "slurm"
+    try:
+        recorded = json.loads(handle)
+        external_id = recorded.get("external_id")
+        executor = str(recorded.get("executor") or executor)
+    except (ValueError, AttributeError):
+        external_id = None
+    where, reason = scheduler_phase(state)
+    since = unknown_since(state) if where == "unknown" else None
+    return {
+        **job,
+        "slurm_job_id": external_id,
+        "scheduler_state": state,
+        "in_slurm": where,
+        # The keys keep Slurm's name (the first remote executor); this says whose queue it is.
+        "executor": executor,
+        "reason": reason,
+        "queue_wait_s": _since(job.get("started_at"), now) if where == "pending" else None,
+        "unknown_since": since,
+        "unknown_for_s": _since(since, now),
+    }
+
+
+def _queue_counts(handed: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """A run's jobs in the scheduler's hands: pending (by reason), running, and of unknown state."""
+    reasons: dict[str, int] = {}
+    for job in handed:
+        if job["in_slurm"] == "pending":
+            reason = job["reason"] or "submitted"
+            reasons[reason] = reasons.get(reason, 0) + 1
+    pending = sum(reasons.values())
+    unknown = sum(1 for j in handed if j["in_slurm"] == "unknown")
+    return {
+        "pending": pending,
+        "running": len(handed) - pending - unknown,
+        "unknown": unknown,
+        "executor": handed[0]["executor"],
+        "reasons": dict(sorted(reasons.items(), key=lambda item: (-item[1], item[0]))),
+    }
 
 
 #: Slurm states in which a job waits for its nodes (``squeue``'s words; a requeued job waits again).
@@ -291,15 +307,29 @@ WAITING_STATES = frozenset(
 )
 
 
+#: A stored state while the scheduler's controller does not answer (daemon.running.remote.unknown_line):
+#: ``UNKNOWN since 2026-05-01T10:00:00Z (the Ray head at … does not answer; last RUNNING on a)``.
+_UNKNOWN = re.compile(r"^UNKNOWN since (\S+) \((.*)\)$", re.DOTALL)
+
+
 def scheduler_phase(state: str | None) -> tuple[str, str | None]:
-    """``pending`` or ``running`` from a stored scheduler state (``PENDING (Resources)``, ``RUNNING on
-    node1``), and Slurm's reason in brackets, if any. No state yet (submitted, not polled since) counts
-    as pending: it has not started anywhere that evald knows of."""
+    """``pending``, ``running`` or ``unknown`` from a stored scheduler state (``PENDING (Resources)``,
+    ``RUNNING on node1``, ``UNKNOWN since … (…)``), and the reason in brackets, if any. No state yet
+    (submitted, not polled since) counts as pending: it has not started anywhere that evald knows of."""
     if not state:
         return "pending", None
+    unknown = _UNKNOWN.match(state.strip())
+    if unknown:
+        return "unknown", unknown.group(2)
     word, _, rest = state.strip().partition(" ")
     reason = rest.strip()[1:-1] if rest.strip().startswith("(") and rest.strip().endswith(")") else None
     return ("pending" if word.upper() in WAITING_STATES else "running"), reason or None
+
+
+def unknown_since(state: str | None) -> str | None:
+    """When the job's state became unknown (ISO 8601, UTC), from a stored ``UNKNOWN since …`` state."""
+    unknown = _UNKNOWN.match((state or "").strip())
+    return unknown.group(1).replace("Z", "+00:00") if unknown else None
 
 
 def _since(started: str | None, now: datetime | None) -> float | None:

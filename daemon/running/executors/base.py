@@ -62,6 +62,9 @@ class EndKind(StrEnum):
     OUT_OF_MEMORY = "out_of_memory"
     #: Cancelled (``scancel``) by someone, or by evald itself.
     CANCELLED = "cancelled"
+    #: The scheduler says no node of the cluster can ever run it as asked (a Ray placement group
+    #: INFEASIBLE past ``infeasible_timeout_secs``): another attempt would ask the same, so none is made.
+    INFEASIBLE = "infeasible"
     #: The scheduler no longer knows the job and it left no exit status: what happened is unknown.
     LOST = "lost"
 
@@ -96,6 +99,10 @@ class Adjustments:
         return self.time_limit_s is not None or bool(self.exclude)
 
 
+#: The log key of a scheduler's job id, by executor (:meth:`Handle.logged`).
+JOB_KEYS = {"slurm": "slurm_job_id", "ray": "ray_job", "local": "pid"}
+
+
 @dataclass(frozen=True)
 class Handle:
     """What the runner records with the attempt (``to_json``) to poll, cancel or re-attach later."""
@@ -106,6 +113,12 @@ class Handle:
     job_dir: Path
     #: The scheduler's id for it (a Slurm job id; a pid for the local executor).
     external_id: str
+
+    def logged(self) -> dict[str, str]:
+        """How a log line names the scheduler's job: under the key its executor's own events use
+        (``slurm_job_id``, ``ray_job``; ``pid`` for a worker here), so that a Ray job is never called a
+        Slurm one."""
+        return {JOB_KEYS.get(self.executor, "executor_job"): self.external_id}
 
     def to_json(self) -> str:
         data = asdict(self)

@@ -18,9 +18,10 @@ namespace``.
 Outcomes: ``PENDING`` (the job, or its placement group, waits for resources: the reason names the
 bundles and Ray's scheduling state), ``RUNNING``; then SUCCEEDED, FAILED (the failed rank's log tail),
 NODE_FAIL (a rank's node died), OUT_OF_MEMORY (Ray's memory monitor, or the worker's own report),
-TIMEOUT (``time_limit``, or ``placement_timeout_secs``), CANCELLED (``ray job stop``, by evald or
-someone), LOST (the cluster forgot the job — its head restarted — and the folder holds no end): the
-mapping is :mod:`.ray_states`'s; the Jobs API client :mod:`.ray_client`'s.
+TIMEOUT (``time_limit``, or ``placement_timeout_secs``), INFEASIBLE (Ray said the placement group is
+INFEASIBLE for ``infeasible_timeout_secs``: no node can hold it; not retried), CANCELLED (``ray job
+stop``, by evald or someone), LOST (the cluster forgot the job — its head restarted — and the folder
+holds no end): the mapping is :mod:`.ray_states`'s; the Jobs API client :mod:`.ray_client`'s.
 """
 
 from __future__ import annotations
@@ -252,6 +253,7 @@ class RayExecutor:
             "bundles": [self._bundle(cuda=cuda)] * spec.inference.world_size,
             "strategy": self._ray.placement_strategy,
             "placement_timeout_s": self._ray.placement_timeout_secs,
+            "infeasible_timeout_s": self._ray.infeasible_timeout_secs,
             "rank_options": self._rank_options(cuda),
             "command": [self._python, "-m", "inference.worker", str(spec_path)],
             "env": {} if cuda else {"DS_ACCELERATOR": "cpu"},

@@ -7,7 +7,8 @@ entrypoint, so it imports nothing but ``ray`` and the standard library. It
 
 1. writes ``ray_state.json`` ``{"phase": "placing"}`` and creates the placement group (tp × dp bundles,
    named like the job, in the configured namespace), updating the file with the group's scheduling state
-   while it waits for resources;
+   while it waits for resources (and since when Ray says it is INFEASIBLE: past
+   ``infeasible_timeout_s`` the job ends ``infeasible``);
 2. asks bundle 0's node for a free port: the rendezvous (``MASTER_ADDR``, ``MASTER_PORT``) is there;
 3. starts one Ray task a rank in its bundle, each running ``python -m inference.worker spec.json`` as a
    child process (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` set for a group of more
@@ -17,7 +18,8 @@ entrypoint, so it imports nothing but ``ray`` and the standard library. It
 4. waits for them: the first rank that fails ends the others (as ``srun --kill-on-bad-exit``), as does
    the time limit, a SIGTERM (``ray job stop``) or a node that dies;
 5. writes ``exit.json``: ``exit_code``, ``end`` (succeeded, failed, node_fail, out_of_memory, timeout,
-   lost, cancelled), ``detail``, the failed ``rank``, the ``nodes``; and exits with the worker's status.
+   infeasible, lost, cancelled), ``detail``, the failed ``rank``, the ``nodes`` (as Ray names them: ``a
+   (10.0.0.5)``); and exits with the worker's status.
 """
 
 from __future__ import annotations
@@ -44,10 +46,14 @@ LOG_NAME = "worker.log"
 DRIVER_LOG = "driver.log"
 #: The variable that ties a worker to the process that started it (inference.spec.PARENT_PID_ENV).
 PARENT_PID_ENV = "EVALD_PARENT_PID"
+#: Ray's scheduling state of a placement group no node of the cluster can hold as it is.
+INFEASIBLE = "INFEASIBLE"
 #: Seconds between looks at a placement group that waits for resources.
 PLACING_POLL_S = 2.0
 #: Seconds of one wait for the ranks: a signal is handled between two.
 WAIT_SLICE_S = 0.5
+#: Digits of a Ray node id that tell nodes of one address apart in messages.
+ID_CHARS = 8
 #: A rank's variables its log's first line shows, where set: they decide the GPU it computes on.
 DEVICE_VARS = ("CUDA_VISIBLE_DEVICES", "LOCAL_RANK")
 
@@ -94,7 +100,7 @@ def rendezvous() -> tuple[str, int]:
 
 @ray.remote(max_retries=0)
 def run_rank(command: list[str], env: dict[str, str], log_path: str, cwd: str) -> tuple[int, str]:
-    """Run one rank's worker as a child of this task's process; its exit status and node."""
+    """Run one rank's worker as a child of this task's process; its exit status and Ray node id."""
     child_env = {**os.environ, **env, PARENT_PID_ENV: str(os.getpid())}
     mine: list[str] = []
     if "_GPU_LOCAL" in env:
@@ -121,7 +127,7 @@ def run_rank(command: list[str], env: dict[str, str], log_path: str, cwd: str) -
             command, env=child_env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd
         )
     try:
-        return process.wait(), node
+        return process.wait(), node_id
     finally:
         if process.poll() is None:
             process.kill()
@@ -144,6 +150,7 @@ def place(job: dict[str, Any], folder: Path) -> PlacementGroup:
     started = time.time()
     limit = job.get("placement_timeout_s")
     bundles = describe_bundles(job["bundles"])
+    infeasible: float | None = None
     while True:
         ready, _ = ray.wait([group.ready()], timeout=PLACING_POLL_S)
         if STOPPED.is_set():
@@ -154,9 +161,18 @@ def place(job: dict[str, Any], folder: Path) -> PlacementGroup:
             return group
         table = placement_group_table(group)
         scheduling = str((table.get("stats") or {}).get("scheduling_state") or table.get("state") or "")
+        # Since when Ray says no node can hold the bundles (a node that could may join: it counts anew).
+        infeasible = (infeasible or time.time()) if scheduling == INFEASIBLE else None
         write_json(
             folder / STATE_NAME,
-            {"phase": "placing", "since": started, "bundles": bundles, "scheduling": scheduling},
+            {
+                "phase": "placing",
+                "since": started,
+                "bundles": bundles,
+                "scheduling": scheduling,
+                "infeasible_since": infeasible,
+                "infeasible_timeout_s": job.get("infeasible_timeout_s"),
+            },
         )
         if limit is not None and time.time() - started > float(limit):
             ray.util.remove_placement_group(group)
@@ -165,6 +181,21 @@ def place(job: dict[str, Any], folder: Path) -> PlacementGroup:
                 f"placement group {job['name']} not placed within {limit:g} s: {bundles} "
                 f"({job['strategy']}; {scheduling})",
             )
+        give_up_infeasible(job, group, bundles, infeasible)
+
+
+def give_up_infeasible(job: dict[str, Any], group: PlacementGroup, bundles: str, since: float | None) -> None:
+    """:class:`Ended` ``infeasible`` once Ray has said INFEASIBLE for ``infeasible_timeout_s`` in a row."""
+    limit = job.get("infeasible_timeout_s")
+    if since is None or limit is None or time.time() - since <= float(limit):
+        return
+    ray.util.remove_placement_group(group)
+    raise Ended(
+        "infeasible",
+        f"Ray says the placement group {job['name']} is INFEASIBLE: no node of the cluster can hold "
+        f"{bundles} ({job['strategy']}); gave up after {float(limit):g} s of it "
+        "(executor.ray.infeasible_timeout_secs): ask for what the nodes have, or add such a node",
+    )
 
 
 def describe_bundles(bundles: list[dict[str, float]]) -> str:
@@ -220,8 +251,9 @@ def start_ranks(job: dict[str, Any], folder: Path, group: PlacementGroup) -> lis
     return refs
 
 
-def wait_ranks(refs: list[Any], time_limit: float | None) -> tuple[int, list[str]]:
-    """The group's exit status once every rank exited 0, or :class:`Ended` at the first that did not."""
+def wait_ranks(refs: list[Any], time_limit: float | None, names: dict[str, str]) -> tuple[int, list[str]]:
+    """The group's exit status once every rank exited 0, or :class:`Ended` at the first that did not
+    (``names``: node id → the node as :func:`node_names` says it)."""
     started = time.time()
     pending = list(refs)
     where: list[str] = []
@@ -250,6 +282,7 @@ def wait_ranks(refs: list[Any], time_limit: float | None) -> tuple[int, list[str
         except ray.exceptions.RayError as exc:
             stop(pending)
             raise Ended("lost", f"rank {rank} lost: {type(exc).__name__}: {first(exc)}", rank=rank) from exc
+        node = names.get(node, node)
         where.append(node)
         if code != 0:
             stop(pending)
@@ -278,14 +311,35 @@ def describe(code: int) -> str:
 
 
 def node_list(group: PlacementGroup | None) -> str:
-    if group is None:
-        return ""
+    """The job's nodes, each once, as :func:`node_names` says them (``a (10.0.0.5), b (10.0.0.6)``)."""
+    ids = list(dict.fromkeys(node_ids(group)))
+    names = node_names(ids)
+    return ", ".join(names.get(i, i[:ID_CHARS]) for i in ids)
+
+
+def node_names(ids: list[str]) -> dict[str, str]:
+    """Node id → the node as Ray reports it (:func:`labels`); empty where Ray does not say."""
     try:
-        ids = placement_group_table(group)["bundles_to_node_id"].values()
-        by_id = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}  # type: ignore[no-untyped-call]
-        return ",".join(dict.fromkeys(by_id.get(i, i[:12]) for i in ids))
-    except Exception:  # the node list is a courtesy
-        return ""
+        known = {n["NodeID"]: n for n in ray.nodes()}  # type: ignore[no-untyped-call]
+    except Exception:  # the names are a courtesy
+        return {}
+    return labels(ids, known)
+
+
+def labels(ids: list[str], known: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Each node of ``ids`` as ``known`` (``ray.nodes()`` by node id) has it: its name and address
+    (``a (10.0.0.5)``), or its address alone where its name is that address (Ray's default); where nodes
+    of ``ids`` share a label (one host, several nodes) or have none, each id's first digits after it."""
+    said = {}
+    for node_id in dict.fromkeys(ids):
+        node = known.get(node_id) or {}
+        address, name = str(node.get("NodeManagerAddress") or ""), str(node.get("NodeName") or "")
+        said[node_id] = f"{name} ({address})" if name and address and name != address else name or address
+    shared = [label for label in said.values() if list(said.values()).count(label) > 1]
+    return {
+        node_id: f"{label} [node {node_id[:ID_CHARS]}]".strip() if not label or label in shared else label
+        for node_id, label in said.items()
+    }
 
 
 def node_ids(group: PlacementGroup | None) -> list[str]:
@@ -321,11 +375,12 @@ def main(argv: list[str]) -> int:
         )
         group = place(job, folder)
         refs = start_ranks(job, folder, group)
+        names = node_names(node_ids(group))
         nodes = node_list(group)
         state = {"phase": "running", "since": time.time(), "nodes": nodes, "node_ids": node_ids(group)}
         write_json(folder / STATE_NAME, state)
         say(folder, f"ranks started on {nodes}")
-        code, _ = wait_ranks(refs, job.get("time_limit_s"))
+        code, _ = wait_ranks(refs, job.get("time_limit_s"), names)
         record = {"end": "succeeded", "exit_code": code, "detail": "every rank exited 0", "rank": None}
     except Ended as ended:
         record = {"end": ended.end, "exit_code": ended.code, "detail": ended.detail, "rank": ended.rank}

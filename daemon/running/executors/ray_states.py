@@ -5,12 +5,13 @@ A Ray job and its driver's files, and the attempt's status::
 
     PENDING                               pending (Ray's message: the supervisor waits for the head)
     RUNNING, ray_state placing            pending ("waiting for resources: 2 bundles {CPU: 1} (STRICT_PACK;
-                                          placement group NO_RESOURCES)")
+                                          placement group NO_RESOURCES)"; INFEASIBLE: since when, and
+                                          when the job fails for it)
     RUNNING, ray_state running            running (on the bundles' nodes)
     exit.json end = succeeded             SUCCEEDED when result.json holds no error, else FAILED
     exit.json end = failed                FAILED (OUT_OF_MEMORY for the worker's exit status 4), the
                                           failed rank's log tail
-    exit.json node_fail / out_of_memory / timeout / lost     that end
+    exit.json node_fail / out_of_memory / timeout / lost / infeasible     that end
     STOPPED, or end = cancelled           CANCELLED (by evald when it stopped it: cancelled.json)
     FAILED without exit.json              Ray's error type: the supervisor died NODE_FAIL, else FAILED
                                           with the job log's tail (a driver that could not start)
@@ -23,6 +24,7 @@ import contextlib
 import dataclasses
 import json
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,7 @@ _ENDS = {
     "timeout": EndKind.TIMEOUT,
     "lost": EndKind.LOST,
     "cancelled": EndKind.CANCELLED,
+    "infeasible": EndKind.INFEASIBLE,
 }
 #: Ray's word on a job that failed before its driver wrote an end, and what it means for the attempt.
 _RAY_ERRORS = {
@@ -76,9 +79,23 @@ def status(job: RayJob, handle: Handle, strategy: str, by_evald: bool, logs: Log
             return Active(Phase.PENDING, "its driver is starting", placement)
         waiting = state.get("bundles") or "its placement group"
         scheduling = f"; placement group {state['scheduling']}" if state.get("scheduling") else ""
-        reason = f"waiting for resources: {waiting} ({strategy}{scheduling})"
+        reason = f"waiting for resources: {waiting} ({strategy}{scheduling}{_infeasible(state)})"
         return Active(Phase.PENDING, reason, placement)
     return from_folder(handle, f"Ray job {job.submission_id} {job.status}", by_evald, logs, placement, job)
+
+
+def _infeasible(state: Mapping[str, Any]) -> str:
+    """Since when Ray says no node can hold the bundles, and when the job fails for it, if it does."""
+    since = _float(state.get("infeasible_since"))
+    if since is None:
+        return ""
+    limit = _float(state.get("infeasible_timeout_s"))
+    ends = f", the job fails at {_moment(since + limit)}" if limit is not None else ""
+    return f" since {_moment(since)}: no node can hold them{ends}"
+
+
+def _moment(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def from_folder(

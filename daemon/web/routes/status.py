@@ -9,7 +9,7 @@ from dataclasses import asdict
 from starlette.requests import Request
 from starlette.routing import BaseRoute, Route
 
-from daemon.analysis.run_status import run_summaries, tracker_summaries
+from daemon.analysis.run_status import executor_summary, run_summaries, tracker_summaries
 from daemon.web.context import context
 from daemon.web.params import PAGE, Params
 from daemon.web.responses import JSON, page
@@ -33,7 +33,8 @@ def status(request: Request) -> JSON:
         names = [r.name for r in queries.run_rows(session, run)]
         runs = run_summaries(session, web.config, names, run)
         trackers = tracker_summaries(session, web.config)
-    return JSON({"runs": runs, "trackers": trackers})
+        executor = executor_summary(session, web.config)
+    return JSON({"executor": executor, "runs": runs, "trackers": trackers})
 
 
 def jobs(request: Request) -> JSON:
