@@ -120,8 +120,7 @@ def outbox_backlog(session: Session, prefix: str) -> list[OutboxBacklog]:
             oldest[key] = _utc(created)
         if OutboxState(state) is OutboxState.DELIVERED:
             delivered_at[key] = _utc(delivered)
-    next_at = _next_tries(session, keys, mine)
-    paused = _pauses(session, keys, mine)
+    next_at, paused = _next_tries(session, keys, mine), _pauses(session, keys, mine)
     standing = _disabled(session, prefix)
     for name in standing:
         if not any(endpoint == name for endpoint, _ in counts):
