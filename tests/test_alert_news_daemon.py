@@ -69,7 +69,8 @@ def test_a_shuffled_and_a_sorted_backlog_tell_the_receiver_the_same_alerts(tmp_p
     trainer = start_trainer(
         trained, tmp_path / "trainer.log", "--steps", str(TRAIN_STEPS), "--collapse-at", str(COLLAPSE_AT)
     )
-    assert trainer.wait(timeout=600) == 0, (tmp_path / "trainer.log").read_text()[-2000:]
+    # No limit of its own: on a loaded machine training takes what it takes (the test's timeout guards).
+    assert trainer.wait() == 0, (tmp_path / "trainer.log").read_text()[-2000:]
     folders = {int(p.name.split("_")[-1]): p for p in trained.iterdir() if p.is_dir()}
     steps = sorted(folders)
     assert len(steps) == 8 and COLLAPSE_AT in steps

@@ -138,8 +138,9 @@ def test_an_alert_seen_again_shows_its_onset_and_its_latest_step_in_every_format
 
 
 def test_an_update_says_so_with_its_new_steps_in_every_format() -> None:
-    """A late older result moved the onset back to 840: one ``updated`` notice carries it. A message stored
-    before evald said why (no ``event``) reads as fired or resolved by its state; an unknown one is refused."""
+    """A late older result moved the onset back to 840: one ``updated`` notice carries it. A message
+    stored before evald said why (no ``event``) reads as fired or resolved by its state; an unknown one
+    is refused."""
     message = _message(step=840, first_step=840, last_step=960, event="updated")
     generic = _strict_json(render("generic", message))
     assert (generic["event"], generic["state"], generic["first_step"]) == ("updated", "firing", 840)

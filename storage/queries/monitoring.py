@@ -11,7 +11,6 @@ from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from storage import outbox
-
 from storage.models import (
     Delivery,
     OutboxMessage,
