@@ -7,7 +7,7 @@ The contract, whatever order the results arrive in (newest first, oldest first, 
   over by the time its results are in), the episode ending (``resolved``) or firing again (``fired``);
 - a late older result that moves an episode's steps sends exactly one ``updated`` notice carrying them:
   the onset (``first_step``) of a firing alert; the onset, last step and resolving step of a resolved one
-  (a closed episode is known whole). Never within the cooldown's silence, never twice for one move;
+  (a closed episode is known whole). Sent at once, cooldown or not, and once for one move;
 - what only grows while the episode fires (the latest step, its value) is sent as a ``reminder`` after
   ``cooldown_secs``, or at once as ``escalated`` when the severity rose.
 
@@ -30,7 +30,9 @@ SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 
 @dataclass(frozen=True)
 class Told:
-    """The stored alert, as its receivers were last told of its episode."""
+    """The stored alert before this judgement: what its receivers were last told of its episode (every
+    change of state and every move of its steps is told; only a firing episode's latest step and value
+    run ahead of its last notice until a reminder)."""
 
     first_step: int | None
     last_step: int | None
