@@ -3,8 +3,9 @@ order or shuffled (issue 45).
 
 The demo's trainer learns for 720 steps, then its learning rate jumps. Its eight checkpoints feed two runs
 of one ``evald run``: ``sorted`` has them all on disk before the start and takes them oldest first;
-``shuffled`` gets them one at a time in a shuffled order, each once the one before is evaluated, so late
-older results re-judge its series. A signed-webhook receiver on loopback records what arrives. For each run,
+``shuffled`` gets them one at a time in a shuffled order, each once the one before is evaluated, the
+collapse's first checkpoint last, after the newest: so late older results re-judge its series and move
+the collapse's onset back. A signed-webhook receiver on loopback records what arrives. For each run,
 each alert's last notice must say what the stored alert says (state and onset; all steps once resolved);
 both runs' receivers must end with the same view; the sorted run is never sent an ``updated`` notice.
 """
@@ -74,8 +75,11 @@ def test_a_shuffled_and_a_sorted_backlog_tell_the_receiver_the_same_alerts(tmp_p
     folders = {int(p.name.split("_")[-1]): p for p in trained.iterdir() if p.is_dir()}
     steps = sorted(folders)
     assert len(steps) == 8 and COLLAPSE_AT in steps
-    shuffled = random.Random(45).sample(steps, len(steps))
-    assert shuffled != steps
+    # The collapse's first checkpoint arrives last, after the newest: judged without it, the newest is the
+    # onset (the issue's receivers were told 960), until it comes and moves the onset back, once.
+    onset, newest = steps[steps.index(COLLAPSE_AT) + 1], steps[-1]
+    earlier = [s for s in steps if s not in (onset, newest)]
+    shuffled = [*random.Random(45).sample(earlier, len(earlier)), newest, onset]
 
     with WebhookReceiver(Secret.parse(SECRET_TEXT)) as receiver:
         config = write_workspace(tmp_path, receiver_url=receiver.url)
@@ -131,8 +135,12 @@ def test_a_shuffled_and_a_sorted_backlog_tell_the_receiver_the_same_alerts(tmp_p
                 told[(alert.rule, alert.metric, alert.task)],
             )
             finals[run][(alert.rule, alert.metric, alert.task)] = said
-    # The collapse is among them, at the first checkpoint after it, in both.
-    onset = steps[steps.index(COLLAPSE_AT) + 1]
-    assert finals["sorted"][("drop_from_best", "accuracy", "arith")][1] == onset, finals
+    # The collapse is among them, at the first checkpoint after it, in both; the shuffled run's receiver
+    # heard it first at the newest step, then one update carrying the onset.
+    collapse = ("drop_from_best", "accuracy", "arith")
+    assert finals["sorted"][collapse][1] == onset, finals
+    moved = heard["shuffled"][collapse]
+    assert moved[0]["first_step"] == newest, moved
+    assert [n["first_step"] for n in moved if n["event"] == "updated"] == [onset], moved
     assert finals["shuffled"] == finals["sorted"]
     assert not [n for notices in heard["sorted"].values() for n in notices if n["event"] == "updated"]
