@@ -306,6 +306,49 @@ def delivered_many(session: Session, message_ids: Sequence[int]) -> None:
         )
 
 
+#: How a pending message's last error starts while its route is paused (its credentials were refused):
+#: ``evald status`` says paused, and why, from it.
+PAUSED = "paused: "
+
+
+def paused_error(why: str) -> str:
+    """The last error a message keeps while its route is paused because of ``why``."""
+    return f"{PAUSED}{why}"
+
+
+def pause_reason(error: str | None) -> str | None:
+    """Why the route of a message whose last error is ``error`` is paused; None where it is not."""
+    if error is None or not error.startswith(PAUSED):
+        return None
+    return error[len(PAUSED) :]
+
+
+def retry_now(session: Session, *, endpoint: str, target: str | None, now: datetime) -> int:
+    """``endpoint``'s pending messages (of ``target``, None: all) that wait out a back-off or a pause,
+    due ``now`` and no longer marked paused: what could fix the refusal changed (the tracker's settings,
+    the daemon's environment at a start). Returns how many. A message not tried yet is left alone: one
+    due later than now is claimed for its first try (a lease held by a relay)."""
+    waiting = and_(
+        OutboxMessage.endpoint == endpoint,
+        _of_target(target),
+        OutboxMessage.state == OutboxState.PENDING,
+        OutboxMessage.attempts > 0,
+        OutboxMessage.next_attempt_at > now,
+    )
+    result = session.execute(update(OutboxMessage).where(waiting).values(next_attempt_at=now))
+    session.execute(
+        update(OutboxMessage)
+        .where(
+            OutboxMessage.endpoint == endpoint,
+            _of_target(target),
+            OutboxMessage.state == OutboxState.PENDING,
+            OutboxMessage.last_error.startswith(PAUSED, autoescape=True),
+        )
+        .values(last_error=func.substr(OutboxMessage.last_error, len(PAUSED) + 1))
+    )
+    return int(getattr(result, "rowcount", 0))
+
+
 def retry_many_at(session: Session, message_ids: Sequence[int], when: datetime, error: str) -> None:
     if message_ids:
         session.execute(

@@ -105,6 +105,7 @@ def test_generic_carries_every_field() -> None:
         "rollback_step": 1100,
         "severity": "critical",
         "state": "firing",
+        "event": "fired",
         "message": "accuracy fell 0.125 below its best (step 900)",
         "links": LINKS,
         "starts_at": "2025-03-14T09:26:53Z",
@@ -134,6 +135,31 @@ def test_an_alert_seen_again_shows_its_onset_and_its_latest_step_in_every_format
     annotations = _strict_json(render("alertmanager", message))["alerts"][0]["annotations"]
     assert (annotations["step"], annotations["first_step"], annotations["last_step"]) == ("840", "840", "960")
     assert annotations["summary"].endswith("at step 840 (still at step 960)")
+
+
+def test_an_update_says_so_with_its_new_steps_in_every_format() -> None:
+    """A late older result moved the onset back to 840: one ``updated`` notice carries it. A message
+    stored before evald said why (no ``event``) reads as fired or resolved by its state; an unknown one
+    is refused."""
+    message = _message(step=840, first_step=840, last_step=960, event="updated")
+    generic = _strict_json(render("generic", message))
+    assert (generic["event"], generic["state"], generic["first_step"]) == ("updated", "firing", 840)
+    slack = _strict_json(render("slack", message))
+    assert slack["text"].startswith(
+        "🔴 critical drop_from_best firing (updated): grpo-7 gsm8k/accuracy at step 840"
+    )
+    assert slack["blocks"][0]["text"]["text"].startswith("🔴 FIRING (UPDATED) · critical: drop_from_best")
+    annotations = _strict_json(render("alertmanager", message))["alerts"][0]["annotations"]
+    assert (annotations["event"], annotations["first_step"]) == ("updated", "840")
+    assert "firing (updated): " in annotations["summary"]
+    resolved = _resolved(resolved_step=1080, event="updated")
+    assert _strict_json(render("generic", resolved))["event"] == "updated"
+    assert _strict_json(render("generic", _resolved()))["event"] == "resolved"
+    assert _strict_json(render("slack", _resolved()))["text"].startswith(
+        "✅ critical drop_from_best resolved: "
+    )
+    with pytest.raises(ValueError, match="event 'moved' is not one of fired, updated, reminder"):
+        _message(event="moved")
 
 
 def test_a_resolved_alert_names_its_onset_its_last_step_and_the_step_that_resolved_it() -> None:
@@ -308,6 +334,7 @@ def test_alertmanager_firing_is_a_version_4_payload() -> None:
     }
     annotations = {
         "summary": "critical drop_from_best firing: grpo-7 gsm8k/accuracy at step 1200",
+        "event": "fired",
         "description": "accuracy fell 0.125 below its best (step 900)",
         "value": "0.412",
         "baseline": "0.537",
@@ -399,7 +426,7 @@ def test_alertmanager_leaves_out_empty_labels_and_annotations() -> None:
     )
     [alert] = document["alerts"]
     assert alert["labels"] == {"alertname": "drop_from_best", "run": "grpo-7", "severity": "critical"}
-    assert set(alert["annotations"]) == {"summary", "description"}
+    assert set(alert["annotations"]) == {"summary", "event", "description"}
     assert alert["generatorURL"] == ""
     assert document["groupKey"] == '{}:{alertname="drop_from_best", run="grpo-7", severity="critical"}'
 

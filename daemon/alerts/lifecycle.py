@@ -22,11 +22,13 @@ import structlog
 from sqlalchemy.orm import Session
 
 from daemon.alerts.episodes import Episode, latest_episodes
+from daemon.alerts.notices import SEVERITY_RANK, Told, news
 from daemon.anomaly import Finding, Point
 from daemon.anomaly.detector import judge
 from daemon.anomaly.series import difference_noise
 from daemon.config import Config
 from daemon.delivery.alert_notice import notice_body
+from daemon.delivery.payload import Event
 from daemon.delivery.tracker_queue import TrackerQueue
 from daemon.scheduling import stages
 from inference.metrics import higher_is_better
@@ -35,7 +37,6 @@ from storage.models import Alert, AlertState, utcnow
 
 log = structlog.get_logger("daemon.alerts")
 
-SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 #: Rules of the metric detectors: an alert of one of these resolves when its rule no longer fires.
 METRIC_RULES = frozenset(
     {
@@ -237,10 +238,10 @@ class Alerter:
         directions: Mapping[str, bool | None],
         now: datetime,
     ) -> Notice | None:
-        """Bring the alert of ``fp`` to ``episode``, its latest; the notice to send, if any. A new episode,
-        one that resolved, or one that fires again is sent; a firing one that reached a newer step or whose
-        onset a late older result moved back is sent again after the cooldown or when its severity rose;
-        anything else (a resolved episode's history corrected) is recorded without a word."""
+        """Bring the alert of ``fp`` to ``episode``, its latest; the notice to send, if any
+        (:func:`daemon.alerts.notices.news`: a new episode, its end, one firing again, steps a late older
+        result moved, a reminder after the cooldown or an escalation). What is not news (a firing episode
+        reaching a newer step within the cooldown) is recorded without a word."""
         finding = episode.latest
         alert = alerting.by_fingerprint(session, fp)
         if alert is None:
@@ -248,39 +249,34 @@ class Alerter:
                 fingerprint=fp, run_id=job.run_id, task=job.task, metric=finding.metric, rule=finding.rule
             )
             session.add(alert)
-            same, was_firing, newer, rose = False, False, True, False
+            before = None
         else:
-            same = episode.overlaps(alert.first_step, alert.last_step)
-            was_firing = alert.state is AlertState.FIRING
-            # Reached a newer step, or a late older result moved its onset back: news for a receiver.
-            newer = (
-                alert.last_step is None
-                or alert.first_step is None
-                or episode.last_step > alert.last_step
-                or episode.first_step < alert.first_step
+            before = Told(
+                alert.first_step,
+                alert.last_step,
+                alert.resolved_step,
+                alert.state is AlertState.FIRING,
+                alert.severity,
+                alert.notified_at,
             )
-            rose = SEVERITY_RANK[finding.severity] > SEVERITY_RANK.get(alert.severity, 0)
-        if not same:
-            notify = True
-        elif was_firing and episode.firing:
-            cooldown = timedelta(seconds=self._config.alerts.cooldown_secs)
-            notify = newer and (rose or alert.notified_at is None or now - alert.notified_at >= cooldown)
-        else:
-            notify = was_firing != episode.firing
-        if not same or (episode.firing and not was_firing):
+        same = before is not None and episode.overlaps(before.first_step, before.last_step)
+        cooldown = timedelta(seconds=self._config.alerts.cooldown_secs)
+        event = news(before, episode, now=now, cooldown=cooldown)
+        if not same or (episode.firing and before is not None and not before.firing):
             alert.fired_at = now
         alert.state = AlertState.FIRING if episode.firing else AlertState.RESOLVED
-        alert.resolved_at = (
-            None if episode.firing else (alert.resolved_at if same and not was_firing else now)
-        )
+        was_resolved = before is not None and not before.firing
+        alert.resolved_at = None if episode.firing else (alert.resolved_at if same and was_resolved else now)
         _describe(alert, episode, series, names, directions.get(finding.metric))
         alert.updated_at = now
         session.flush()
-        if not notify:
+        if event is None:
             return None
         alert.notified_at = now
         ends_at = None if episode.firing else alert.resolved_at
-        return Notice(alert.id, job.run, self._body(job.run, alert, ends_at=ends_at), alert.severity)
+        return Notice(
+            alert.id, job.run, self._body(job.run, alert, ends_at=ends_at, event=event), alert.severity
+        )
 
     def _withdraw(self, job: queries.ClaimedJob, alert: Alert, now: datetime) -> Notice:
         """A firing alert whose rule no longer fires at any step once the series is judged in step order (a
@@ -314,15 +310,17 @@ class Alerter:
                 fingerprint=fp, run_id=place.run_id, task=place.task, metric=None, rule=finding.rule
             )
             session.add(alert)
-            notify, alert.repeats, alert.fired_at = True, 1, now
+            event: Event | None = "fired"
+            alert.repeats, alert.fired_at = 1, now
             newest = _start_episode(alert, step)
         elif alert.state is AlertState.RESOLVED:
-            notify, alert.repeats, alert.fired_at, alert.resolved_at = True, 1, now, None
+            event, alert.repeats, alert.fired_at, alert.resolved_at = "fired", 1, now, None
             newest = _start_episode(alert, step)
         else:
             alert.repeats += 1
             escalated = SEVERITY_RANK[finding.severity] > SEVERITY_RANK.get(alert.severity, 0)
-            notify = escalated or alert.notified_at is None or now - alert.notified_at >= cooldown
+            due = alert.notified_at is None or now - alert.notified_at >= cooldown
+            event = "escalated" if escalated else "reminder" if due else None
             newest = _extend_episode(alert, step)
         alert.state = AlertState.FIRING
         if newest or SEVERITY_RANK[finding.severity] > SEVERITY_RANK.get(alert.severity, 0):
@@ -333,10 +331,11 @@ class Alerter:
             alert.message = finding.message
         alert.updated_at = now
         session.flush()
-        if not notify:
+        if event is None:
             return None
         alert.notified_at = now
-        return Notice(alert.id, place.run, self._body(place.run, alert, ends_at=None), alert.severity)
+        body = self._body(place.run, alert, ends_at=None, event=event)
+        return Notice(alert.id, place.run, body, alert.severity)
 
     def _resolve(self, job: queries.ClaimedJob, alert: Alert, now: datetime) -> Notice:
         """An operational alert cleared by the task's next good result."""
@@ -348,8 +347,10 @@ class Alerter:
         alert.resolved_step = job.step
         return Notice(alert.id, job.run, self._body(job.run, alert, ends_at=now), alert.severity)
 
-    def _body(self, run: str, alert: Alert, ends_at: datetime | None) -> dict[str, Any]:
-        return notice_body(run, alert, ends_at=ends_at, links=self._config.alerts.links)
+    def _body(
+        self, run: str, alert: Alert, ends_at: datetime | None, event: Event | None = None
+    ) -> dict[str, Any]:
+        return notice_body(run, alert, ends_at=ends_at, links=self._config.alerts.links, event=event)
 
     def _enqueue(self, session: Session, notice: Notice) -> None:
         if self._trackers:

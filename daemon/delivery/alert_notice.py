@@ -7,15 +7,22 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from daemon.delivery.payload import Event
 from storage.models import Alert
 
 
 def notice_body(
-    run: str, alert: Alert, *, ends_at: datetime | None, links: Mapping[str, str]
+    run: str,
+    alert: Alert,
+    *,
+    ends_at: datetime | None,
+    links: Mapping[str, str],
+    event: Event | None = None,
 ) -> dict[str, Any]:
     """What a notice of ``alert`` says (the webhooks' body; a tracker's event is made from it), resolved
-    at ``ends_at`` or, None, firing."""
+    at ``ends_at`` or, None, firing; ``event``: why it is sent (None: it fired, or it resolved)."""
     return {
+        "event": event or ("resolved" if ends_at is not None else "fired"),
         "fingerprint": alert.fingerprint,
         "run": run,
         "checkpoint": alert.checkpoint,

@@ -26,6 +26,10 @@ from typing import Any, Literal, get_args
 
 Severity = Literal["info", "warning", "critical"]
 State = Literal["firing", "resolved"]
+#: Why a notice is sent: the episode began (``fired``) or ended (``resolved``), a late older result moved
+#: its steps (``updated``), it fires on after the cooldown (``reminder``) or its severity rose
+#: (``escalated``). See :mod:`daemon.alerts.notices`.
+Event = Literal["fired", "updated", "reminder", "escalated", "resolved"]
 Format = Literal["generic", "slack", "alertmanager"]
 FORMATS: tuple[Format, ...] = get_args(Format)
 
@@ -81,6 +85,9 @@ class AlertMessage:
     first_step: int | None = None
     last_step: int | None = None
     resolved_step: int | None = None
+    #: Why it is sent (:data:`Event`); None (a message stored before evald said): ``fired`` while it fires,
+    #: ``resolved`` after.
+    event: Event | None = None
 
     def __post_init__(self) -> None:
         for name in ("id", "fingerprint", "run", "rule"):
@@ -90,6 +97,8 @@ class AlertMessage:
             raise ValueError(f"severity {self.severity!r} is not one of {', '.join(get_args(Severity))}")
         if self.state not in get_args(State):
             raise ValueError(f"state {self.state!r} is not one of {', '.join(get_args(State))}")
+        if self.event is not None and self.event not in get_args(Event):
+            raise ValueError(f"event {self.event!r} is not one of {', '.join(get_args(Event))}")
         for name in ("starts_at", "ends_at"):
             moment = getattr(self, name)
             if moment is not None and moment.utcoffset() is None:
@@ -107,6 +116,11 @@ class AlertMessage:
                 raise ValueError(f"links map non-empty names to non-empty URLs, got {name!r}: {url!r}")
         # A private read-only copy: the caller's dict changing later must not change a frozen message.
         object.__setattr__(self, "links", types.MappingProxyType(dict(self.links)))
+
+    @property
+    def why(self) -> Event:
+        """Why it is sent, said or (a message stored before evald said) read off its state."""
+        return self.event or ("fired" if self.state == "firing" else "resolved")
 
 
 def render(format: Format, message: AlertMessage) -> bytes:
@@ -156,7 +170,12 @@ def _summary(message: AlertMessage) -> str:
     later = _last_seen(message)
     if later is not None:
         where += f" (still at step {later})"
-    return f"{message.severity} {message.rule} {message.state}: {where}"
+    return f"{message.severity} {message.rule} {message.state}{_news(message)}: {where}"
+
+
+def _news(message: AlertMessage) -> str:
+    """`` (updated)``, `` (reminder)``, `` (escalated)``: a notice that is not the episode's start or end."""
+    return "" if message.why in ("fired", "resolved") else f" ({message.why})"
 
 
 def _last_seen(message: AlertMessage) -> int | None:
@@ -193,6 +212,7 @@ def _generic(message: AlertMessage) -> dict[str, Any]:
         "rollback_step": message.rollback_step,
         "severity": message.severity,
         "state": message.state,
+        "event": message.why,
         "message": message.message,
         "links": dict(message.links),
         "starts_at": _timestamp(message.starts_at),
@@ -263,7 +283,8 @@ def _slack_facts(message: AlertMessage) -> str:
 def _slack(message: AlertMessage) -> dict[str, Any]:
     firing = message.state == "firing"
     emoji = _SEVERITY_EMOJI[message.severity] if firing else _RESOLVED_EMOJI
-    header = f"{emoji} {message.state.upper()} · {message.severity}: {message.rule} on {message.run}"
+    news = _news(message).upper()
+    header = f"{emoji} {message.state.upper()}{news} · {message.severity}: {message.rule} on {message.run}"
     context = f"fingerprint `{_escape(message.fingerprint)}` · id `{_escape(message.id)}`"
     context += f" · since {_timestamp(message.starts_at)}"
     if message.ends_at is not None:
@@ -300,7 +321,7 @@ def _alertmanager_labels(message: AlertMessage) -> dict[str, str]:
 
 
 def _alertmanager_annotations(message: AlertMessage) -> dict[str, str]:
-    annotations = {"summary": _summary(message)}
+    annotations = {"summary": _summary(message), "event": message.why}
     if message.message:
         annotations["description"] = message.message
     if message.value is not None:

@@ -7,7 +7,8 @@ a tracker's up to ``batch`` in one transaction; they go to the sink in one ``del
 one transaction. A sink that is down is tried again after an exponential backoff with jitter (a
 ``Retry-After`` honoured), for as long as it takes: nothing is dropped because its receiver was down.
 Refused credentials pause the route (one error line, evaluation goes on, nothing queued is dropped) and
-it tries again after ``pause_secs``; a message the sink can never take is given up (after ``after`` tries)
+it tries again after ``pause_secs``, or at once when a reload changes it or the daemon starts again (a
+fixed credential); a message the sink can never take is given up (after ``after`` tries)
 so it stops blocking its run; a gone endpoint (410) is disabled with its pending messages. A run's messages
 go in the order they were queued. Every attempt is kept (``alert_deliveries``).
 """
@@ -210,7 +211,8 @@ class Lane:
                 outbox.give_up(session, ids[0], f"{why} {attempts} times" if error.after > 1 else why)
             else:
                 if isinstance(error, SinkRefused):
-                    recorded.wait = route.pause_secs
+                    # Marked paused: `evald status` says so, and a reload that changes the route ends it.
+                    recorded.wait, why = route.pause_secs, outbox.paused_error(why)
                 else:
                     recorded.wait = next_delay(attempts, route.max_backoff_secs, self._rng, error.retry_after)
                 outbox.retry_many_at(session, ids, utcnow() + timedelta(seconds=recorded.wait), why)
@@ -352,10 +354,12 @@ class Relay:
             lane.close()
 
 
-def routes(config: Config, environ: Mapping[str, str]) -> list[Route[Any]]:
+def routes(config: Config, environ: Mapping[str, str], *, before: Config | None = None) -> list[Route[Any]]:
     """Every configured sink's route: the webhooks' with their secrets loaded (a missing secret stops the
-    start: SecretError), then the trackers' (their libraries load in their threads)."""
+    start: SecretError), then the trackers' (their libraries load in their threads). ``before``: the
+    config a reload replaces (None: the daemon starts), which says which trackers changed."""
     from daemon.delivery.sinks.webhook import endpoints
     from daemon.delivery.trackers import tracker_routes
 
-    return [*endpoints(config, environ), *tracker_routes(config.trackers, environ)]
+    trackers = tracker_routes(config.trackers, environ, before=None if before is None else before.trackers)
+    return [*endpoints(config, environ), *trackers]

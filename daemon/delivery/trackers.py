@@ -17,7 +17,7 @@ from daemon.delivery.errors import SinkError, SinkRejected
 from daemon.delivery.messages import AlertEvent, Message, parse
 from daemon.delivery.tracker_queue import TrackerQueue
 from storage import outbox
-from storage.models import Run
+from storage.models import Run, utcnow
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -127,6 +127,7 @@ class TrackerRoute(Route[Message]):
         environ: Mapping[str, str],
         *,
         sink_factory: Callable[[TrackerConfig, Mapping[str, str]], Sink[Message]] = make_sink,
+        resume: str | None = None,
     ) -> None:
         super().__init__(
             name=config.name,
@@ -140,6 +141,9 @@ class TrackerRoute(Route[Message]):
         self.target = config.target
         self._environ = environ
         self._factory = sink_factory
+        #: Why its messages waiting out a pause or a back-off are tried at once (the tracker changed at a
+        #: reload, or the daemon started: a credential may be fixed); None: they keep their wait.
+        self.resume = resume
 
     @property
     def lease(self) -> timedelta:
@@ -153,6 +157,8 @@ class TrackerRoute(Route[Message]):
         endpoint, target = self.config.endpoint, self.target
         assert target is not None
         outbox.adopt(session, endpoint=endpoint, target=target)
+        if self.resume is not None:
+            self._retry_now(session, self.resume)
         before = outbox.other_targets(session, endpoint=endpoint, target=target)
         if not before:
             return
@@ -173,6 +179,12 @@ class TrackerRoute(Route[Message]):
                 detail="the runs' history is sent to the new target; what it has already is not sent again",
             )
 
+    def _retry_now(self, session: Session, why: str) -> None:
+        """Its messages that wait out a pause (refused credentials) or a back-off, due now."""
+        resumed = outbox.retry_now(session, endpoint=self.endpoint, target=self.target, now=utcnow())
+        if resumed:
+            log.info("tracker.retry_now", tracker=self.name, messages=resumed, reason=why)
+
     def read(self, event_id: str, body: str) -> Message:
         return parse(body)
 
@@ -185,5 +197,22 @@ class TrackerRoute(Route[Message]):
         return self._factory(self.config, self._environ)
 
 
-def tracker_routes(trackers: Sequence[TrackerConfig], environ: Mapping[str, str]) -> list[TrackerRoute]:
-    return [TrackerRoute(tracker, environ) for tracker in trackers]
+#: Why a tracker's waiting messages are tried at once (``tracker.retry_now``'s ``reason``).
+STARTED = "the daemon started: its environment may hold a fixed credential"
+CHANGED = "the tracker's settings changed at a reload"
+
+
+def tracker_routes(
+    trackers: Sequence[TrackerConfig],
+    environ: Mapping[str, str],
+    *,
+    before: Sequence[TrackerConfig] | None = None,
+) -> list[TrackerRoute]:
+    """The routes of ``trackers``. ``before``: the trackers of the config a reload replaces (None: the
+    daemon starts). What could fix a refusal (the credentials' variables, the URL, any setting of the
+    table, or the environment at a start) ends the tracker's pause and back-off: it tries at once."""
+    if before is None:
+        return [TrackerRoute(tracker, environ, resume=STARTED) for tracker in trackers]
+    return [
+        TrackerRoute(tracker, environ, resume=None if tracker in before else CHANGED) for tracker in trackers
+    ]

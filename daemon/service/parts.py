@@ -66,7 +66,11 @@ def assemble(
     discovery = Discovery(database, watched, config.scheduling, after_ready=planner.plan, paused=paused)
     # Secrets are loaded before anything starts: a missing one stops the start (or the reload).
     relay = (
-        Relay(database, routes(config, os.environ), outage=outage)
+        Relay(
+            database,
+            routes(config, os.environ, before=replacing.config if replacing is not None else None),
+            outage=outage,
+        )
         if config.webhooks or config.trackers
         else None
     )

@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
+from storage import outbox
 from storage.models import (
     Delivery,
     OutboxMessage,
@@ -66,7 +67,8 @@ class OutboxBacklog:
     #: Messages waiting to be sent (state ``pending``), and when the oldest of them was queued.
     pending: int
     oldest_pending_at: datetime | None
-    #: When the relay tries next (the soonest ``next_attempt_at`` of a pending message; None: nothing).
+    #: When the relay tries next: the soonest ``next_attempt_at`` of a run's oldest pending message (a
+    #: run's later messages wait behind it, whatever their own time says); None: nothing pending.
     next_attempt_at: datetime | None
     #: The last error of a pending message (the one tried most often): set while deliveries fail.
     last_error: str | None
@@ -81,6 +83,9 @@ class OutboxBacklog:
     disabled_reason: str | None = None
     #: Where the rows go (a tracker's target key, where the outbox keeps one); None: not kept.
     target: str | None = None
+    #: When the pause its refused credentials began ends (the latest ``next_attempt_at`` of a pending
+    #: message marked paused): its relay claims nothing before, whatever else is due; None: not paused.
+    paused_until: datetime | None = None
 
 
 def outbox_backlog(session: Session, prefix: str) -> list[OutboxBacklog]:
@@ -98,7 +103,6 @@ def outbox_backlog(session: Session, prefix: str) -> list[OutboxBacklog]:
             OutboxMessage.state,
             func.count(),
             func.min(OutboxMessage.created_at),
-            func.min(OutboxMessage.next_attempt_at),
             func.max(OutboxMessage.delivered_at),
         )
         .where(mine)
@@ -106,16 +110,16 @@ def outbox_backlog(session: Session, prefix: str) -> list[OutboxBacklog]:
     )
     counts: dict[tuple[str, str | None], dict[str, int]] = {}
     oldest: dict[tuple[str, str | None], datetime | None] = {}
-    next_at: dict[tuple[str, str | None], datetime | None] = {}
     delivered_at: dict[tuple[str, str | None], datetime | None] = {}
     for row in grouped:
         key = (row[0], row[1] if target is not None else None)
-        state, count, created, upcoming, delivered = row[len(keys) :]
+        state, count, created, delivered = row[len(keys) :]
         counts.setdefault(key, {})[OutboxState(state).value] = int(count)
         if OutboxState(state) is OutboxState.PENDING:
-            oldest[key], next_at[key] = _utc(created), _utc(upcoming)
+            oldest[key] = _utc(created)
         if OutboxState(state) is OutboxState.DELIVERED:
             delivered_at[key] = _utc(delivered)
+    next_at, paused = _next_tries(session, keys, mine), _pauses(session, keys, mine)
     standing = _disabled(session, prefix)
     for name in standing:
         if not any(endpoint == name for endpoint, _ in counts):
@@ -140,9 +144,46 @@ def outbox_backlog(session: Session, prefix: str) -> list[OutboxBacklog]:
                 last_delivered_at=delivered_at.get(key),
                 disabled_reason=standing.get(endpoint),
                 target=of_target,
+                paused_until=paused.get(key) if pending else None,
             )
         )
     return found
+
+
+#: An outbox row's (endpoint, target): the key of one backlog.
+Key = tuple[str, str | None]
+
+
+def _next_tries(session: Session, keys: list[Any], mine: Any) -> dict[Key, datetime | None]:
+    """(endpoint, target) → when its relay tries next: the soonest due of each run's oldest pending
+    message (``outbox.due`` sends a run's messages in order, so the later ones wait behind it)."""
+    heads = (
+        select(*keys, func.min(OutboxMessage.id).label("first"))
+        .where(mine, OutboxMessage.state == OutboxState.PENDING)
+        .group_by(*keys, OutboxMessage.run_id)
+        .subquery()
+    )
+    columns = [heads.c[k.key] for k in keys]
+    soonest = session.execute(
+        select(*columns, func.min(OutboxMessage.next_attempt_at))
+        .join(OutboxMessage, OutboxMessage.id == heads.c.first)
+        .group_by(*columns)
+    )
+    return {(row[0], row[1] if len(keys) > 1 else None): _utc(row[len(keys)]) for row in soonest}
+
+
+def _pauses(session: Session, keys: list[Any], mine: Any) -> dict[Key, datetime | None]:
+    """(endpoint, target) → when its pause ends: the latest due of its pending messages marked paused."""
+    ends = session.execute(
+        select(*keys, func.max(OutboxMessage.next_attempt_at))
+        .where(
+            mine,
+            OutboxMessage.state == OutboxState.PENDING,
+            OutboxMessage.last_error.startswith(outbox.PAUSED, autoescape=True),
+        )
+        .group_by(*keys)
+    )
+    return {(row[0], row[1] if len(keys) > 1 else None): _utc(row[len(keys)]) for row in ends}
 
 
 def _disabled(session: Session, prefix: str) -> dict[str, str]:

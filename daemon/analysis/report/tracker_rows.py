@@ -10,12 +10,18 @@ from datetime import datetime
 from typing import Any
 
 from daemon.analysis.report.cells import duration, first_line, jsonable
+from storage.outbox import pause_reason
 from storage.queries.monitoring import OutboxBacklog
 
 #: A character a tracker's name may hold: an endpoint that goes on with one of these is another name's.
 _NAME_CHAR = re.compile(r"[A-Za-z0-9._-]")
 #: How much of a tracker's last error the text status shows.
 TRACKER_ERROR_CHARS = 160
+#: What ends a pause before its time, said under a paused tracker.
+RESUME_HINT = (
+    "tried at once after a restart, or a reload that changes this tracker's table (token_env, user_env, "
+    "tracking_uri, ...)"
+)
 
 
 @dataclass(frozen=True)
@@ -46,7 +52,8 @@ def trackers(
     """One entry per configured tracker (its rows under every endpoint that is its, for where it sends
     now), then one per endpoint no configured tracker owns that still has messages waiting (a tracker
     removed or renamed): ``state`` is ``up to date``, ``sending`` (a backlog, no error), ``failing`` (its
-    deliveries fail: the last error and the next try) or ``disabled``. A tracker's rows kept for where it
+    deliveries fail: the last error and the next try), ``paused`` (its credentials were refused: the
+    refusal and the try at the pause's end) or ``disabled``. A tracker's rows kept for where it
     pointed before (another target) are not sent while it points elsewhere: ``earlier_targets`` counts
     them, apart from its backlog."""
     out = []
@@ -81,12 +88,17 @@ def _standing(
     pending = sum(b.pending for b in mine)
     oldest = min((b.oldest_pending_at for b in mine if b.oldest_pending_at is not None), default=None)
     upcoming = min((b.next_attempt_at for b in mine if b.pending and b.next_attempt_at), default=None)
+    # Paused, its relay claims nothing until the pause ends, whatever else is due.
+    upcoming = max((b.paused_until for b in mine if b.paused_until), default=upcoming)
     delivered_at = max((b.last_delivered_at for b in mine if b.last_delivered_at is not None), default=None)
     tried = max(mine, key=lambda b: (b.last_error is not None, b.attempts), default=None)
     error = tried.last_error if tried is not None else None
+    refused = pause_reason(error)
     disabled = next((b.disabled_reason for b in mine if b.disabled_reason), None)
     if disabled is not None:
         state = "disabled"
+    elif pending and refused is not None:
+        state, error = "paused", refused
     elif pending and error is not None:
         state = "failing"
     elif pending:
@@ -158,10 +170,11 @@ def _tracker_lines(tracker: dict[str, Any]) -> list[str]:
     when = "now" if upcoming is None or upcoming <= 0 else f"in {duration(upcoming)}"
     error, more = first_line(tracker["last_error"] or "", TRACKER_ERROR_CHARS)
     rest = f" ({more} more line{'s' if more > 1 else ''} in --format json)" if more else ""
-    return [
-        f"  {what}: FAILING: {backlog}; tried {tracker['attempts']} time(s), next try {when}{given_up}",
-        f"    last error: {error}{rest}",
-    ]
+    tried = f"tried {tracker['attempts']} time(s), next try {when}"
+    if tracker["state"] == "paused":
+        head = f"  {what}: PAUSED (credentials refused): {backlog}; {tried}{given_up}"
+        return [head, f"    refused: {error}{rest}", f"    {RESUME_HINT}"]
+    return [f"  {what}: FAILING: {backlog}; {tried}{given_up}", f"    last error: {error}{rest}"]
 
 
 def _earlier(tracker: dict[str, Any]) -> str | None:
