@@ -35,6 +35,7 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
+from tests.deadlines import patient
 from tests.processes import alive, free_port, kill_tree, spawn, tail, tree, wait_until
 
 REQUIRE_ENV = "EVALD_REQUIRE_RAY"
@@ -279,7 +280,7 @@ def ensure_cluster(root: Path | None = None) -> RayCluster:
         raise RayUnavailable(f"ray is not installed ({exc}): pip install -e '.[dev]'") from exc
     folder = root or _root()
     folder.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(folder / ".start.lock"), timeout=START_TIMEOUT_S * 3):
+    with FileLock(str(folder / ".start.lock"), timeout=patient(START_TIMEOUT_S * 3)):
         cluster = RayCluster(folder)
         if cluster.load() and cluster.jobs_api_answers() and cluster.live_nodes() >= {"head", *WORKERS}:
             return cluster
@@ -337,7 +338,7 @@ def ray_cluster() -> Iterator[RayCluster]:
     me.touch()
     yield cluster
     me.unlink(missing_ok=True)
-    with FileLock(str(folder / ".start.lock"), timeout=START_TIMEOUT_S * 3):
+    with FileLock(str(folder / ".start.lock"), timeout=patient(START_TIMEOUT_S * 3)):
         others = [p for p in _users(folder).iterdir() if p.name.isdigit() and alive(int(p.name))]
         if not others:
             running = RayCluster(folder)

@@ -342,7 +342,7 @@ def ensure_cluster(root: Path | None = None) -> SlurmCluster:
     cluster = cluster_here(root)
     cluster.root.mkdir(parents=True, exist_ok=True)
     # Two test processes (xdist) may both find the cluster down: one starts it, the other waits.
-    with FileLock(str(cluster.root / ".start.lock"), timeout=START_TIMEOUT_SECS * 2):
+    with FileLock(str(cluster.root / ".start.lock"), timeout=patient(START_TIMEOUT_SECS * 2)):
         cluster.start()
     return cluster
 

@@ -103,7 +103,7 @@ def test_serving_ends_on_ctrl_c_even_where_sigint_was_inherited_ignored(
         with httpx.Client(timeout=30) as browser:
             assert browser.get(match.group(1)).status_code == 200
             demo.send_signal(sig)
-            out, err = demo.communicate(timeout=EXIT_WITHIN_S)
+            out, err = demo.communicate(timeout=patient(EXIT_WITHIN_S))
     finally:
         deadline.cancel()
         if demo.poll() is None:

@@ -21,7 +21,7 @@ from inference.launcher import worker_command
 from inference.spec import PARENT_PID_ENV, InferenceSpec, JobResult, JobSpec, TaskSpec
 from inference.toy.problems import PROMPT_TEMPLATE
 from tests.conftest import SUBPROCESS_ENV, ToyRun
-from tests.deadlines import wait_process
+from tests.deadlines import patient, wait_process
 from tests.harness import free_port
 
 TIMEOUT_S = 300
@@ -184,7 +184,7 @@ def test_tp2_logits_match_the_unsharded_model(toy_run: ToyRun, tmp_path: Path) -
         ],
         capture_output=True,
         text=True,
-        timeout=TIMEOUT_S,
+        timeout=patient(TIMEOUT_S),
         env={**SUBPROCESS_ENV, "DS_ACCELERATOR": "cpu"},
         cwd=Path(__file__).resolve().parents[1],
     )
