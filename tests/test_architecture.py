@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("daemon", "inference", "storage")
+PACKAGES = ("daemon", "evald", "inference", "storage")
 #: Past this many lines a module must say in its first line why it is one file.
 LONG = 500
 #: The words that first line uses, so the reason can be found with grep.
