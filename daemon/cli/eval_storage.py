@@ -15,6 +15,7 @@ import socket
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -60,6 +61,26 @@ class Stored:
     task: str
     job_id: int
     added: bool
+    run: str
+    step: int
+    #: The checkpoint's name in its run (its path under the run root).
+    checkpoint: str
+
+    def line(self) -> str:
+        at = f"run {self.run!r}, step {self.step} ({self.checkpoint}), task {self.task!r}"
+        if self.added:
+            return f"stored: {at} as job {self.job_id}"
+        return f"already stored: {at} (job {self.job_id}): nothing added"
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "task": self.task,
+            "run": self.run,
+            "step": self.step,
+            "checkpoint": self.checkpoint,
+            "job": self.job_id,
+            "added": self.added,
+        }
 
 
 def place(config: Config, checkpoint: Path, layout: str, run_name: str | None) -> Place:
@@ -172,8 +193,9 @@ def store(database: Database, where: Place, evaluated: Evaluated) -> Stored:
         found = queries.job_at(session, checkpoint_id=checkpoint_id, task=task, stage=stages.FULL)
         assert found is not None  # enqueued just now, or there already
         job_id, state = found
-        if state is JobState.SUCCEEDED:
-            return Stored(task, job_id, added=False)
+        stored = Stored(task, job_id, state is not JobState.SUCCEEDED, run.name, where.step, where.name)
+        if not stored.added:
+            return stored
         claimed = queries.claim_job(session, job_id, claimant)
         if claimed is None:
             raise EvaldError(
@@ -181,7 +203,7 @@ def store(database: Database, where: Place, evaluated: Evaluated) -> Stored:
                 "under a daemon now: not stored (its own result will be)"
             )
         _complete(session, claimed, claimant, evaluated)
-    return Stored(task, job_id, added=True)
+    return stored
 
 
 def _complete(session: Session, job: queries.ClaimedJob, claimant: str, evaluated: Evaluated) -> None:

@@ -160,7 +160,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     target = Target(checkpoint, layout, hf_config, inference, where.run if where else None)
     with eval_storage.Keeper(config, where) as keeper:
         evaluated = evaluate_now(config, target, names, keeper.keep)
-    _print(args.format, checkpoint, evaluated, keeper.stored, where)
+    _print(args.format, checkpoint, evaluated, keeper.stored)
     if where is None:
         print(f"evald: {_not_stored(config, checkpoint, layout)}", file=sys.stderr)
     return 0
@@ -171,7 +171,6 @@ def _print(
     checkpoint: Path,
     evaluated: Sequence[Evaluated],
     stored: Sequence[eval_storage.Stored],
-    where: eval_storage.Place | None,
 ) -> None:
     """The results as a table (problems and what was stored after it) or as JSON."""
     if form == "json":
@@ -186,7 +185,7 @@ def _print(
             }
             for e in evaluated
         ]
-        kept = [_stored_json(s, where) for s in stored] if where is not None else []
+        kept = [s.as_json() for s in stored]
         shown = {"checkpoint": str(checkpoint.resolve()), "tasks": payload, "stored": kept}
         print(json.dumps(shown, indent=1))
         return
@@ -199,23 +198,8 @@ def _print(
     for e in evaluated:
         for problem in e.result.problems:
             print(f"{e.task}: left out: {problem.where}: {report.one_line(problem.message)}")
-    for done in stored if where is not None else []:
-        at = f"run {where.run.name!r}, step {where.step} ({where.name}), task {done.task!r}"
-        if done.added:
-            print(f"stored: {at} as job {done.job_id}")
-        else:
-            print(f"already stored: {at} (job {done.job_id}): nothing added")
-
-
-def _stored_json(stored: eval_storage.Stored, where: eval_storage.Place) -> dict[str, Any]:
-    return {
-        "task": stored.task,
-        "run": where.run.name,
-        "step": where.step,
-        "checkpoint": where.name,
-        "job": stored.job_id,
-        "added": stored.added,
-    }
+    for done in stored:
+        print(done.line())
 
 
 def _not_stored(config: Config, checkpoint: Path, layout: str) -> str:
@@ -223,7 +207,7 @@ def _not_stored(config: Config, checkpoint: Path, layout: str) -> str:
     try:
         where = eval_storage.place(config, checkpoint, layout, None)
         hint = f"add --store to store them as run {where.run.name!r}'s step {where.step}"
-    except EvaldError:
+    except Exception:  # only a hint: whatever keeps it from naming the run, the results are printed already
         hint = "add --store (and --run NAME for a checkpoint under no run's root) to store them"
     return (
         "nothing was stored: without --store `evald eval` only prints its results, and `evald results` "
