@@ -45,7 +45,7 @@ test-prerequisites:
 # The suite starts hundreds of Python processes (daemons, CLI calls, workers): with bytecode writing off
 # (PYTHONDONTWRITEBYTECODE, as some shells set it) each compiled evald's modules from source again, 0.3 s
 # of CPU per `evald` start. compileall writes the bytecode once, whatever that setting.
-BYTECODE := $(BIN)/python -m compileall -q daemon inference storage tests
+BYTECODE := $(BIN)/python -m compileall -q daemon evald inference storage tests
 
 test: test-prerequisites $(STAMP)
 	$(BYTECODE)
@@ -63,7 +63,7 @@ test-long: test-prerequisites $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy daemon inference storage tests bench reliability docs/hooks
+	$(BIN)/mypy daemon evald inference storage tests bench reliability docs/hooks
 	$(BIN)/lint-imports
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir $$(mktemp -d)
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+from daemon.errors import EvaldError
+
 #: The longest text a filter may be (run names are at most 200 characters in the database).
 MAX_TEXT = 500
 #: The largest step or offset accepted (PostgreSQL's integer; larger would be a database error).
@@ -22,7 +24,7 @@ INTEGER = re.compile(r"-?[0-9]{1,12}")
 _LONG_INTEGER = re.compile(r"-?[0-9]+")
 
 
-class ValueRefused(ValueError):
+class ValueRefused(EvaldError):
     """A filter value that is refused; the message says why, without the parameter's name (each caller
     names it its own way: ``parameter 'step_min'``, ``--step-min``)."""
 

@@ -2,15 +2,22 @@
 
 Hierarchy::
 
-    InferenceError
-    ├── CheckpointInvalid    the checkpoint cannot be loaded (bad config.json, missing or truncated weights)
-    │   └── FileRefused      a file of it is not read (a FIFO, a 5 GB config.json, JSON nested 10⁵ deep)
-    ├── CheckpointVanished   the checkpoint directory disappeared while it was being read
-    ├── DatasetInvalid       a dataset row is unusable (``data.jsonl:17: missing field 'answer'``)
-    └── TaskInvalid          the task itself is wrong (unknown metric, bad prompt template)
+    EvaldError               evald.errors: the root, shared with the daemon's errors and storage's
+    ├── InferenceError       a rejected input: the job fails with its kind, as data
+    │   ├── CheckpointInvalid    the checkpoint cannot be loaded (bad config.json, missing or truncated
+    │   │   │                    weights)
+    │   │   └── FileRefused      a file of it is not read (a FIFO, a 5 GB config.json, JSON nested 10⁵
+    │   │       │                deep)
+    │   │       └── TreeRefused  inference.layouts.base: a checkpoint's folder tree is not walked (too
+    │   │                        many entries, too deep, a link out of it)
+    │   ├── CheckpointVanished   the checkpoint directory disappeared while it was being read
+    │   ├── DatasetInvalid       a dataset row is unusable (``data.jsonl:17: missing field 'answer'``)
+    │   └── TaskInvalid          the task itself is wrong (unknown metric, bad prompt template)
+    └── RewardFailed         inference.rewards: one call of a reward function failed; that sample's
+                             problem, never the job's (so not an InferenceError)
 
-Each class carries the :data:`inference.spec.ErrorKind` the worker reports for it, so the daemon can tell
-a bad input (a failed job, data) from a crash (a traceback).
+Each :class:`InferenceError` carries the :data:`inference.spec.ErrorKind` the worker reports for it, so
+the daemon can tell a bad input (a failed job, data) from a crash (a traceback).
 """
 
 from __future__ import annotations
@@ -18,10 +25,11 @@ from __future__ import annotations
 from pathlib import PurePath
 from typing import ClassVar
 
+from evald.errors import EvaldError
 from inference.spec import ErrorKind
 
 
-class InferenceError(Exception):
+class InferenceError(EvaldError):
     """Base of every error raised by :mod:`inference` for a rejected input."""
 
     kind: ClassVar[ErrorKind]

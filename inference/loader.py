@@ -25,6 +25,7 @@ from inference.sharding import load_sharded, wrap_unsharded
 from inference.spec import InferenceSpec
 
 if TYPE_CHECKING:
+    import torch
     from torch.distributed import ProcessGroup
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -192,55 +193,83 @@ def load_model(
     layout's ``materialise``: a verl checkpoint points at its ``huggingface/`` folder, a DeepSpeed one is
     consolidated with DeepSpeed's own utilities.
     """
-    import torch
-    from transformers import AutoModelForCausalLM
-
     started = time.perf_counter()
     if not checkpoint.is_dir():
         raise CheckpointVanished(f"{checkpoint}: checkpoint directory does not exist")
-    settings = settings or LayoutSettings()
     with ExitStack() as cleanup:
         if scratch is None:
             # Never beside the checkpoint: that is the trainer's watched folder.
             scratch = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="evald-load-")))
-        # The folder the weights are read from: the checkpoint, or what its layout made of it.
-        read_from = [checkpoint]
-        with _converting_errors(checkpoint, "model", lambda: shape_mismatches(read_from[-1])):
-            check_layout(checkpoint, layout, settings)
-            directory = layouts.get(layout).materialise(checkpoint, settings, scratch)
-            read_from.append(directory)
-            check_checkpoint(directory)
+        directory = _materialised(checkpoint, layout, settings or LayoutSettings(), scratch)
+        with _reading(checkpoint, directory):
             if spec.engine == "deepspeed" and spec.tp > 1:
-                sharded = load_sharded(
-                    directory, dtype=getattr(torch, spec.dtype), tp=spec.tp, tp_group=tp_group
-                )
+                sharded = load_sharded(directory, dtype=_dtype(spec), tp=spec.tp, tp_group=tp_group)
                 tokenizer = _tokenizer(directory)
                 return LoadedModel(model=sharded, tokenizer=tokenizer, load_s=time.perf_counter() - started)
-            # With output_loading_info, from_pretrained returns (model, info), which its annotation omits.
-            loaded: Any = AutoModelForCausalLM.from_pretrained(
-                directory,
-                dtype=getattr(torch, spec.dtype),
-                use_safetensors=True,
-                local_files_only=True,
-                trust_remote_code=False,
-                output_loading_info=True,
-            )
-        model: PreTrainedModel = loaded[0]
-        info: dict[str, Any] = loaded[1]
-        # transformers fills missing weights with fresh random ones and only warns: not this checkpoint.
-        missing = sorted(info.get("missing_keys") or ())
-        if missing:
-            shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
-            raise CheckpointInvalid(f"{directory}: weights missing for {shown}")
+            model, info = _pretrained(directory, spec)
+        _require_every_weight(directory, info)
         tokenizer = _tokenizer(directory)
+    model = _placed(model, spec, device)
+    return LoadedModel(model=model, tokenizer=tokenizer, load_s=time.perf_counter() - started)
 
+
+def _materialised(checkpoint: Path, layout: str, settings: LayoutSettings, scratch: Path) -> Path:
+    """The ``save_pretrained`` folder the weights are read from: ``checkpoint``, or what its layout made of
+    it in ``scratch``, once the layout's own readiness rule calls it complete."""
+    with _converting_errors(checkpoint, "model", lambda: shape_mismatches(checkpoint)):
+        check_layout(checkpoint, layout, settings)
+        return layouts.get(layout).materialise(checkpoint, settings, scratch)
+
+
+@contextmanager
+def _reading(checkpoint: Path, directory: Path) -> Iterator[None]:
+    """Reading the weights in ``directory`` (made from ``checkpoint``), its files checked first: the
+    libraries' errors become :class:`CheckpointInvalid` naming ``checkpoint``, a shape mismatch by tensor."""
+    with _converting_errors(checkpoint, "model", lambda: shape_mismatches(directory)):
+        check_checkpoint(directory)
+        yield
+
+
+def _dtype(spec: InferenceSpec) -> torch.dtype:
+    import torch
+
+    dtype: torch.dtype = getattr(torch, spec.dtype)
+    return dtype
+
+
+def _pretrained(directory: Path, spec: InferenceSpec) -> tuple[PreTrainedModel, dict[str, Any]]:
+    """The model in ``directory`` on the CPU, and transformers' loading info."""
+    from transformers import AutoModelForCausalLM
+
+    # With output_loading_info, from_pretrained returns (model, info), which its annotation omits.
+    loaded: Any = AutoModelForCausalLM.from_pretrained(
+        directory,
+        dtype=_dtype(spec),
+        use_safetensors=True,
+        local_files_only=True,
+        trust_remote_code=False,
+        output_loading_info=True,
+    )
+    return loaded[0], loaded[1]
+
+
+def _require_every_weight(directory: Path, info: dict[str, Any]) -> None:
+    """transformers fills missing weights with fresh random ones and only warns: not this checkpoint."""
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise CheckpointInvalid(f"{directory}: weights missing for {shown}")
+
+
+def _placed(model: PreTrainedModel, spec: InferenceSpec, device: str | None) -> PreTrainedModel:
+    """``model`` on ``device`` (default ``spec.device``) for inference, wrapped for DeepSpeed if asked."""
     # Through nn.Module: transformers' decorators hide these methods' signatures from the type checker.
     module: torch.nn.Module = model
     module.to(device or spec.device)
     module.eval()
     if spec.engine == "deepspeed":
-        model = wrap_unsharded(model, getattr(torch, spec.dtype))
-    return LoadedModel(model=model, tokenizer=tokenizer, load_s=time.perf_counter() - started)
+        return wrap_unsharded(model, _dtype(spec))
+    return model
 
 
 def _tokenizer(directory: Path) -> PreTrainedTokenizerBase:

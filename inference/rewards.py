@@ -19,6 +19,7 @@ from multiprocessing.connection import Connection
 from types import TracebackType
 from typing import Any
 
+from evald.errors import EvaldError
 from inference.errors import TaskInvalid
 from inference.grading import grade
 from inference.lifeline import die_with
@@ -31,7 +32,7 @@ def math_reward(prompt: str, response: str, reference: str) -> float:
     return 1.0 if grade(response, reference).correct else 0.0
 
 
-class RewardFailed(Exception):
+class RewardFailed(EvaldError):
     """One call of a reward function failed; the message says how."""
 
 

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,25 +21,15 @@ import structlog
 
 from inference.code.judge import Judge
 from inference.code.problems import CodeDataset, read_problems
-from inference.code.stream import JudgingStream, generate_judging
-from inference.consistency import token_digest
+from inference.code.stream import JudgingStream
 from inference.dataset import Item, read_dataset
-from inference.engines import build_engine, requests_of, resolve
 from inference.errors import TaskInvalid
 from inference.faults import Faults
-from inference.generation import (
-    Batch,
-    Decoding,
-    Encoding,
-    Generation,
-    prepare_batches,
-    run_batches,
-    token_lengths,
-)
+from inference.generation import Encoding
 from inference.grading import warm_up
 from inference.group import WorkerGroup, head_results
 from inference.layouts import LayoutSettings
-from inference.likelihood import score_batches, with_text_units
+from inference.likelihood import with_text_units
 from inference.metrics import (
     REWARD_METRICS,
     DocumentRecord,
@@ -48,6 +38,7 @@ from inference.metrics import (
     compute_metrics,
     resolve_metrics,
 )
+from inference.replica import Replica, ReplicaOutput
 from inference.rewards import RewardProcess
 from inference.samples import (
     Graded,
@@ -61,18 +52,18 @@ from inference.spec import (
     BUILTIN_REWARD,
     CodeSpec,
     Consistency,
-    Disagreement,
     JobResult,
     JobSpec,
     Problem,
     TaskSpec,
     Timing,
 )
-from inference.topology import deal_by_length, restore_order
+from inference.topology import restore_order
 
 if TYPE_CHECKING:
-    import torch
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from transformers import PreTrainedTokenizerBase
+
+    from inference.loader import LoadedModel
 
 log = structlog.get_logger("inference.task")
 
@@ -182,9 +173,17 @@ def run_task(spec: JobSpec, group: WorkerGroup, faults: Faults | None = None) ->
         scorer = _scorer(task, cleanup) if topology.rank == 0 and not likelihood else None
         # Its threads judge samples while the model generates; an error stops what is queued.
         code = None if code is None else cleanup.enter_context(code)
-        return _evaluate(
-            spec, group, faults, metrics, items, prompts, bad_rows, scorer, warming, started, code
+        prepared = Prepared(
+            metrics=metrics,
+            items=items,
+            prompts=prompts,
+            problems=bad_rows,
+            scorer=scorer,
+            warming=warming,
+            code=code,
+            started=started,
         )
+        return Evaluation(spec, group, faults, prepared).run()
 
 
 def read_rows(task: TaskSpec, path: Path) -> tuple[tuple[Item, ...], tuple[Problem, ...], CodeDataset | None]:
@@ -238,263 +237,178 @@ def _scorer(task: TaskSpec, cleanup: ExitStack) -> Scorer | None:
     return lambda prompt, response, reference, _graded: process(prompt, response, reference)
 
 
-def _evaluate(
-    spec: JobSpec,
-    group: WorkerGroup,
-    faults: Faults,
-    metrics: Sequence[Metric],
-    items: Sequence[Item],
-    prompts: list[str],
-    problems: Sequence[Problem],
-    scorer: Scorer | None,
-    warming: threading.Thread | None,
-    started: float,
-    code: JudgingStream | None = None,
-) -> JobResult | None:
-    task = spec.task
-    topology = group.topology
-    # Imported only now: a job with a bad dataset or task is rejected without paying for torch.
-    import torch
+@dataclass(frozen=True)
+class Prepared:
+    """What :func:`run_task` checked and built before the weights load."""
 
-    from inference.loader import load_model
+    metrics: Sequence[Metric]
+    items: Sequence[Item]
+    #: The items' prompts, rendered by the task's template (a likelihood task's texts as they are).
+    prompts: list[str]
+    #: Dataset rows left out before the evaluation; grading may leave out more.
+    problems: Sequence[Problem]
+    scorer: Scorer | None
+    #: The grader's warm-up, started on rank 0 of a generate task while the model loads.
+    warming: threading.Thread | None
+    #: A code task's judging on rank 0, fed batch by batch while the model generates.
+    code: JudgingStream | None
+    #: When the job started (``time.perf_counter``).
+    started: float
 
-    torch.manual_seed(spec.seed)
-    if spec.inference.threads is not None:
-        torch.set_num_threads(spec.inference.threads)
-    # One folder per rank: a layout's conversion writes there, and ranks must not write over each other.
-    scratch = spec.result_path.parent / "scratch" / f"rank-{topology.rank}"
-    scratch.mkdir(parents=True, exist_ok=True)
-    device = group.device if spec.inference.device.startswith("cuda") else None
-    loaded = load_model(
-        spec.checkpoint_path,
-        spec.inference,
-        layout=spec.layout,
-        settings=LayoutSettings(hf_config=spec.hf_config, run_root=spec.run_root, base_model=spec.base_model),
-        scratch=scratch,
-        device=device,
-        tp_group=group.tp_group,
-    )
-    log.info("task.loaded", load_s=round(loaded.load_s, 3), items=len(items), rank=topology.rank)
-    if task.chat_template:
-        prompts = apply_chat_template(task, loaded.tokenizer, prompts)
-    encoding = Encoding(
-        add_special_tokens=not task.chat_template,
-        max_length=task.max_length if task.kind == "likelihood" else None,
-    )
 
-    evaluation_started = time.perf_counter()
-    share = _replica_share(group, loaded.tokenizer, prompts, task.batch_size, encoding)
-    vote = TpVote(group, faults)
-    if task.kind == "likelihood":
-        scored, latencies = score_batches(loaded.model, share.batches)
-        mine: ReplicaOutput = ReplicaOutput(
-            documents=[(share.items[local], document) for local, document in scored.items()],
-            latencies=tuple(latencies),
-        )
-    else:
-        mine = _generate(spec, group, vote, loaded.model, loaded.tokenizer, share, metrics, faults, code)
-    # A single rank on a GPU has no group device: the configured one is where the model went.
-    on_gpu = spec.inference.device.startswith("cuda")
-    mine = dataclasses.replace(
-        mine, peak_memory_mb=peak_memory_mb(device or (spec.inference.device if on_gpu else None))
-    )
-    parts = group.gather_to_root(mine if topology.is_head else None)
-    if parts is None:
-        return None
-    outputs: list[ReplicaOutput] = head_results(parts, topology)
-    # Replicas run side by side: the evaluation took as long as the slowest of them.
-    generation_s = max(sum(out.latencies) for out in outputs)
-    latencies_all = tuple(latency for out in outputs for latency in out.latencies)
-    peak = max(out.peak_memory_mb for out in outputs)
-    graded: Graded | None = None
-    documents: tuple[DocumentRecord, ...] = ()
-    if task.kind == "likelihood":
-        documents = with_text_units(
-            restore_order([out.documents for out in outputs], len(items)),
-            [item.prompt for item in items],
-            loaded.tokenizer,
-            task.max_length,
-        )
-    else:
-        per_item = restore_order([out.generations for out in outputs], len(items))
-        generations = [g for item in per_item for g in item]
-        if warming is not None:
-            # Grading in two threads at once would only contend for the interpreter.
-            warming.join(timeout=60)
-        limits = SampleLimits(task.n_samples, spec.max_samples, spec.max_text_chars)
-        executed = None
-        judging_s = 0.0
-        if code is not None:
-            # Only what was not judged during generation is waited for here.
-            executed = code.results([[g.text for g in item] for item in per_item])
-            judging_s = code.tail_s
-        graded = grade_samples(task.name, items, prompts, generations, limits, scorer, executed)
-        graded = dataclasses.replace(graded, seconds=graded.seconds + judging_s)
-    finished = time.perf_counter()
-    record = EvalRecord(
-        samples=() if graded is None else graded.records,
-        documents=documents,
-        generation_s=generation_s,
-        batch_latencies_s=latencies_all,
-        load_s=loaded.load_s,
-        wall_s=finished - started,
-        peak_memory_mb=peak,
-    )
-    values = compute_metrics(metrics, record)
-    all_problems = (*problems, *(() if graded is None else graded.problems))
-    log.info(
-        "task.evaluated",
-        items=len(items),
-        samples=len(record.samples),
-        documents=len(documents),
-        problems=len(all_problems),
-        batches=len(latencies_all),
-        generation_s=round(generation_s, 3),
-        grading_s=round(0.0 if graded is None else graded.seconds, 3),
-    )
-    checks = [(out.checked, out.disagreements) for out in outputs]
-    consistency = Consistency.of_replicas(checks) if topology.tp > 1 else None
-    return JobResult(
-        job_id=spec.job_id,
-        metrics=values,
-        samples=() if graded is None else graded.outputs,
-        problems=all_problems,
-        timing=Timing(
+class Evaluation:
+    """One rank's evaluation of ``spec`` once its inputs are checked: the model loaded, this replica's
+    part generated (or scored), and on rank 0 the replicas' outputs graded into the job's result."""
+
+    def __init__(self, spec: JobSpec, group: WorkerGroup, faults: Faults, prepared: Prepared) -> None:
+        self.spec = spec
+        self.group = group
+        self.prepared = prepared
+        self.replica = Replica(spec, group, faults)
+
+    def run(self) -> JobResult | None:
+        """Rank 0's result; None on the other ranks."""
+        loaded, device = self._load()
+        prompts = self.prepared.prompts
+        if self.spec.task.chat_template:
+            prompts = apply_chat_template(self.spec.task, loaded.tokenizer, prompts)
+        evaluation_started = time.perf_counter()
+        mine = self._replica_output(loaded, prompts, device)
+        topology = self.group.topology
+        parts = self.group.gather_to_root(mine if topology.is_head else None)
+        if parts is None:
+            return None
+        outputs: list[ReplicaOutput] = head_results(parts, topology)
+        graded, documents = self._grade(outputs, prompts, loaded.tokenizer)
+        finished = time.perf_counter()
+        started = self.prepared.started
+        timing = Timing(
             load_s=loaded.load_s,
             eval_s=finished - evaluation_started,
             total_s=finished - started,
             grading_s=0.0 if graded is None else graded.seconds,
-        ),
-        consistency=consistency,
-    )
-
-
-def _generate(
-    spec: JobSpec,
-    group: WorkerGroup,
-    vote: TpVote,
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    share: ReplicaShare,
-    metrics: Sequence[Metric],
-    faults: Faults,
-    code: JudgingStream | None,
-) -> ReplicaOutput:
-    """This replica's generations, by the engine ``[inference] batching`` resolves to (code tasks, judged
-    batch by batch as they generate, by the fixed engine)."""
-    task, topology = spec.task, group.topology
-    decoding = Decoding(
-        max_new_tokens=task.max_new_tokens,
-        n_samples=task.n_samples,
-        temperature=task.temperature,
-        top_p=task.top_p,
-        stop=task.stop,
-        seed=spec.seed,
-        entropy=any(metric.name == "entropy" for metric in metrics),
-        simulate_oom_above=faults.oom_above_batch,
-    )
-    agree, agree_ends = (vote, vote.ends) if topology.tp > 1 else (None, None)
-    engine = resolve(spec.inference.batching, device=spec.inference.device, tp=topology.tp)
-    if code is not None:
-        # Rank 0's own batches are judged while it generates the next (inference.code.stream).
-        engine = "fixed"
-        generated, latencies = generate_judging(
-            model,
-            tokenizer,
-            share.batches,
-            decoding,
-            code,
-            item_keys=share.items,
-            agree=agree,
-            agree_ends=agree_ends,
         )
-    elif engine == "fixed":
-        generated, latencies = run_batches(
-            model,
-            tokenizer,
-            share.batches,
-            decoding,
-            item_keys=share.items,
-            agree=agree,
-            agree_ends=agree_ends,
+        return self._result(outputs, graded, documents, timing)
+
+    def _load(self) -> tuple[LoadedModel, str | None]:
+        """The model on this rank, and the group's device where it runs on a GPU."""
+        spec, topology = self.spec, self.group.topology
+        # Imported only now: a job with a bad dataset or task is rejected without paying for torch.
+        import torch
+
+        from inference.loader import load_model
+
+        torch.manual_seed(spec.seed)
+        if spec.inference.threads is not None:
+            torch.set_num_threads(spec.inference.threads)
+        # One folder per rank: a layout's conversion writes there, and ranks must not write over each other.
+        scratch = spec.result_path.parent / "scratch" / f"rank-{topology.rank}"
+        scratch.mkdir(parents=True, exist_ok=True)
+        device = self.group.device if spec.inference.device.startswith("cuda") else None
+        loaded = load_model(
+            spec.checkpoint_path,
+            spec.inference,
+            layout=spec.layout,
+            settings=LayoutSettings(
+                hf_config=spec.hf_config, run_root=spec.run_root, base_model=spec.base_model
+            ),
+            scratch=scratch,
+            device=device,
+            tp_group=self.group.tp_group,
         )
-    else:
-        run = build_engine(engine, model, tokenizer, batch_size=task.batch_size).run(
-            requests_of(share.batches, share.items), decoding
+        log.info(
+            "task.loaded", load_s=round(loaded.load_s, 3), items=len(self.prepared.items), rank=topology.rank
         )
-        generated, latencies = run.generations, run.latencies
-    log.info("task.generated", engine=engine, batching=spec.inference.batching, rank=topology.rank)
-    return ReplicaOutput(
-        generations=[(share.items[local], generations) for local, generations in generated.items()],
-        latencies=tuple(latencies),
-        checked=vote.checked,
-        disagreements=tuple(vote.disagreements),
-    )
+        return loaded, device
 
-
-@dataclass(frozen=True)
-class ReplicaShare:
-    #: Positions in the eval set of this replica's items; batch indices point into this list.
-    items: list[int]
-    batches: list[Batch]
-
-
-@dataclass(frozen=True)
-class ReplicaOutput:
-    """What a replica head sends to rank 0: its items' results by their position in the eval set."""
-
-    generations: list[tuple[int, list[Generation]]] = field(default_factory=list)
-    documents: list[tuple[int, DocumentRecord]] = field(default_factory=list)
-    #: Seconds each of its batches took.
-    latencies: tuple[float, ...] = ()
-    checked: int = 0
-    disagreements: tuple[Disagreement, ...] = ()
-    peak_memory_mb: float = 0.0
-
-
-def _replica_share(
-    group: WorkerGroup,
-    tokenizer: PreTrainedTokenizerBase,
-    prompts: Sequence[str],
-    batch_size: int,
-    encoding: Encoding,
-) -> ReplicaShare:
-    """This replica's items and batches: dealt and tokenised by its tp head, then sent to its tp ranks
-    so that every rank of the replica computes on exactly the same tensors."""
-    topology = group.topology
-    share = None
-    if topology.is_head:
-        mine = deal_by_length(token_lengths(tokenizer, prompts, encoding), topology.dp)[topology.replica]
-        share = ReplicaShare(
-            mine, prepare_batches(tokenizer, [prompts[i] for i in mine], batch_size, encoding)
+    def _replica_output(self, loaded: LoadedModel, prompts: list[str], device: str | None) -> ReplicaOutput:
+        """This replica's generations (or scored documents), with the most memory this rank held."""
+        task, inference = self.spec.task, self.spec.inference
+        likelihood = task.kind == "likelihood"
+        encoding = Encoding(
+            add_special_tokens=not task.chat_template,
+            max_length=task.max_length if likelihood else None,
         )
-    shared: ReplicaShare = group.share_from_head(share)
-    return shared
+        share = self.replica.share(loaded.tokenizer, prompts, encoding)
+        if likelihood:
+            mine = self.replica.score(loaded, share)
+        else:
+            mine = self.replica.generate(loaded, share, self.prepared.metrics, self.prepared.code)
+        # A single rank on a GPU has no group device: the configured one is where the model went.
+        on_gpu = inference.device.startswith("cuda")
+        peak = peak_memory_mb(device or (inference.device if on_gpu else None))
+        return dataclasses.replace(mine, peak_memory_mb=peak)
 
+    def _grade(
+        self, outputs: Sequence[ReplicaOutput], prompts: list[str], tokenizer: PreTrainedTokenizerBase
+    ) -> tuple[Graded | None, tuple[DocumentRecord, ...]]:
+        """The replicas' samples graded (and a code task's judged), or a likelihood task's documents."""
+        task, items = self.spec.task, self.prepared.items
+        if task.kind == "likelihood":
+            documents = with_text_units(
+                restore_order([out.documents for out in outputs], len(items)),
+                [item.prompt for item in items],
+                tokenizer,
+                task.max_length,
+            )
+            return None, documents
+        per_item = restore_order([out.generations for out in outputs], len(items))
+        generations = [g for item in per_item for g in item]
+        if self.prepared.warming is not None:
+            # Grading in two threads at once would only contend for the interpreter.
+            self.prepared.warming.join(timeout=60)
+        limits = SampleLimits(task.n_samples, self.spec.max_samples, self.spec.max_text_chars)
+        executed = None
+        judging_s = 0.0
+        code = self.prepared.code
+        if code is not None:
+            # Only what was not judged during generation is waited for here.
+            executed = code.results([[g.text for g in item] for item in per_item])
+            judging_s = code.tail_s
+        graded = grade_samples(task.name, items, prompts, generations, limits, self.prepared.scorer, executed)
+        return dataclasses.replace(graded, seconds=graded.seconds + judging_s), ()
 
-class TpVote:
-    """The tp ranks' two votes: at every decoding step on which rows have ended (so that all ranks
-    leave ``generate`` together), and after every batch on a digest of their token ids (the
-    majority's tokens are kept, the tp head's on a tie)."""
-
-    def __init__(self, group: WorkerGroup, faults: Faults) -> None:
-        self._group = group
-        self._faults = faults
-        self.checked = 0
-        self.disagreements: list[Disagreement] = []
-
-    def ends(self, number: int, flags: torch.Tensor) -> torch.Tensor:
-        if self._faults.divergent_tp_rank == self._group.topology.tp_rank and number == 0:
-            # This rank sees every row ended at once: alone, it would leave the loop and hang its peers.
-            flags = flags | True
-        return self._group.vote_rows(flags)
-
-    def __call__(self, number: int, rows: list[list[int]]) -> list[list[int]]:
-        topology = self._group.topology
-        if self._faults.divergent_tp_rank == topology.tp_rank and number == 0:
-            rows = [[token + 1 for token in row] for row in rows]
-        self.checked += 1
-        return self._group.agree_tp(token_digest(rows), rows, batch=number, disagreements=self.disagreements)
+    def _result(
+        self,
+        outputs: Sequence[ReplicaOutput],
+        graded: Graded | None,
+        documents: tuple[DocumentRecord, ...],
+        timing: Timing,
+    ) -> JobResult:
+        """The job's metrics over every replica's output, its left-out inputs, timing and consistency."""
+        # Replicas run side by side: the evaluation took as long as the slowest of them.
+        generation_s = max(sum(out.latencies) for out in outputs)
+        latencies = tuple(latency for out in outputs for latency in out.latencies)
+        record = EvalRecord(
+            samples=() if graded is None else graded.records,
+            documents=documents,
+            generation_s=generation_s,
+            batch_latencies_s=latencies,
+            load_s=timing.load_s,
+            wall_s=timing.total_s,
+            peak_memory_mb=max(out.peak_memory_mb for out in outputs),
+        )
+        values = compute_metrics(self.prepared.metrics, record)
+        problems = (*self.prepared.problems, *(() if graded is None else graded.problems))
+        log.info(
+            "task.evaluated",
+            items=len(self.prepared.items),
+            samples=len(record.samples),
+            documents=len(documents),
+            problems=len(problems),
+            batches=len(latencies),
+            generation_s=round(generation_s, 3),
+            grading_s=round(timing.grading_s, 3),
+        )
+        checks = [(out.checked, out.disagreements) for out in outputs]
+        return JobResult(
+            job_id=self.spec.job_id,
+            metrics=values,
+            samples=() if graded is None else graded.outputs,
+            problems=problems,
+            timing=timing,
+            consistency=Consistency.of_replicas(checks) if self.group.topology.tp > 1 else None,
+        )
 
 
 __all__ = ["read_rows", "render_prompts", "run_task", "select_items"]

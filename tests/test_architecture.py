@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("daemon", "inference", "storage")
+PACKAGES = ("daemon", "evald", "inference", "storage")
 #: Past this many lines a module must say in its first line why it is one file.
 LONG = 500
 #: The words that first line uses, so the reason can be found with grep.
@@ -21,17 +21,6 @@ LONG_REASON = "one file because"
 LONG_FUNCTION = 60
 #: The words that docstring uses ("Long because ..."), so the reason can be found with grep.
 LONG_FUNCTION_REASON = "long because"
-#: Long functions still to be split (issue 43), each named there; none may join them. An entry whose
-#: function is no longer long fails the test below, so the list only shrinks.
-STILL_LONG = frozenset(
-    {
-        "daemon/cli/evaluate.py:evaluate_now",
-        "inference/engines/fixed.py:generate_tokens",
-        "inference/loader.py:load_model",
-        "inference/task.py:_evaluate",
-        "inference/task.py:_generate",
-    }
-)
 
 
 def _contracts() -> list[dict[str, object]]:
@@ -107,13 +96,11 @@ def test_no_function_is_long_without_saying_why(package: str) -> None:
     silent = [
         f"{where} ({lines} lines)"
         for where, (lines, doc) in sorted(long.items())
-        if LONG_FUNCTION_REASON not in doc.lower() and where not in STILL_LONG
+        if LONG_FUNCTION_REASON not in doc.lower()
     ]
     assert silent == [], (
         f"functions over {LONG_FUNCTION} lines whose docstring does not say '{LONG_FUNCTION_REASON} ...'"
     )
-    mine = {where for where in STILL_LONG if where.startswith(f"{package}/")}
-    assert mine - set(long) == set(), "STILL_LONG entries that are no longer long: drop them"
 
 
 def test_the_length_rule_counts_the_whole_span_nested_and_async_too() -> None:

@@ -33,6 +33,7 @@ from matplotlib.axes import Axes
 
 from daemon.analysis.curves import Curve
 from daemon.analysis.smoothing import NONE, Smoothing
+from daemon.errors import EvaldError
 from daemon.scheduling import stages
 from storage.alerting import AlertRow
 
@@ -77,7 +78,7 @@ def _best(curve: Curve, better: bool | None) -> tuple[int, float] | None:
     return top.step, top.value
 
 
-class PlotFormatError(ValueError):
+class PlotFormatError(EvaldError):
     """An ``--out`` path whose suffix names no format ``evald plot`` writes."""
 
 

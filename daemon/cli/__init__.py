@@ -17,7 +17,6 @@ from collections.abc import Callable, Sequence
 
 from daemon.cli.parser import build_parser
 from daemon.errors import ConfigError, EvaldError
-from storage.errors import StorageError
 
 __all__ = ["build_parser", "main"]
 
@@ -57,7 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for problem in exc.problems:
             print(f"evald: {exc.source}: {problem}", file=sys.stderr)
         return EXIT_USAGE
-    except (EvaldError, StorageError) as exc:
+    except EvaldError as exc:
+        # The worker's (InferenceError) and the database's (StorageError) errors are EvaldErrors too.
         print(f"evald: error: {_one_line(str(exc))}", file=sys.stderr)
         return EXIT_FAILURE
     except KeyboardInterrupt:
@@ -74,15 +74,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _raised_by(exc: BaseException, module: str, name: str) -> bool:
     """Whether ``exc`` is ``module.name``, asked without importing ``module``: a module the command never
-    imported raised nothing (the worker's errors and SQLAlchemy's cost a command that has neither 0.1 s)."""
+    imported raised nothing (SQLAlchemy's cost a command that reads no database 0.1 s)."""
     loaded = sys.modules.get(module)
     return loaded is not None and isinstance(exc, getattr(loaded, name))
 
 
 def _said(exc: Exception) -> str | None:
-    """The one line for an error of the worker's code or of the database driver; None for any other."""
-    if _raised_by(exc, "inference.errors", "InferenceError"):
-        return _one_line(str(exc))
+    """The one line for an error of the database driver; None for any other."""
     if _raised_by(exc, "sqlalchemy.exc", "DBAPIError"):
         from storage.database import is_outage
         from storage.errors import DatabaseUnreachable, StatementFailed

@@ -115,6 +115,18 @@ def add_eval_command(commands: Commands) -> None:
     evaluate.add_argument("--engine", choices=("deepspeed", "hf"), help="override [inference] engine")
     evaluate.add_argument("--tp", type=int, help="override [inference] tp: tensor-parallel ranks per replica")
     evaluate.add_argument("--dp", type=int, help="override [inference] dp: data-parallel replicas")
+    evaluate.add_argument(
+        "--store",
+        action="store_true",
+        help="store the results in the database as the daemon's job for this run, step and task would be "
+        "(without it nothing is stored; storing again the same run, step and task adds nothing)",
+    )
+    evaluate.add_argument(
+        "--run",
+        type=_name,
+        help="with --store: the configured run the checkpoint is stored under (default: the run whose root "
+        "holds it)",
+    )
 
 
 def add_result_commands(commands: Commands) -> None:

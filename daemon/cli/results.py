@@ -41,6 +41,15 @@ def _step_range(args: argparse.Namespace) -> tuple[int | None, int | None]:
     return step_min, step_max
 
 
+def nothing_stored(run: str) -> str:
+    """What ``results`` says of a run it knows (configured, or recorded by a daemon) with no result stored:
+    which commands store one, since ``evald eval`` alone does not."""
+    return (
+        f"run {run!r} has no stored results: the daemon (`evald run`) stores what it evaluates; `evald eval` "
+        "without --store stores nothing (add --store to keep its results)"
+    )
+
+
 def cmd_results(args: argparse.Namespace) -> int:
     step_min, step_max = _step_range(args)
     config = load(args)
@@ -48,6 +57,8 @@ def cmd_results(args: argparse.Namespace) -> int:
     try:
         with database.session() as session:
             if args.run is not None and not queries.run_exists(session, args.run):
+                if config.run(args.run) is not None:
+                    raise EvaldError(nothing_stored(args.run))
                 known = ", ".join(r.name for r in queries.run_rows(session)) or "none"
                 raise EvaldError(f"no run {args.run!r} (runs: {known})")
             task, stage, metric = args.task, args.stage, args.metric
@@ -60,6 +71,8 @@ def cmd_results(args: argparse.Namespace) -> int:
                 step_min=step_min,
                 step_max=step_max,
             )
+            if not rows and args.run is not None and not queries.run_has_results(session, args.run):
+                raise EvaldError(nothing_stored(args.run))
             # An empty answer: a filter that names nothing stored is an error listing what is (a range
             # past the newest step is just empty).
             unknown = (

@@ -4,7 +4,9 @@ Hierarchy::
 
     EvaldError                   (daemon.errors)
     ├── DeliveryError
-    │   └── SignatureInvalid     a webhook request failed verification (the message names the check)
+    │   ├── SignatureInvalid     a webhook request failed verification (the message names the check)
+    │   └── AttachFileError      daemon.delivery.sinks.mlflow_attach: a trainer's MLflow run id file
+    │                            that holds no run id (the message names the file and the fix)
     └── SinkError                a delivery that did not happen: the relay records it (the outbox row's
         │                        last error) and decides
         ├── SinkUnavailable      down, unreachable, slow, 5xx: tried again after a backoff, nothing is lost

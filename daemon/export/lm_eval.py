@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from daemon.config import Config, TaskConfig
+from daemon.errors import EvaldError
 from inference.harness.names import (
     FILTER_SHORT_NAMES,
     NO_FILTER,
@@ -51,7 +52,7 @@ BOOTSTRAP_ITERS = 100_000
 SEEDS = {"random_seed": 0, "numpy_seed": 1234, "torch_seed": 1234, "fewshot_seed": 1234}
 
 
-class ExportError(LookupError):
+class ExportError(EvaldError):
     """The document cannot be written as lm-eval writes it: the message names why and what to do."""
 
 

@@ -22,6 +22,7 @@ from datetime import datetime
 from enum import StrEnum
 
 from daemon.config import Config
+from daemon.errors import EvaldError
 from daemon.running.executors.base import Executor, Handle, Placement
 from daemon.running.retries import RetryPlan
 from inference.spec import JobSpec
@@ -54,7 +55,7 @@ TRANSITIONS: dict[Stage, frozenset[Stage]] = {
 }
 
 
-class IllegalTransition(RuntimeError):
+class IllegalTransition(EvaldError):
     """A move :data:`TRANSITIONS` does not allow: a bug of the runner's, never an input's."""
 
 

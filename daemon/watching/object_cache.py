@@ -41,6 +41,7 @@ import structlog
 
 from daemon.config import RunConfig
 from daemon.config.object_store import S3Config
+from daemon.errors import EvaldError
 from daemon.watching.folders import TRACKER_FILES
 from daemon.watching.listing import files_under
 from daemon.watching.objects import ObjectGone, ObjectInfo, Store, StoreError
@@ -54,7 +55,7 @@ _GB = 1024**3
 CHUNK_TRIES = 4
 
 
-class CopyFailed(Exception):
+class CopyFailed(EvaldError):
     """A checkpoint could not be downloaded (the store away, an object changed, the cache too small)."""
 
     def __init__(

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from daemon.config.object_store import S3Config, split_url
+from daemon.errors import EvaldError
 
 T = TypeVar("T")
 
@@ -45,7 +46,7 @@ _GONE_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
 _CHANGED_CODES = frozenset({"PreconditionFailed", "412"})
 
 
-class StoreError(Exception):
+class StoreError(EvaldError):
     """Something went wrong talking to the store (the base of the classes below)."""
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from inference.engines.base import (
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from inference.entropy import EntropyMeter
-    from inference.stopping import RowVote
+    from inference.stopping import RowEnds, RowVote
 
 
 class FixedEngine(Engine):
@@ -70,56 +71,39 @@ def batches_of(requests: Sequence[Request], batch_size: int, pad_id: int) -> lis
     return batches
 
 
+@dataclass(frozen=True)
+class Steering:
+    """What steers one batch's decoding besides the batch and the policy (:class:`Decoding`)."""
+
+    #: The prompts' items, in the batch's order: they seed their samples.
+    seed_keys: Sequence[int]
+    #: The prompts' own token budgets; None: ``max_new_tokens`` each.
+    budgets: Sequence[int] | None = None
+    #: Settles where rows end across tp ranks.
+    vote: RowVote | None = None
+    #: Records the policy's entropy at every step.
+    meter: EntropyMeter | None = None
+
+
 def generate_tokens(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     batch: Batch,
     decoding: Decoding,
-    *,
-    seed_keys: Sequence[int],
-    budgets: Sequence[int] | None = None,
-    vote: RowVote | None = None,
-    meter: EntropyMeter | None = None,
+    steering: Steering,
 ) -> list[list[int]]:
     """The generated token ids of one batch (prompt excluded, each row cut where it ended),
-    ``n_samples`` rows per prompt; ``seed_keys`` are the prompts' items (seeding their samples),
-    ``budgets`` their own token budgets; ``vote`` settles where rows end across tp ranks; ``meter``
-    records the policy's entropy at every step."""
-    import torch
+    ``n_samples`` rows per prompt, steered by ``steering``."""
     from transformers.generation.logits_process import LogitsProcessorList
     from transformers.generation.stopping_criteria import StoppingCriteriaList
 
-    from inference.engines.draws import SeededDraw, sample_seed
-    from inference.stopping import RowEnds, cut
+    from inference.stopping import cut
 
-    rows = len(batch.indices) * decoding.n_samples
-    if decoding.simulate_oom_above is not None and rows > decoding.simulate_oom_above:
-        raise torch.OutOfMemoryError(
-            f"simulated: a batch of {rows} sequences needs more memory than the cap of "
-            f"{decoding.simulate_oom_above} allows"
-        )
+    _refuse_simulated_oom(batch, decoding)
     device = next(iter(model.parameters())).device
     prompt_length = batch.input_ids.shape[1]
-    per_row = [b for b in (budgets or [decoding.max_new_tokens] * len(batch.indices))]
-    ends = RowEnds(
-        prompt_length=prompt_length,
-        end_ids=[*stop_token_ids(model, tokenizer), tokenizer.pad_token_id],
-        tokenizer=tokenizer,
-        stop=decoding.stop,
-        vote=vote,
-        budgets=[b for b in per_row for _ in range(decoding.n_samples)],
-    )
-    processors: list[Any] = [meter] if meter is not None else []
-    if decoding.temperature > 0:
-        seeds = [sample_seed(decoding.seed, key, s) for key in seed_keys for s in range(decoding.n_samples)]
-        processors.append(
-            SeededDraw(
-                prompt_length=prompt_length,
-                seeds=seeds,
-                temperature=decoding.temperature,
-                top_p=decoding.top_p,
-            )
-        )
+    budgets = list(steering.budgets or [decoding.max_new_tokens] * len(batch.indices))
+    ends = _row_ends(model, tokenizer, decoding, prompt_length, budgets, steering.vote)
     # Causal LMs mix in GenerationMixin, which PreTrainedModel's annotations do not show; without
     # return_dict_in_generate the result is the token tensor. Decoding is greedy over what SeededDraw
     # left: transformers' own warpers (its top_k = 50 default, a checkpoint's generation_config.json)
@@ -131,16 +115,69 @@ def generate_tokens(
         input_ids=batch.input_ids.repeat_interleave(decoding.n_samples, dim=0).to(device),
         attention_mask=batch.attention_mask.repeat_interleave(decoding.n_samples, dim=0).to(device),
         use_cache=True,
-        max_new_tokens=max(per_row),
+        max_new_tokens=max(budgets),
         # Rows end by RowEnds alone (EOS included), so that every tp rank ends them alike.
         eos_token_id=None,
         stopping_criteria=StoppingCriteriaList([ends]),
-        logits_processor=LogitsProcessorList(processors),
+        logits_processor=LogitsProcessorList(_processors(decoding, prompt_length, steering)),
         pad_token_id=tokenizer.pad_token_id,
         do_sample=False,
         repetition_penalty=1.0,
     )
     return cut(output[:, prompt_length:].tolist(), ends.ended_at)
+
+
+def _refuse_simulated_oom(batch: Batch, decoding: Decoding) -> None:
+    """The fault a test injects: a batch of more rows than ``simulate_oom_above`` runs out of memory."""
+    import torch
+
+    rows = len(batch.indices) * decoding.n_samples
+    if decoding.simulate_oom_above is not None and rows > decoding.simulate_oom_above:
+        raise torch.OutOfMemoryError(
+            f"simulated: a batch of {rows} sequences needs more memory than the cap of "
+            f"{decoding.simulate_oom_above} allows"
+        )
+
+
+def _row_ends(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    decoding: Decoding,
+    prompt_length: int,
+    budgets: Sequence[int],
+    vote: RowVote | None,
+) -> RowEnds:
+    """Where each row ends: EOS, padding, a stop string or its prompt's budget (``budgets``, per prompt),
+    as ``vote`` settles it across tp ranks."""
+    from inference.stopping import RowEnds
+
+    return RowEnds(
+        prompt_length=prompt_length,
+        end_ids=[*stop_token_ids(model, tokenizer), tokenizer.pad_token_id],
+        tokenizer=tokenizer,
+        stop=decoding.stop,
+        vote=vote,
+        budgets=[b for b in budgets for _ in range(decoding.n_samples)],
+    )
+
+
+def _processors(decoding: Decoding, prompt_length: int, steering: Steering) -> list[Any]:
+    """The logits processors: the entropy meter, then (when sampling) each row's seeded draw."""
+    from inference.engines.draws import SeededDraw, sample_seed
+
+    processors: list[Any] = [steering.meter] if steering.meter is not None else []
+    if decoding.temperature > 0:
+        n = decoding.n_samples
+        seeds = [sample_seed(decoding.seed, key, s) for key in steering.seed_keys for s in range(n)]
+        processors.append(
+            SeededDraw(
+                prompt_length=prompt_length,
+                seeds=seeds,
+                temperature=decoding.temperature,
+                top_p=decoding.top_p,
+            )
+        )
+    return processors
 
 
 def run_batches(
@@ -174,9 +211,8 @@ def run_batches(
             started = time.perf_counter()
             vote = _for_batch(agree_ends, number)
             meter = EntropyMeter(decoding.temperature) if decoding.entropy else None
-            rows = generate_tokens(
-                model, tokenizer, batch, decoding, seed_keys=keys, budgets=limits, vote=vote, meter=meter
-            )
+            steering = Steering(seed_keys=keys, budgets=limits, vote=vote, meter=meter)
+            rows = generate_tokens(model, tokenizer, batch, decoding, steering)
             if agree is not None:
                 rows = agree(number, rows)
             latencies.append(time.perf_counter() - started)

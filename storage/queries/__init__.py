@@ -28,6 +28,7 @@ from storage.queries.claims import (
     CLAIMABLE,
     ClaimedJob,
     checkpoints_in_use,
+    claim_job,
     claim_next_job,
     executor_states,
     heartbeat,
@@ -51,6 +52,7 @@ from storage.queries.queue_entries import (
     checkpoint_states,
     enqueue_jobs,
     ensure_run,
+    job_at,
     job_state,
     mark_checkpoint,
     record_checkpoint,
@@ -64,7 +66,7 @@ from storage.queries.recovery import (
     requeue_orphans,
     take_over,
 )
-from storage.queries.results import MetricRow, ResultRow, latest_results, result_rows
+from storage.queries.results import MetricRow, ResultRow, latest_results, result_rows, run_has_results
 from storage.queries.samples import (
     ERROR_CHARS,
     LISTED,
@@ -120,6 +122,7 @@ __all__ = [
     "checkpoint_rows",
     "checkpoint_states",
     "checkpoints_in_use",
+    "claim_job",
     "claim_next_job",
     "complete_job",
     "enqueue_jobs",
@@ -131,6 +134,7 @@ __all__ = [
     "heartbeat",
     "ignored_paths",
     "ignored_rows",
+    "job_at",
     "job_durations",
     "job_handle",
     "job_history",
@@ -152,6 +156,7 @@ __all__ = [
     "requeue_orphans",
     "result_rows",
     "run_exists",
+    "run_has_results",
     "run_rows",
     "running_claims",
     "same_step",

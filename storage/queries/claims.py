@@ -155,6 +155,15 @@ def claim_next_job(
     return None
 
 
+def claim_job(session: Session, job_id: int, owner: str) -> ClaimedJob | None:
+    """Claim one job for ``owner`` out of the queue's order (``evald eval --store``, whose worker has
+    already run); None when it is running under another claim or has succeeded (its results are stored)."""
+    job = session.scalar(select(EvalJob).where(EvalJob.id == job_id).with_for_update())
+    if job is None or job.state in (JobState.RUNNING, JobState.SUCCEEDED):
+        return None
+    return _claim(session, job, owner)
+
+
 def database_now(session: Session) -> datetime:
     """The database's clock: leases are judged on it, so daemons whose hosts' clocks disagree still agree
     on how old a heartbeat is. SQLite has one daemon (and no clock of its own worth asking)."""

@@ -160,5 +160,15 @@ def mark_checkpoint(session: Session, checkpoint_id: int, state: CheckpointState
     )
 
 
+def job_at(session: Session, *, checkpoint_id: int, task: str, stage: str) -> tuple[int, JobState] | None:
+    """The id and state of the checkpoint's job for ``task`` and ``stage``, if there is one."""
+    row = session.execute(
+        select(EvalJob.id, EvalJob.state).where(
+            EvalJob.checkpoint_id == checkpoint_id, EvalJob.task == task, EvalJob.stage == stage
+        )
+    ).one_or_none()
+    return None if row is None else (row[0], row[1])
+
+
 def job_state(session: Session, job_id: int) -> JobState | None:
     return session.scalar(select(EvalJob.state).where(EvalJob.id == job_id))

@@ -97,6 +97,19 @@ def result_rows(
     return [ResultRow(*row) for row in session.execute(query)]
 
 
+def run_has_results(session: Session, run: str) -> bool:
+    """Whether any result of ``run`` is stored."""
+    query = (
+        select(Result.id)
+        .join(EvalJob, Result.job_id == EvalJob.id)
+        .join(Checkpoint, EvalJob.checkpoint_id == Checkpoint.id)
+        .join(Run, Checkpoint.run_id == Run.id)
+        .where(Run.name == run)
+        .limit(1)
+    )
+    return session.scalar(query) is not None
+
+
 def series_newest_step(series: Any) -> ScalarSelect[int | None]:
     """The newest step with a succeeded job of ``series`` (``ResultSeries`` or an alias of it), correlated:
     walked back from the run's newest checkpoint on ``ix_checkpoints_run_step``, each checkpoint's job

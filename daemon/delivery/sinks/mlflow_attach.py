@@ -23,6 +23,8 @@ import sqlite3
 from collections.abc import Mapping
 from pathlib import Path
 
+from daemon.delivery.errors import DeliveryError
+
 #: The file a trainer writes its MLflow run id into, at the run root.
 RUN_ID_FILE = "mlflow_run_id"
 #: A local MLflow SQLite store's file name (``mlflow``'s default tracking URI ``sqlite:///mlflow.db``).
@@ -33,7 +35,7 @@ OUTPUT_DIR_PARAM = "output_dir"
 _RUN_ID = re.compile(r"^[0-9a-fA-F]{32}$")
 
 
-class AttachFileError(ValueError):
+class AttachFileError(DeliveryError):
     """A run id file that is there but does not hold a run id: the message names the file and the fix."""
 
 

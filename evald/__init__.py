@@ -1,0 +1,1 @@
+"""evald's root: what ``daemon``, ``inference`` and ``storage`` share although none imports another's."""
