@@ -79,6 +79,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.metrics_scrape
 	$(BIN)/python -m bench.worker_start
 	$(BIN)/python -m bench.code_sandbox --repeats 3
+	$(BIN)/python -m bench.cli_latency
 
 # The real daemon under injected faults (kill -9, PostgreSQL restarts, webhook outages, disk full, ...),
 # full counts; writes the figures to RELIABILITY.md. Needs root (tmpfs mounts) and PostgreSQL binaries.

@@ -12,16 +12,22 @@ interleaved with the commands so the machine's load falls on all alike:
 
 Prints the median and the fastest wall time of ``--rounds`` runs of each, the median's ratio to both
 baselines, and the median CPU time (user and system) of the process, which the machine's other load
-changes less than the wall time.
+changes less than the wall time. evald's bytecode is written first (as an installed evald has it).
+``--instructions`` adds the instructions each process executes, counted once under valgrind's cachegrind:
+a figure the machine's load does not change at all (the wall time of a quiet machine follows it), for
+comparing two trees on a shared, busy host.
 
-    python -m bench.cli_latency [--rounds 15] [--checkpoints 56]
+    python -m bench.cli_latency [--rounds 15] [--checkpoints 56] [--instructions]
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
+import re
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -129,11 +135,35 @@ def timed(command: list[str]) -> tuple[float, float, str]:
     return elapsed, used, done.stdout
 
 
+def instructions(command: list[str]) -> int:
+    """The instructions ``command``'s process executes (valgrind's cachegrind, no cache simulation)."""
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        raise SystemExit("--instructions needs valgrind (apt-get install valgrind)")
+    done = subprocess.run(
+        [valgrind, "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null", *command],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    found = re.search(r"I\s+refs:\s+([\d,]+)", done.stderr)
+    if done.returncode != 0 or found is None:
+        raise SystemExit(f"{' '.join(command)} under valgrind: exit {done.returncode}: {done.stderr[-2000:]}")
+    return int(found.group(1).replace(",", ""))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--checkpoints", type=int, default=56, help="two result rows each")
+    parser.add_argument(
+        "--instructions", action="store_true", help="also count each command's instructions (valgrind)"
+    )
     args = parser.parse_args(argv)
+    # Bytecode written first, as an installed evald has it: with PYTHONDONTWRITEBYTECODE set (some shells
+    # do) every start would compile the modules from source again, and that is what would be timed.
+    for package in ("daemon", "inference", "storage"):
+        compileall.compile_dir(package, quiet=1)
     with tempfile.TemporaryDirectory(prefix="evald-cli-bench-") as tmp:
         config, db = workspace(Path(tmp), args.checkpoints)
         baseline_read = (
@@ -157,16 +187,27 @@ def main(argv: list[str] | None = None) -> int:
                 elapsed, used, _ = timed(command)
                 times[name].append(elapsed)
                 cpus[name].append(used)
-    start, read = statistics.median(times["python -c pass"]), statistics.median(times["sqlite3 read"])
+        counted = {name: instructions(c) for name, c in cases.items()} if args.instructions else {}
     print(f"{rows} result rows, {args.rounds} rounds, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}")
-    print(f"{'':24} {'wall median':>11} {'fastest':>8} {'/ start':>8} {'/ read':>7} {'CPU median':>11}")
+    print_table(times, cpus, counted)
+    return 0
+
+
+def print_table(times: dict[str, list[float]], cpus: dict[str, list[float]], counted: dict[str, int]) -> None:
+    """Per command: wall median and fastest, the median against both baselines, CPU median, and where
+    counted the instructions against the interpreter's start."""
+    start, read = statistics.median(times["python -c pass"]), statistics.median(times["sqlite3 read"])
+    header = f"{'':24} {'wall median':>11} {'fastest':>8} {'/ start':>8} {'/ read':>7} {'CPU median':>11}"
+    print(header + (f" {'instructions':>13} {'/ start':>8}" if counted else ""))
     for name, seconds in times.items():
         median = statistics.median(seconds)
-        print(
+        line = (
             f"{name:24} {median * 1000:9.0f}ms {min(seconds) * 1000:6.0f}ms {median / start:7.1f}x "
             f"{median / read:6.1f}x {statistics.median(cpus[name]) * 1000:9.0f}ms"
         )
-    return 0
+        if counted:
+            line += f" {counted[name] / 1e6:12.0f}M {counted[name] / counted['python -c pass']:7.1f}x"
+        print(line)
 
 
 if __name__ == "__main__":

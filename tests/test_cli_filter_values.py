@@ -119,7 +119,9 @@ def test_steps_range_is_refused_naming_the_option(config: str, capsys: pytest.Ca
         captured = capsys.readouterr()
         assert captured.err.strip().splitlines() == [f"evald: --steps: {problem}"], value
     assert main(["--config", config, "results", "--steps", "9:3"]) == 2
-    assert capsys.readouterr().err.strip() == "evald: --step-min: 9 is above step_max 3"
+    assert capsys.readouterr().err.strip() == (
+        "evald: --steps: 9:3 is reversed: the lower step comes first (--steps 3:9)"
+    )
 
 
 def test_history_refuses_a_job_id_beyond_the_range(config: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -178,11 +178,6 @@ def test_smoothing_is_shown_but_never_changes_a_verdict(
             ["--run", "a", "--run", "b", "--task", "nope"],
             "evald: error: run 'a' has no task 'nope' here (its tasks: arith)",
         ),
-        (
-            ["--run", "a", "--run", "b", "--smooth", "ema:2"],
-            "evald: error: smoothing 'ema:2': EMA weight must be in [0, 1); use 'none', 'ema:W' with "
-            "0 <= W < 1 (e.g. ema:0.6), or 'window:N' with N odd >= 1 (e.g. window:5)",
-        ),
     ],
 )
 def test_bad_input_is_one_line_naming_what_exists(
@@ -190,6 +185,17 @@ def test_bad_input_is_one_line_naming_what_exists(
 ) -> None:
     assert main(["--config", surfaces.config, "compare", *extra]) == 1
     assert capsys.readouterr().err.strip().splitlines() == [message]
+
+
+def test_a_bad_smoothing_is_a_usage_error(surfaces: Stored, capsys: pytest.CaptureFixture[str]) -> None:
+    """Refused by the parser, exit 2 like any malformed option (tests/test_cli_usage.py has the rest)."""
+    with pytest.raises(SystemExit) as exited:
+        main(["--config", surfaces.config, "compare", "--run", "a", "--run", "b", "--smooth", "ema:2"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "evald compare: error: argument --smooth: smoothing 'ema:2': EMA weight must be in [0, 1); use "
+        "'none', 'ema:W' with 0 <= W < 1 (e.g. ema:0.6), or 'window:N' with N odd >= 1 (e.g. window:5)"
+    )
 
 
 def test_compare_needs_two_runs(surfaces: Stored, capsys: pytest.CaptureFixture[str]) -> None:

@@ -78,8 +78,10 @@ def test_plot_bad_input(surfaces: Stored, tmp_path: Path, capsys: pytest.Capture
     assert capsys.readouterr().err.strip() == (
         "evald: error: run 'a' has no metric 'bleu' here (its metrics: accuracy, wall_s)"
     )
-    assert main([*base, "--run", "a", "--metric", "accuracy", "--smooth", "gauss"]) == 1
-    assert "smoothing 'gauss' is not a known spec" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:  # a usage error: the parser's, exit 2
+        main([*base, "--run", "a", "--metric", "accuracy", "--smooth", "gauss"])
+    assert exited.value.code == 2
+    assert "argument --smooth: smoothing 'gauss' is not a known spec" in capsys.readouterr().err
     blocked = tmp_path / "file"
     blocked.write_text("")
     assert (

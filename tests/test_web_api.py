@@ -324,8 +324,8 @@ def test_cli_results_filters_as_the_api_does(
     assert main([*base, "--run", "beta", "--steps", "100:"]) == 0
     assert json.loads(capsys.readouterr().out) == []
     for flags, where in (
-        (["--steps", "40:20"], "--step-min: 40 is above step_max 20"),
-        (["--step-min", "40", "--step-max", "20"], "--step-min: 40 is above step_max 20"),
+        (["--steps", "40:20"], "--steps: 40:20 is reversed: the lower step comes first (--steps 20:40)"),
+        (["--step-min", "40", "--step-max", "20"], "--step-min: 40 is above --step-max 20: the range"),
         (["--steps", "20-40"], "--steps: '20-40' is not A:B"),
         (["--steps", "1:2", "--step-min", "1"], "--steps: give --steps A:B or --step-min/--step-max"),
         (["--step-min", "-5"], "--step-min: -5 is outside 0..2147483647"),

@@ -2,9 +2,10 @@
 handler, one module per command (``export``'s formats share one), each a thin layer over config, storage,
 analysis and the service; every error a person can act on ends as one line on stderr and an exit status.
 
-Imports follow the command: the parser imports no command's module, and :func:`main` imports logging only
-once the arguments are good, so ``evald --help`` costs argparse alone and each command imports what it
-needs (``tests/test_cli_imports.py`` counts them).
+Imports follow the command: the parser imports no command's module, and logging is configured only when
+something imports structlog (:mod:`daemon.cli.lazy_logging`), so ``evald --help`` costs argparse alone and
+each command imports what it needs, a command that logs nothing no logging (``tests/test_cli_imports.py``
+counts them).
 """
 
 from __future__ import annotations
@@ -30,11 +31,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``evald``: ``argv`` None reads this process's own command line (the ``evald`` script, ``python -m
     daemon``); a caller in a longer-lived process (the tests) passes its arguments."""
     args = build_parser().parse_args(argv)
-    import structlog
+    from daemon.cli.lazy_logging import ConfigureOnImport
 
-    from daemon import log as logs
-
-    logs.configure(sys.stderr)
+    logging = ConfigureOnImport(_configure_logging)
+    logging.install()
     try:
         handler: Callable[[argparse.Namespace], int] = args.handler.resolve()
         if argv is None:
@@ -69,7 +69,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"evald: error: {said}", file=sys.stderr)
         return EXIT_FAILURE
     finally:
-        structlog.reset_defaults()
+        logging.remove()
+        structlog = sys.modules.get("structlog")
+        if structlog is not None:
+            structlog.reset_defaults()
+
+
+def _configure_logging() -> None:
+    """What a command logs (``evald retry``'s ``job.retry_queued``), on stderr: stdout is its output."""
+    from daemon import log as logs
+
+    logs.configure(sys.stderr)
 
 
 def _raised_by(exc: BaseException, module: str, name: str) -> bool:

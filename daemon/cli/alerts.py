@@ -6,13 +6,12 @@ import argparse
 import json
 
 from daemon.analysis import report
-from daemon.cli.base import load, open_current
+from daemon.cli.base import database_url, open_current
 from storage import alerting
 
 
 def cmd_alerts(args: argparse.Namespace) -> int:
-    config = load(args)
-    database = open_current(config)
+    database = open_current(database_url(args))
     try:
         with database.session() as session:
             rows = alerting.alert_rows(session, run=args.run, state=args.state)

@@ -7,8 +7,7 @@ import argparse
 
 from daemon.analysis import report
 from daemon.analysis.compare import compare_runs
-from daemon.analysis.smoothing import parse_smoothing
-from daemon.cli.base import load, open_current
+from daemon.cli.base import database_url, open_current
 from daemon.errors import ConfigError
 
 
@@ -19,10 +18,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise ConfigError(
             "--fdr", [f"must be a false discovery rate between 0 and 1 (e.g. 0.05), got {args.fdr}"]
         )
-    smoothing = parse_smoothing(args.smooth)
     run_a, run_b = args.run
-    config = load(args)
-    database = open_current(config)
+    database = open_current(database_url(args))
     try:
         found = compare_runs(
             database,
@@ -31,7 +28,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             task=args.task,
             stage=args.stage,
             metric=args.metric,
-            smoothing=smoothing,
+            smoothing=args.smooth,
             fdr=args.fdr,
         )
     finally:

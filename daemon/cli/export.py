@@ -11,7 +11,7 @@ from pathlib import Path
 from daemon.analysis import curves
 from daemon.analysis.run_rows import run_results
 from daemon.cli.base import load, open_current
-from daemon.errors import EvaldError
+from daemon.errors import ConfigError, EvaldError
 from storage import alerting, queries
 
 
@@ -19,7 +19,7 @@ def cmd_export_tensorboard(args: argparse.Namespace) -> int:
     from daemon.export.tensorboard import write_events
 
     config = load(args)
-    database = open_current(config)
+    database = open_current(config.database.url)
     try:
         with database.session() as session:
             rows = run_results(session, args.run)
@@ -64,8 +64,12 @@ def cmd_export_tracker(args: argparse.Namespace) -> int:
     from daemon.delivery.backfill import backfill, pick_tracker
 
     config = load(args)
-    tracker = pick_tracker(config, args.export_command, args.tracker)
-    database = open_current(config)
+    try:
+        tracker = pick_tracker(config, args.export_command, args.tracker)
+    except EvaldError as exc:
+        # No such tracker, or several without --tracker: the command line asks what the config lacks.
+        raise ConfigError(f"export {args.export_command}", [str(exc)]) from exc
+    database = open_current(config.database.url)
     try:
         done = backfill(database, tracker, run=args.run, environ=os.environ)
     finally:
@@ -83,7 +87,7 @@ def cmd_export_lm_eval(args: argparse.Namespace) -> int:
     from storage.queries.exports import evaluated_checkpoints
 
     config = load(args)
-    database = open_current(config)
+    database = open_current(config.database.url)
     try:
         with database.session() as session:
             rows = run_results(session, args.run)

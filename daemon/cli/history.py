@@ -5,15 +5,14 @@ from __future__ import annotations
 import argparse
 
 from daemon.analysis.report.job_history import history
-from daemon.cli.base import load, open_current, terminal_width
+from daemon.cli.base import database_url, open_current, terminal_width
 from daemon.errors import EvaldError
 from storage import queries
 from storage.queries.retry import job_submission
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    config = load(args)
-    database = open_current(config)
+    database = open_current(database_url(args))
     try:
         with database.session() as session:
             attempts = queries.job_history(session, args.job)

@@ -17,6 +17,8 @@ from typing import Any
 
 from daemon import filter_values
 from daemon.analysis.significance import FDR
+from daemon.analysis.smoothing import Smoothing, parse_smoothing
+from daemon.errors import SmoothingError
 from daemon.scheduling.stages import FULL, QUICK
 
 STAGES = (FULL, QUICK)
@@ -61,6 +63,26 @@ def _job_id(value: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _port(value: str) -> int:
+    """A ``--port``: 0 (any free one) to 65535."""
+    try:
+        return filter_values.parse_integer(value.strip(), maximum=65535)
+    except filter_values.ValueRefused as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _smoothing(value: str) -> Smoothing:
+    """A ``--smooth`` spec, refused here like any malformed option (exit 2), not by the command."""
+    try:
+        return parse_smoothing(value)
+    except SmoothingError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+#: ``--smooth``'s help, the same for ``compare`` and ``plot``.
+SMOOTH_HELP = "none (default), ema:W (e.g. ema:0.6) or window:N"
+
+
 def _command(commands: Commands, name: str, handler: Handler, help: str) -> argparse.ArgumentParser:
     sub: argparse.ArgumentParser = commands.add_parser(name, help=help)
     sub.set_defaults(handler=handler)
@@ -80,7 +102,7 @@ def add_daemon_commands(commands: Commands) -> None:
         commands, "serve", Handler("serve", "cmd_serve"), "the read-only HTTP API, dashboard and /metrics"
     )
     serve.add_argument("--host", help="address to bind (default: [web] host, 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="port (default: [web] port, 8321)")
+    serve.add_argument("--port", type=_port, help="port (default: [web] port, 8321)")
     serve.add_argument(
         "--insecure-no-token",
         action="store_true",
@@ -99,7 +121,7 @@ def add_daemon_commands(commands: Commands) -> None:
     demo.add_argument(
         "--serve", action="store_true", help="serve the dashboard while it runs, and after it until Ctrl-C"
     )
-    demo.add_argument("--port", type=int, default=0, help="the dashboard's port (default: any free one)")
+    demo.add_argument("--port", type=_port, default=0, help="the dashboard's port (default: any free one)")
 
 
 def add_eval_command(commands: Commands) -> None:
@@ -165,7 +187,7 @@ def add_result_commands(commands: Commands) -> None:
     )
     compare.add_argument("--task", type=_name, help="only this task")
     compare.add_argument("--stage", choices=STAGES, help="only this stage")
-    compare.add_argument("--smooth", default="none", help="none (default), ema:W (e.g. ema:0.6) or window:N")
+    compare.add_argument("--smooth", type=_smoothing, default="none", help=SMOOTH_HELP)
     compare.add_argument(
         "--fdr",
         type=float,
@@ -191,7 +213,7 @@ def add_plot_command(commands: Commands) -> None:
         "--task", type=_name, help="only this task (default: one curve per task with the metric)"
     )
     plot.add_argument("--stage", choices=STAGES, help="only this stage")
-    plot.add_argument("--smooth", default="none", help="none (default), ema:W (e.g. ema:0.6) or window:N")
+    plot.add_argument("--smooth", type=_smoothing, default="none", help=SMOOTH_HELP)
     plot.add_argument("--title", help="the chart's title (default: the metric and runs)")
     plot.add_argument("--out", required=True, help="the file to write: .png, or .pdf/.svg (vector)")
 

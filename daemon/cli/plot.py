@@ -10,14 +10,12 @@ from daemon.alerts.lifecycle import Alerter
 from daemon.analysis import curves
 from daemon.analysis.plot import PlotFormatError, plot_format, render
 from daemon.analysis.run_rows import run_results
-from daemon.analysis.smoothing import parse_smoothing
 from daemon.cli.base import load, open_current
 from daemon.errors import ConfigError, EvaldError
 from storage import alerting
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    smoothing = parse_smoothing(args.smooth)
     runs = list(dict.fromkeys(args.run))
     out = Path(args.out)
     try:
@@ -25,7 +23,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     except PlotFormatError as exc:
         raise ConfigError("--out", [str(exc)]) from exc
     config = load(args)
-    database = open_current(config)
+    database = open_current(config.database.url)
     try:
         with database.session() as session:
             rows = [
@@ -42,7 +40,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
             alerts,
             out=out,
             direction=Alerter(config).direction,
-            smoothing=smoothing,
+            smoothing=args.smooth,
             title=args.title,
         )
     except OSError as exc:

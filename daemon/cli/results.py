@@ -6,7 +6,7 @@ import argparse
 
 from daemon import filter_values
 from daemon.analysis import report
-from daemon.cli.base import load, open_current
+from daemon.cli.base import database_url, open_current
 from daemon.errors import ConfigError, EvaldError
 from storage import queries
 from storage.queries.filters import unknown_filter
@@ -19,25 +19,19 @@ def _bound(option: str, text: str | None) -> int | None:
         raise ConfigError(option, [str(exc)]) from None
 
 
-def _step_range(args: argparse.Namespace) -> tuple[int | None, int | None]:
-    """``--steps A:B`` (either side may be empty) or ``--step-min``/``--step-max``, inclusive; each bound
-    and the lower above the upper are refused as the API refuses them (:mod:`daemon.filter_values`)."""
-    step_min, step_max = _bound("--step-min", args.step_min), _bound("--step-max", args.step_max)
-    if args.steps is not None:
-        if step_min is not None or step_max is not None:
-            raise ConfigError("--steps", ["give --steps A:B or --step-min/--step-max, not both"])
-        low, colon, high = args.steps.partition(":")
-        if not colon:
-            shape = f"{filter_values.shown(args.steps)} is not A:B (e.g. 100:500, 100: or :500)"
-            raise ConfigError("--steps", [shape])
-        try:
-            step_min = filter_values.parse_integer(low.strip()) if low.strip() else None
-            step_max = filter_values.parse_integer(high.strip()) if high.strip() else None
-        except filter_values.ValueRefused as exc:
-            raise ConfigError("--steps", [f"{filter_values.shown(args.steps)}: {exc}"]) from None
-    problem = filter_values.step_range_problem(step_min, step_max)
-    if problem is not None:
-        raise ConfigError("--step-min", [problem])
+def _steps(text: str) -> tuple[int | None, int | None]:
+    """``--steps A:B``, either side empty for an open end; reversed (``500:100``) is refused saying so."""
+    low, colon, high = text.partition(":")
+    if not colon:
+        raise ConfigError("--steps", [f"{filter_values.shown(text)} is not A:B (e.g. 100:500, 100: or :500)"])
+    try:
+        step_min = filter_values.parse_integer(low.strip()) if low.strip() else None
+        step_max = filter_values.parse_integer(high.strip()) if high.strip() else None
+    except filter_values.ValueRefused as exc:
+        raise ConfigError("--steps", [f"{filter_values.shown(text)}: {exc}"]) from None
+    if step_min is not None and step_max is not None and step_min > step_max:
+        said = f"{step_min}:{step_max} is reversed: the lower step comes first"
+        raise ConfigError("--steps", [f"{said} (--steps {step_max}:{step_min})"])
     return step_min, step_max
 
 
@@ -50,10 +44,27 @@ def nothing_stored(run: str) -> str:
     )
 
 
+def step_range(
+    steps: str | None, step_min: str | None, step_max: str | None
+) -> tuple[int | None, int | None]:
+    """``--steps A:B`` (either side may be empty) or ``--step-min``/``--step-max``, inclusive, as the API
+    takes them (:mod:`daemon.filter_values`); :class:`ConfigError` (exit 2) naming the option given."""
+    low, high = _bound("--step-min", step_min), _bound("--step-max", step_max)
+    if steps is not None:
+        if low is not None or high is not None:
+            raise ConfigError("--steps", ["give --steps A:B or --step-min/--step-max, not both"])
+        return _steps(steps)
+    if low is not None and high is not None and low > high:
+        raise ConfigError(
+            "--step-min",
+            [f"{low} is above --step-max {high}: the range is reversed (--step-min {high} --step-max {low})"],
+        )
+    return low, high
+
+
 def cmd_results(args: argparse.Namespace) -> int:
-    step_min, step_max = _step_range(args)
-    config = load(args)
-    database = open_current(config)
+    step_min, step_max = step_range(args.steps, args.step_min, args.step_max)
+    database = open_current(database_url(args))
     try:
         with database.session() as session:
             if args.run is not None and not queries.run_exists(session, args.run):

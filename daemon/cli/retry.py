@@ -15,7 +15,7 @@ from dataclasses import asdict
 import structlog
 
 from daemon.analysis.report.cells import table
-from daemon.cli.base import load, open_current
+from daemon.cli.base import database_url, open_current
 from daemon.errors import ConfigError, EvaldError
 from storage import queries
 from storage.queries.retry import RetryTarget, retry_job_rows
@@ -47,8 +47,7 @@ def _selection(args: argparse.Namespace) -> None:
 
 def cmd_retry(args: argparse.Namespace) -> int:
     _selection(args)
-    config = load(args)
-    database = open_current(config)
+    database = open_current(database_url(args))
     try:
         with database.session() as session:
             if args.run is not None and not queries.run_exists(session, args.run):

@@ -6,13 +6,12 @@ import argparse
 import shutil
 
 from daemon.analysis import report
-from daemon.cli.base import load, open_current
+from daemon.cli.base import database_url, open_current
 from storage import queries
 
 
 def cmd_samples(args: argparse.Namespace) -> int:
-    config = load(args)
-    database = open_current(config)
+    database = open_current(database_url(args))
     try:
         with database.session() as session:
             found = queries.job_samples(

@@ -6,20 +6,23 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from daemon.analysis import report
 from daemon.analysis.report.status_lines import executor_text
 from daemon.analysis.report.tracker_rows import trackers_text
 from daemon.analysis.run_status import executor_summary, run_summaries, tracker_summaries
 from daemon.cli.base import load, open_current, terminal_width
-from daemon.config import Config
-from daemon.scheduling.resources import Check
+
+if TYPE_CHECKING:
+    # Types only: the probe (psutil, NVML, structlog) is imported where a threshold is set.
+    from daemon.config import Config
+    from daemon.scheduling.resources import Check
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     config = load(args)
-    database = open_current(config)
+    database = open_current(config.database.url)
     try:
         with database.session() as session:
             runs = run_summaries(session, config, [r.name for r in config.runs])

@@ -29,7 +29,7 @@ def cmd_webhook_test(args: argparse.Namespace) -> int:
     delivered = result.status is not None and 200 <= result.status < 300
     if delivered:
         # It takes alerts again: one that answered 410 Gone before is enabled for the relay.
-        database = open_current(config)
+        database = open_current(config.database.url)
         try:
             with database.session() as session:
                 outbox.enable_endpoint(session, args.name)

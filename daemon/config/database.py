@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field, ValidationInfo, field_validator
 
 from daemon.config.base import Section, base_dir
+from daemon.config.database_url import DEFAULT_URL, beside
 
 
 class DatabaseConfig(Section):
@@ -12,7 +13,7 @@ class DatabaseConfig(Section):
 
     #: ``sqlite:///FILE`` (one daemon; a relative path is beside the config) or ``postgresql://...``
     #: (several daemons share it); keep a password in ``EVALD_DATABASE_URL``, not in the file.
-    url: str = Field(default="sqlite:///evald.db", validate_default=True)
+    url: str = Field(default=DEFAULT_URL, validate_default=True)
     #: How long the daemon keeps trying to reach the database at start before it exits non-zero (and
     #: its supervisor starts it again). Once running, it waits out any outage, however long.
     start_timeout_secs: float = Field(default=60.0, ge=0)
@@ -22,8 +23,4 @@ class DatabaseConfig(Section):
     @field_validator("url")
     @classmethod
     def _relative_sqlite(cls, url: str, info: ValidationInfo) -> str:
-        # A relative SQLite path means "beside the config", not "wherever systemd's cwd is".
-        prefix = "sqlite:///"
-        if url.startswith(prefix) and not url.startswith(prefix + "/") and url != prefix + ":memory:":
-            return prefix + str((base_dir(info) / url[len(prefix) :]).resolve())
-        return url
+        return beside(url, base_dir(info))

@@ -9,48 +9,35 @@ database URL need not live in the file.
 from __future__ import annotations
 
 import os
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from daemon.config.document import (
+    DEFAULT_CONFIG,
+    ENV_PREFIX,
+    config_path,
+    env_name,
+    format_errors,
+    read_document,
+)
 from daemon.config.executor import ExecutorConfig
 from daemon.config.model import ENV_SECTIONS, Config
 from daemon.errors import ConfigError
 
-ENV_PREFIX = "EVALD_"
-DEFAULT_CONFIG = Path("evald.toml")
-
-
-def _location(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(top level)"
-
-
-def _message(error: Mapping[str, Any]) -> str:
-    kind = error.get("type", "")
-    if kind == "extra_forbidden":
-        return "unknown field"
-    if kind == "missing":
-        return "required field is missing"
-    message = str(error.get("msg", "invalid"))
-    return message.removeprefix("Value error, ")
-
-
-def format_errors(exc: ValidationError) -> list[str]:
-    problems = []
-    for error in exc.errors():
-        loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-        # Model-level validators report several problems in one message, each already with its path.
-        if error["type"] == "value_error" and not loc:
-            problems.extend(_message(error).split("; "))
-            continue
-        problems.append(f"{_location(loc)}: {_message(error)}")
-    return problems
+__all__ = [
+    "DEFAULT_CONFIG",
+    "ENV_PREFIX",
+    "apply_env",
+    "config_path",
+    "env_overrides",
+    "format_errors",
+    "load_config",
+    "parse_config",
+    "parse_executor",
+]
 
 
 def env_overrides() -> dict[str, tuple[str, str]]:
@@ -59,7 +46,7 @@ def env_overrides() -> dict[str, tuple[str, str]]:
     for section in ENV_SECTIONS:
         model: type[BaseModel] = Config.model_fields[section].annotation  # type: ignore[assignment]
         for field in model.model_fields:
-            names[f"{ENV_PREFIX}{section}_{field}".upper()] = (section, field)
+            names[env_name(section, field)] = (section, field)
     return names
 
 
@@ -85,27 +72,9 @@ def parse_config(
         raise ConfigError(source, format_errors(exc)) from exc
 
 
-def config_path(explicit: str | None, environ: Mapping[str, str] | None = None) -> Path:
-    """``--config``, else ``$EVALD_CONFIG``, else ``./evald.toml``."""
-    env = os.environ if environ is None else environ
-    return Path(explicit or env.get(f"{ENV_PREFIX}CONFIG") or DEFAULT_CONFIG)
-
-
 def load_config(path: Path, environ: Mapping[str, str] | None = None) -> Config:
-    source = str(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError as exc:
-        raise ConfigError(source, ["file not found (pass --config or set EVALD_CONFIG)"]) from exc
-    except OSError as exc:
-        raise ConfigError(source, [f"cannot read: {exc.strerror}"]) from exc
-    try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise ConfigError(source, [f"not UTF-8 text ({exc.reason} at byte {exc.start})"]) from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(source, [f"not valid TOML: {exc}"]) from exc
-    return parse_config(data, base_dir=path.resolve().parent, source=source, environ=environ)
+    data = read_document(path)
+    return parse_config(data, base_dir=path.resolve().parent, source=str(path), environ=environ)
 
 
 class _ExecutorOnly(BaseModel):

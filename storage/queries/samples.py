@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 
 from sqlalchemy import and_, func, select
@@ -128,13 +128,22 @@ def _run_id(session: Session, run: str) -> int:
     return run_id
 
 
+def nearest_steps(steps: Iterable[int], step: int, count: int = NEAREST_STEPS) -> list[int]:
+    """The ``count`` distinct steps closest to ``step`` (the lower of two as close), in step order."""
+    return sorted(sorted(set(steps), key=lambda s: (abs(s - step), s))[:count])
+
+
 def _steps_hint(steps: Sequence[int], step: int) -> str:
     if not steps:
         return "it has no checkpoint with a step yet"
     if len(steps) <= NEAREST_STEPS:
         return "steps: " + ", ".join(map(str, sorted(steps)))
-    nearest = sorted(sorted(steps, key=lambda s: (abs(s - step), s))[:NEAREST_STEPS])
-    return f"nearest steps: {', '.join(map(str, nearest))} (of {len(steps)})"
+    nearest = nearest_steps(steps, step)
+    # Asked below the first step (or past the newest), the nearest are the run's first (or last) few:
+    # said so, since a list that starts at the run's first step looks like no search at all.
+    side = f"; none below {nearest[0]}" if step < min(steps) else ""
+    side = f"; none above {nearest[-1]}" if step > max(steps) else side
+    return f"nearest steps: {', '.join(map(str, nearest))} (of {len(steps)}{side})"
 
 
 @dataclass(frozen=True)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from daemon.analysis.report.cells import one_line, table
-from storage import alerting
+
+if TYPE_CHECKING:
+    from storage import alerting
 
 
 def alert_json(row: alerting.AlertRow) -> dict[str, Any]:

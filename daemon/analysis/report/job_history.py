@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from daemon.analysis.report.cells import first_line, table
-from storage.queries import AttemptRow
-from storage.queries.retry import Submission
+
+if TYPE_CHECKING:
+    from storage.queries import AttemptRow
+    from storage.queries.retry import Submission
 
 
 def history_rows(attempts: Sequence[AttemptRow], current: Submission | None = None) -> list[dict[str, Any]]:

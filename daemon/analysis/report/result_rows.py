@@ -7,10 +7,12 @@ import csv
 import io
 import json
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from daemon.analysis.report.cells import NO_SAMPLES, Format, jsonable, table
-from storage.queries import ResultRow
+
+if TYPE_CHECKING:
+    from storage.queries import ResultRow
 
 
 def result_dicts(rows: Iterable[ResultRow]) -> list[dict[str, Any]]:

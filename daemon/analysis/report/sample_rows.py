@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 from daemon.analysis.report.cells import cell, one_line, table
-from storage.queries import JobSamples, ProblemRow, SampleRow
+
+if TYPE_CHECKING:
+    from storage.queries import JobSamples, ProblemRow, SampleRow
 
 #: How much of a prompt id, extracted answer or reference the samples table shows; the response gets the
 #: rest of the terminal, but never less than RESPONSE_MIN_CHARS (``--format json`` shows everything).

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from daemon.analysis.report.cells import NO_SAMPLES, cell, duration, first_line
-from daemon.scheduling.resources import Check
 from storage.scheduling import HELD_PREFIX
+
+if TYPE_CHECKING:
+    from daemon.scheduling.resources import Check
 
 
 def _attempts(done: int, most: int | None) -> str:

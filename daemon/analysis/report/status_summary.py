@@ -6,12 +6,14 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from daemon.analysis.report.cells import jsonable
-from daemon.scheduling.resources import Check
-from storage.queries import AlternateRow, CheckpointRow, IgnoredRow, JobRow, ResultRow
 from storage.scheduling import HELD_PREFIX, PlanRow
+
+if TYPE_CHECKING:
+    from daemon.scheduling.resources import Check
+    from storage.queries import AlternateRow, CheckpointRow, IgnoredRow, JobRow, ResultRow
 
 
 def status(

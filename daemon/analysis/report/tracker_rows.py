@@ -7,11 +7,13 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from daemon.analysis.report.cells import duration, first_line, jsonable
 from storage.outbox import pause_reason
-from storage.queries.monitoring import OutboxBacklog
+
+if TYPE_CHECKING:
+    from storage.queries.monitoring import OutboxBacklog
 
 #: A character a tracker's name may hold: an endpoint that goes on with one of these is another name's.
 _NAME_CHAR = re.compile(r"[A-Za-z0-9._-]")
