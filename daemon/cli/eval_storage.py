@@ -152,7 +152,7 @@ class Keeper:
     def __init__(self, config: Config, where: Place | None) -> None:
         self.where = where
         self.stored: list[Stored] = []
-        self._database = open_current(config) if where is not None else None
+        self._database = open_current(config.database.url) if where is not None else None
 
     def keep(self, evaluated: Evaluated) -> None:
         if self._database is not None and self.where is not None:

@@ -62,13 +62,22 @@ def step_range(
     return low, high
 
 
+def _configured(args: argparse.Namespace, run: str) -> bool:
+    """Whether the config file names ``run`` under ``[[runs]]``: read from the file's document on the error
+    path alone, so that ``results`` still answers without validating any section."""
+    from daemon.config.document import config_path, read_document
+
+    runs = read_document(config_path(args.config)).get("runs")
+    return isinstance(runs, list) and any(isinstance(r, dict) and r.get("name") == run for r in runs)
+
+
 def cmd_results(args: argparse.Namespace) -> int:
     step_min, step_max = step_range(args.steps, args.step_min, args.step_max)
     database = open_current(database_url(args))
     try:
         with database.session() as session:
             if args.run is not None and not queries.run_exists(session, args.run):
-                if config.run(args.run) is not None:
+                if _configured(args, args.run):
                     raise EvaldError(nothing_stored(args.run))
                 known = ", ".join(r.name for r in queries.run_rows(session)) or "none"
                 raise EvaldError(f"no run {args.run!r} (runs: {known})")
