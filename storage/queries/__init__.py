@@ -45,6 +45,7 @@ if TYPE_CHECKING:
         set_executor_state,
         submitted_per_run,
     )
+    from storage.queries.latest import latest_results
     from storage.queries.outcomes import (
         AttemptRow,
         attempt_recorded,
@@ -71,7 +72,7 @@ if TYPE_CHECKING:
         requeue_orphans,
         take_over,
     )
-    from storage.queries.results import MetricRow, ResultRow, latest_results, result_rows
+    from storage.queries.results import MetricRow, ResultRow, result_rows, run_exists, run_names
     from storage.queries.samples import (
         ERROR_CHARS,
         LISTED,
@@ -93,7 +94,6 @@ if TYPE_CHECKING:
         job_durations,
         job_rows,
         job_state_counts,
-        run_exists,
         run_rows,
     )
 
@@ -144,8 +144,10 @@ _HOMES = {
     "take_over": "recovery",
     "MetricRow": "results",
     "ResultRow": "results",
-    "latest_results": "results",
+    "latest_results": "latest",
     "result_rows": "results",
+    "run_exists": "results",
+    "run_names": "results",
     "ERROR_CHARS": "samples",
     "LISTED": "samples",
     "NEAREST_STEPS": "samples",
@@ -164,7 +166,6 @@ _HOMES = {
     "job_durations": "status",
     "job_rows": "status",
     "job_state_counts": "status",
-    "run_exists": "status",
     "run_rows": "status",
 }
 
@@ -245,6 +246,7 @@ __all__ = [
     "requeue_orphans",
     "result_rows",
     "run_exists",
+    "run_names",
     "run_rows",
     "running_claims",
     "same_step",
