@@ -7,16 +7,20 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
-from sqlalchemy.orm import Session, sessionmaker
 
 from storage.errors import DatabaseUnreachable, InstanceLocked
+
+if TYPE_CHECKING:
+    # The ORM is imported by the first session (storage.models imports it anyway); a reader on a core
+    # connection (`evald results`) never imports it.
+    from sqlalchemy.orm import Session, sessionmaker
 
 #: How long SQLite waits for another writer before giving up, in milliseconds.
 SQLITE_BUSY_TIMEOUT_MS = 10_000
@@ -153,7 +157,7 @@ class Database:
         self.engine = create_engine(engine_url, **kwargs)
         if self.is_sqlite:
             _configure_sqlite(self.engine, read_only=read_only)
-        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._sessions: sessionmaker[Session] | None = None
         self._lock_file: IO[str] | None = None
 
     @property
@@ -176,9 +180,25 @@ class Database:
         The database going away (a lost connection, a server restarting, a full disk) is raised as
         :class:`DatabaseUnreachable`, whatever the statement; other errors pass through as they are.
         """
+        if self._sessions is None:
+            from sqlalchemy.orm import sessionmaker
+
+            self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        with self._outages(), self._sessions.begin() as session:
+            yield session
+
+    @contextmanager
+    def connection(self) -> Iterator[Connection]:
+        """One transaction on a core connection, as :meth:`session` is one on an ORM session: for reads
+        that need no ORM (:mod:`storage.tables`), which then is never imported."""
+        with self._outages(), self.engine.begin() as conn:
+            yield conn
+
+    @contextmanager
+    def _outages(self) -> Iterator[None]:
+        """The database going away, raised as :class:`DatabaseUnreachable`; anything else as it is."""
         try:
-            with self._sessions.begin() as session:
-                yield session
+            yield
         except (DBAPIError, PoolTimeout) as exc:
             if is_outage(exc):
                 where = describe_url(self.url)

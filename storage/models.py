@@ -7,29 +7,15 @@ result per job × metric, one sample row per job × index. Code that breaks them
 from __future__ import annotations
 
 import enum
-import math
-from datetime import UTC, datetime
+from datetime import datetime
 
-from sqlalchemy import (
-    JSON,
-    Boolean,
-    DateTime,
-    Dialect,
-    Enum,
-    Float,
-    ForeignKey,
-    Index,
-    Integer,
-    String,
-    Text,
-    TypeDecorator,
-    UniqueConstraint,
-)
+from sqlalchemy import JSON, Boolean, Enum, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
+# Defined with the core types, where the reads that do without the ORM find them too; named here as well.
+from storage.column_types import MetricFloat as MetricFloat
+from storage.column_types import UTCDateTime as UTCDateTime
+from storage.column_types import utcnow as utcnow
 
 
 class CheckpointState(enum.StrEnum):
@@ -64,41 +50,6 @@ class Plan(enum.StrEnum):
 def _enum(cls: type[enum.StrEnum], name: str) -> Enum:
     # Stored as plain strings with a CHECK constraint: readable from any SQL client, portable to SQLite.
     return Enum(cls, name=name, native_enum=False, length=16, values_callable=lambda e: [m.value for m in e])
-
-
-class UTCDateTime(TypeDecorator[datetime]):
-    """Timestamps are aware and in UTC on every backend (SQLite would hand them back naive)."""
-
-    impl = DateTime(timezone=True)
-    cache_ok = True
-
-    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
-        if value is None:
-            return None
-        if value.tzinfo is None:
-            raise ValueError(f"naive datetime {value!r}: evald stores UTC-aware timestamps only")
-        return value.astimezone(UTC)
-
-    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
-        if value is None:
-            return None
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
-class MetricFloat(TypeDecorator[float]):
-    """A metric's value, NaN included: SQLite has no NaN (it would store NULL into a NOT NULL column and
-    fail the whole result), so there NaN is kept as NULL and read back as NaN. PostgreSQL stores NaN."""
-
-    impl = Float
-    cache_ok = True
-
-    def process_bind_param(self, value: float | None, dialect: Dialect) -> float | None:
-        if value is not None and math.isnan(value) and dialect.name == "sqlite":
-            return None
-        return value
-
-    def process_result_value(self, value: float | None, dialect: Dialect) -> float | None:
-        return math.nan if value is None else value
 
 
 class Base(DeclarativeBase):

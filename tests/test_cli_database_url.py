@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from daemon.cli import main
@@ -68,6 +68,8 @@ def test_the_url_read_alone_is_the_one_the_config_validates_to(
     assert load_config(path, environ).database.url == url
 
 
+# Each example validates a whole config: fewer of them, and no deadline a loaded machine could miss.
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     parts=st.lists(st.text(alphabet="abc_.-é ", min_size=1, max_size=6), min_size=1, max_size=3),
     absolute=st.booleans(),

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from daemon.analysis.smoothing import Smoothing, parse_smoothing
@@ -209,6 +209,7 @@ def test_a_step_that_exists_shows_its_job(config: str, capsys: pytest.CaptureFix
     assert out.startswith("run a, step 4000 (step_4000), task arith, stage full, job ")
 
 
+@settings(deadline=None)  # a loaded machine's pause is no failure
 @given(
     steps=st.lists(st.integers(0, 10_000), min_size=1, max_size=40),
     step=st.integers(0, 10_000),
@@ -231,6 +232,7 @@ _SIDE = st.one_of(
 )
 
 
+@settings(deadline=None)
 @given(st.one_of(st.text(max_size=12), st.tuples(_SIDE, _SIDE).map(lambda p: f"{p[0]}:{p[1]}")))
 def test_steps_are_a_range_or_a_usage_error_naming_steps(text: str) -> None:
     try:
@@ -247,6 +249,11 @@ def test_steps_are_a_range_or_a_usage_error_naming_steps(text: str) -> None:
     assert low is None or high is None or low <= high
 
 
+#: One parser for every example (it is built from the same definitions each time).
+PARSER = build_parser()
+
+
+@settings(deadline=None)
 @given(st.text(max_size=16))
 def test_smooth_is_a_spec_or_a_usage_error_naming_smooth(text: str) -> None:
     """``--smooth=TEXT`` gives what :func:`parse_smoothing` gives, or exits 2 naming ``--smooth`` where it
@@ -259,7 +266,7 @@ def test_smooth_is_a_spec_or_a_usage_error_naming_smooth(text: str) -> None:
         expected = None
     with contextlib.redirect_stderr(said):
         try:
-            args: argparse.Namespace | None = build_parser().parse_args(argv)
+            args: argparse.Namespace | None = PARSER.parse_args(argv)
         except SystemExit as exc:
             assert exc.code == 2
             args = None

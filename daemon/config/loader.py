@@ -1,4 +1,5 @@
-"""Reading the TOML config: the file, ``EVALD_<SECTION>_<FIELD>`` overrides, and every problem at once.
+"""Reading the TOML config: the file (:mod:`.document`), ``EVALD_<SECTION>_<FIELD>`` overrides, and every
+problem at once.
 
 Every problem is reported with its path in the file (``tasks[1].dataset: file not found: ...``), all of
 them at once. Relative paths are relative to the config file. ``EVALD_<SECTION>_<FIELD>`` environment
@@ -15,29 +16,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from daemon.config.document import (
-    DEFAULT_CONFIG,
-    ENV_PREFIX,
-    config_path,
-    env_name,
-    format_errors,
-    read_document,
-)
+from daemon.config.document import env_name, format_errors, read_document
 from daemon.config.executor import ExecutorConfig
 from daemon.config.model import ENV_SECTIONS, Config
 from daemon.errors import ConfigError
-
-__all__ = [
-    "DEFAULT_CONFIG",
-    "ENV_PREFIX",
-    "apply_env",
-    "config_path",
-    "env_overrides",
-    "format_errors",
-    "load_config",
-    "parse_config",
-    "parse_executor",
-]
 
 
 def env_overrides() -> dict[str, tuple[str, str]]:

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
         set_executor_state,
         submitted_per_run,
     )
+    from storage.queries.latest import latest_results
     from storage.queries.outcomes import (
         AttemptRow,
         attempt_recorded,
@@ -73,7 +74,14 @@ if TYPE_CHECKING:
         requeue_orphans,
         take_over,
     )
-    from storage.queries.results import MetricRow, ResultRow, latest_results, result_rows, run_has_results
+    from storage.queries.results import (
+        MetricRow,
+        ResultRow,
+        result_rows,
+        run_exists,
+        run_has_results,
+        run_names,
+    )
     from storage.queries.samples import (
         ERROR_CHARS,
         LISTED,
@@ -95,7 +103,6 @@ if TYPE_CHECKING:
         job_durations,
         job_rows,
         job_state_counts,
-        run_exists,
         run_rows,
     )
 
@@ -148,9 +155,11 @@ _HOMES = {
     "take_over": "recovery",
     "MetricRow": "results",
     "ResultRow": "results",
-    "latest_results": "results",
+    "latest_results": "latest",
     "result_rows": "results",
+    "run_exists": "results",
     "run_has_results": "results",
+    "run_names": "results",
     "ERROR_CHARS": "samples",
     "LISTED": "samples",
     "NEAREST_STEPS": "samples",
@@ -169,7 +178,6 @@ _HOMES = {
     "job_durations": "status",
     "job_rows": "status",
     "job_state_counts": "status",
-    "run_exists": "status",
     "run_rows": "status",
 }
 
@@ -253,6 +261,7 @@ __all__ = [
     "result_rows",
     "run_exists",
     "run_has_results",
+    "run_names",
     "run_rows",
     "running_claims",
     "same_step",

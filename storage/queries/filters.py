@@ -8,11 +8,15 @@ answer. The lookup runs only when a filtered query came back empty, so a normal 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
 
-from storage.models import Checkpoint, EvalJob, Result, Run
+from storage.tables import CHECKPOINTS, EVAL_JOBS, RESULTS, RUNS
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
+    from sqlalchemy.orm import Session
 
 #: The filters in the order they narrow one another: a stage is looked up among the named task's.
 FIELDS = ("task", "stage", "metric")
@@ -49,7 +53,7 @@ class UnknownFilter:
 
 
 def unknown_filter(
-    session: Session,
+    session: Session | Connection,
     *,
     run: str | None,
     task: str | None = None,
@@ -62,13 +66,14 @@ def unknown_filter(
     if all(v is None for v in wanted.values()):
         return None
     query = (
-        select(EvalJob.task, EvalJob.stage, Result.metric)
+        select(EVAL_JOBS.c.task, EVAL_JOBS.c.stage, RESULTS.c.metric)
         .distinct()
-        .join(EvalJob, Result.job_id == EvalJob.id)
-        .join(Checkpoint, EvalJob.checkpoint_id == Checkpoint.id)
+        .select_from(RESULTS)
+        .join(EVAL_JOBS, RESULTS.c.job_id == EVAL_JOBS.c.id)
+        .join(CHECKPOINTS, EVAL_JOBS.c.checkpoint_id == CHECKPOINTS.c.id)
     )
     if run is not None:
-        query = query.join(Run, Checkpoint.run_id == Run.id).where(Run.name == run)
+        query = query.join(RUNS, CHECKPOINTS.c.run_id == RUNS.c.id).where(RUNS.c.name == run)
     keys = [tuple(map(str, row)) for row in session.execute(query)]
     scope: dict[str, str] = {}
     for position, field in enumerate(FIELDS):

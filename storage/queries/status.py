@@ -11,7 +11,7 @@ from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session, aliased
 
 from storage.models import Alert, Checkpoint, EvalJob, JobState, Result, ResultSeries, Run
-from storage.queries.results import series_newest_step
+from storage.queries.latest import series_newest_step
 
 
 @dataclass(frozen=True)
@@ -92,12 +92,6 @@ def run_rows(session: Session, name: str | None = None) -> list[RunRow]:
         RunRow(name=n, root=r, created_at=c, checkpoints=k or 0, latest_step=ls, evaluated_step=es)
         for n, r, c, k, ls, es in session.execute(query)
     ]
-
-
-def run_exists(session: Session, name: str) -> bool:
-    """Whether a run of that name is recorded: one index lookup, where ``run_rows`` also counts its
-    checkpoints (the check every ``?run=`` route of the HTTP API makes first)."""
-    return session.scalar(select(Run.id).where(Run.name == name)) is not None
 
 
 def checkpoint_rows(
