@@ -9,8 +9,9 @@ none of the sections' models.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from evald.lazy import export
 
 if TYPE_CHECKING:
     from daemon.config.alerts import AlertsConfig, Direction, ThresholdConfig, WebhookConfig
@@ -100,13 +101,8 @@ _HOMES = {
 
 
 def __getattr__(name: str) -> Any:
-    """``daemon.config.X``: its module imported on first use, then ``X`` kept here like any import."""
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
-    globals()[name] = value
-    return value
+    """``daemon.config.X``: its module imported on first use (:func:`evald.lazy.export`)."""
+    return export(__name__, _HOMES, name)
 
 
 def __dir__() -> list[str]:

@@ -9,8 +9,9 @@ logging.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from evald.lazy import export
 
 if TYPE_CHECKING:
     from daemon.watching.discovery import Discovery
@@ -28,13 +29,8 @@ _HOMES = {
 
 
 def __getattr__(name: str) -> Any:
-    """``daemon.watching.X``: its module imported on first use, then ``X`` kept here like any import."""
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
-    globals()[name] = value
-    return value
+    """``daemon.watching.X``: its module imported on first use (:func:`evald.lazy.export`)."""
+    return export(__name__, _HOMES, name)
 
 
 def __dir__() -> list[str]:

@@ -14,8 +14,9 @@ first asked for, so a command that reads results never imports the claims' or th
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from evald.lazy import export
 
 if TYPE_CHECKING:
     from storage.queries.checkpoints import (
@@ -183,13 +184,8 @@ _HOMES = {
 
 
 def __getattr__(name: str) -> Any:
-    """``queries.X``: its module imported on first use, then ``X`` kept here like any import."""
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
-    globals()[name] = value
-    return value
+    """``queries.X``: its module imported on first use (:func:`evald.lazy.export`)."""
+    return export(__name__, _HOMES, name)
 
 
 def __dir__() -> list[str]:

@@ -8,8 +8,9 @@ models nor the alert view's tables (``tests/test_cli_imports.py`` counts them).
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from evald.lazy import export
 
 if TYPE_CHECKING:
     from daemon.analysis.report.alert_rows import alert_json, alert_steps, alerts_text
@@ -55,13 +56,8 @@ _HOMES = {
 
 
 def __getattr__(name: str) -> Any:
-    """``report.X``: the view's module imported on first use, then ``X`` kept here like any import."""
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
-    globals()[name] = value
-    return value
+    """``report.X``: its module imported on first use (:func:`evald.lazy.export`)."""
+    return export(__name__, _HOMES, name)
 
 
 def __dir__() -> list[str]:
