@@ -18,10 +18,12 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from sqlalchemy.orm import Session
 
 from daemon.cli.parser import Handler, build_parser
 from storage import queries, tables
 from storage.models import Base, CheckpointState, JobState
+from storage.queries.claims import ClaimedJob
 from tests.harness import evald, upgraded, write_config, write_dataset
 
 #: Runs ``daemon.cli.main`` with the arguments after the output file, then writes the modules loaded.
@@ -90,6 +92,25 @@ def under(modules: set[str], *roots: str) -> list[str]:
     return sorted(m for m in modules if any(m == r or m.startswith(f"{r}.") for r in roots))
 
 
+def _claimed_job(s: Session, root: Path) -> ClaimedJob:
+    """Run ``toy``'s ``step_5`` recorded ready under ``root``, its ``arith`` job claimed by ``h:1``."""
+    run_id = queries.ensure_run(s, "toy", str(root / "run"))
+    checkpoint = queries.record_checkpoint(
+        s,
+        run_id=run_id,
+        path=str(root / "run" / "step_5"),
+        name="step_5",
+        step=5,
+        epoch=None,
+        layout="hf",
+        state=CheckpointState.READY,
+    )
+    queries.enqueue_jobs(s, checkpoint_id=checkpoint, step=5, tasks=["arith"])
+    job = queries.claim_next_job(s, "h:1")
+    assert job is not None
+    return job
+
+
 @pytest.fixture(scope="module")
 def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A SQLite database at the current schema with one evaluated checkpoint, and its config."""
@@ -98,20 +119,7 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
     database = upgraded(url)
     try:
         with database.session() as s:
-            run_id = queries.ensure_run(s, "toy", str(tmp / "run"))
-            checkpoint = queries.record_checkpoint(
-                s,
-                run_id=run_id,
-                path=str(tmp / "run" / "step_5"),
-                name="step_5",
-                step=5,
-                epoch=None,
-                layout="hf",
-                state=CheckpointState.READY,
-            )
-            queries.enqueue_jobs(s, checkpoint_id=checkpoint, step=5, tasks=["arith"])
-            job = queries.claim_next_job(s, "h:1")
-            assert job is not None
+            job = _claimed_job(s, tmp)
             metrics = [queries.MetricRow("accuracy", 0.5, 4, 0.25)]
             queries.complete_job(
                 s, job_id=job.id, owner="h:1", duration_s=1.0, load_s=0.1, metrics=metrics, samples=[]
@@ -232,20 +240,7 @@ def test_a_command_that_logs_configures_logging_when_it_imports_it(tmp_path: Pat
     database = upgraded(url)
     try:
         with database.session() as s:
-            run_id = queries.ensure_run(s, "toy", str(tmp_path / "run"))
-            checkpoint = queries.record_checkpoint(
-                s,
-                run_id=run_id,
-                path=str(tmp_path / "run" / "step_5"),
-                name="step_5",
-                step=5,
-                epoch=None,
-                layout="hf",
-                state=CheckpointState.READY,
-            )
-            queries.enqueue_jobs(s, checkpoint_id=checkpoint, step=5, tasks=["arith"])
-            job = queries.claim_next_job(s, "h:1")
-            assert job is not None
+            job = _claimed_job(s, tmp_path)
             queries.fail_job(s, job_id=job.id, owner="h:1", kind="crash", error="boom", duration_s=1.0)
             assert queries.job_state(s, job.id) == JobState.FAILED
     finally:
