@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from inference.toy.problems import held_out_problems, write_jsonl
+from tests import forkserver
 from tests.deadlines import patient
 from tests.file_weights import weight
-from tests.session_cache import built_once, close_session, open_session
+from tests.session_cache import built_once, cache_root, close_session, open_session
 
 #: Environment for processes started by tests: no network, no progress bars.
 SUBPROCESS_ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
@@ -23,14 +24,32 @@ TOY_SAVE_EVERY = 15
 
 
 _OWN_CACHE: list[Path | None] = []
+_FORKS: list[forkserver.Session] = []
 
 
 def pytest_configure(config: pytest.Config) -> None:
     # The controller (or a plain run) picks the session cache; xdist workers inherit it.
-    _OWN_CACHE.append(open_session())
+    own = open_session()
+    _OWN_CACHE.append(own)
+    if own is not None:
+        # One fork server for the session (tests/forkserver.py): the daemons the tests start (and the tests
+        # that run a worker themselves) take their workers from it through the shim, which every process
+        # started from here inherits as the daemons' `[inference] python`.
+        session = forkserver.start_session(cache_root() / "forks")
+        if session is not None:
+            _FORKS.append(session)
+            os.environ[forkserver.PYTHON_OVERRIDE_ENV] = str(session.shim)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for session in _FORKS:
+        terminalreporter.write_line(session.summary())
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    while _FORKS:
+        os.environ.pop(forkserver.PYTHON_OVERRIDE_ENV, None)
+        _FORKS.pop().close()
     if _OWN_CACHE:
         close_session(_OWN_CACHE.pop())
 

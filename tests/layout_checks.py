@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -13,7 +12,7 @@ from inference.toy.problems import PROMPT_TEMPLATE, held_out_problems, write_jso
 from tests.checkpoints import LayoutCase
 from tests.conftest import SUBPROCESS_ENV
 from tests.deadlines import patient
-from tests.writers.launch import REPO
+from tests.forkserver import worker_python
 
 if TYPE_CHECKING:
     import torch
@@ -78,11 +77,11 @@ def run_job(case: LayoutCase, tmp_path: Path, *, hf_config: Path | str | None = 
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(spec.model_dump_json(), encoding="utf-8")
     done = subprocess.run(
-        [sys.executable, "-m", "inference.worker", str(spec_path)],
+        [worker_python(), "-m", "inference.worker", str(spec_path)],
         capture_output=True,
         text=True,
         # As the daemon starts it: no DS_ACCELERATOR, so DeepSpeed picks the accelerator itself.
-        env={**SUBPROCESS_ENV, "PYTHONPATH": str(REPO)},
+        env=SUBPROCESS_ENV,
         timeout=patient(300),
     )
     assert done.returncode in (0, 3), done.stderr[-4000:]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from inference.spec import InferenceSpec, JobResult, JobSpec, TaskSpec
 from inference.toy.problems import PROMPT_TEMPLATE, held_out_problems, plain_row
 from tests.conftest import SUBPROCESS_ENV, ToyRun
 from tests.deadlines import patient
+from tests.forkserver import worker_python
 
 METRICS = (
     "accuracy",
@@ -75,7 +75,7 @@ def test_a_job_with_five_poisoned_rows_grades_the_other_995(toy_run: ToyRun, tmp
 
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "inference.worker", str(spec_path)],
+        [worker_python(), "-m", "inference.worker", str(spec_path)],
         capture_output=True,
         text=True,
         env=SUBPROCESS_ENV,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from tests.cases import hf_bin
 from tests.checkpoints import LayoutCase
 from tests.conftest import SUBPROCESS_ENV
 from tests.deadlines import patient
+from tests.forkserver import worker_python
 
 
 class Payload:
@@ -81,7 +81,7 @@ def test_worker_refuses_code_carrying_weights(bin_case: LayoutCase, tmp_path: Pa
     )
     (tmp_path / "spec.json").write_text(spec.model_dump_json(), encoding="utf-8")
     done = subprocess.run(
-        [sys.executable, "-m", "inference.worker", str(tmp_path / "spec.json")],
+        [worker_python(), "-m", "inference.worker", str(tmp_path / "spec.json")],
         capture_output=True,
         text=True,
         env=SUBPROCESS_ENV,

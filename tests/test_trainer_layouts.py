@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +24,7 @@ from tests.cases import areal, dcp, hf_bin, verl
 from tests.checkpoints import LayoutCase
 from tests.conftest import SUBPROCESS_ENV
 from tests.deadlines import patient
+from tests.forkserver import worker_python
 from tests.layout_checks import replay_order
 
 CASES: dict[str, ModuleType] = {"dcp": dcp, "verl": verl, "areal": areal, "hf_bin": hf_bin}
@@ -151,7 +151,7 @@ def start_worker(case: LayoutCase, dataset: Path, folder: Path) -> tuple[subproc
     spec_path = folder / "spec.json"
     spec_path.write_text(spec.model_dump_json(), encoding="utf-8")
     process = subprocess.Popen(
-        [sys.executable, "-m", "inference.worker", str(spec_path)],
+        [worker_python(), "-m", "inference.worker", str(spec_path)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,

@@ -21,6 +21,7 @@ from inference.toy.problems import PROMPT_TEMPLATE
 from inference.worker import run
 from tests.conftest import SUBPROCESS_ENV, ToyRun
 from tests.deadlines import patient
+from tests.forkserver import worker_python
 
 METRICS = ("accuracy", "response_length", "truncation_rate", "tokens_per_s", "wall_s", "load_s")
 
@@ -43,11 +44,15 @@ def job(checkpoint: Path, dataset: Path, tmp_path: Path, metrics: tuple[str, ...
     )
 
 
-def run_worker(spec: JobSpec, tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], JobResult]:
+def run_worker(
+    spec: JobSpec, tmp_path: Path, *, fresh: bool = False
+) -> tuple[subprocess.CompletedProcess[str], JobResult]:
+    """``python -m inference.worker``; ``fresh``: in a new interpreter, not forked from the session's
+    preloaded one (tests/forkserver.py)."""
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(spec.model_dump_json(), encoding="utf-8")
     done = subprocess.run(
-        [sys.executable, "-m", "inference.worker", str(spec_path)],
+        [sys.executable if fresh else worker_python(), "-m", "inference.worker", str(spec_path)],
         capture_output=True,
         text=True,
         env=SUBPROCESS_ENV,
@@ -61,7 +66,8 @@ def copy_checkpoint(toy_run: ToyRun, tmp_path: Path) -> Path:
 
 
 def test_worker_evaluates_a_checkpoint(toy_run: ToyRun, toy_dataset: Path, tmp_path: Path) -> None:
-    done, result = run_worker(job(toy_run.last_checkpoint, toy_dataset, tmp_path), tmp_path)
+    # A new interpreter, as a daemon starts it: the other tests' workers are forked from the session's.
+    done, result = run_worker(job(toy_run.last_checkpoint, toy_dataset, tmp_path), tmp_path, fresh=True)
 
     assert done.returncode == 0, done.stderr
     assert result.error is None

@@ -1,0 +1,117 @@
+"""The tests' stand-in for ``python``: ``python -m inference.worker SPEC`` forked from a preloaded process.
+
+An evaluation worker spends about 4 of its 4.5 CPU seconds importing torch, transformers, DeepSpeed and
+math-verify; the suite starts over a hundred of them. The session's fork server (:mod:`tests.forkserver`)
+imports those once, and this client, run by the session's ``bin/python`` shim in the worker's place, asks
+it for a worker: a child forked with this process's standard streams, working folder, environment and
+arguments, in a session of its own. This process stays the worker as the daemon sees it: its pid is the
+job's handle and its command line names the spec; it passes signals on to the child and exits as the
+child did (its exit status, or killed by the same signal). A SIGKILL, which cannot be passed on, closes
+the connection, and the server kills the child at once.
+
+Anything else (``-m inference.launcher``, ``-m torch.distributed.run``, a worker under Slurm or Ray, a
+worker whose environment differs from the server's where imports read it) runs the real interpreter in
+place (``execv``), so those paths are what they are without the suite.
+
+Standard library only: the shim runs it with ``-I -S`` (no site-packages), in a few milliseconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+#: The tie to the daemon that started this worker (inference.spec.PARENT_PID_ENV).
+PARENT_PID_ENV = "EVALD_PARENT_PID"
+#: Signals a daemon or a test may send a worker: passed on to the forked child's process group.
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+_PR_SET_PDEATHSIG = 1
+
+
+def forkable(argv: list[str], environ: dict[str, str], parent: int) -> bool:
+    """Whether ``python ARGV`` is a single evaluation worker this host's local executor (or a test) starts
+    directly: not a rank of a launcher, not a Slurm or Ray job (whose processes their scheduler owns)."""
+    if len(argv) != 3 or argv[:2] != ["-m", "inference.worker"]:
+        return False
+    if "SLURM_JOB_ID" in environ or any(name.startswith("RAY_") for name in environ):
+        return False
+    tie = environ.get(PARENT_PID_ENV)
+    return tie is None or tie == str(parent)
+
+
+def _die_with_parent() -> None:
+    """As inference.lifeline.die_with_parent: this process goes when the daemon that started it does,
+    and the server then kills the child."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if str(os.getppid()) != os.environ.get(PARENT_PID_ENV):
+        os._exit(1)
+
+
+def _lines(conn: socket.socket) -> dict[str, object]:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = conn.recv(4096)
+        if not chunk:
+            raise ConnectionError("the fork server closed the connection")
+        data += chunk
+    answer: dict[str, object] = json.loads(data)
+    return answer
+
+
+def _exit_as(answer: dict[str, object]) -> NoReturn:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    killed = answer.get("signal")
+    if isinstance(killed, int):
+        # The daemon reads "killed by SIGSEGV" from the exit status: die of the same signal, no core.
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        signal.signal(killed, signal.SIG_DFL)
+        os.kill(os.getpid(), killed)
+    code = answer.get("exit")
+    os._exit(code if isinstance(code, int) else 1)
+
+
+def main(real_python: str, socket_path: str) -> NoReturn:
+    argv = sys.argv[1:]
+    environ = dict(os.environ)
+    if not forkable(argv, environ, os.getppid()):
+        os.execv(real_python, [real_python, *argv])
+    if PARENT_PID_ENV in environ:
+        _die_with_parent()
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(socket_path)
+        request = {"argv": argv, "env": environ, "cwd": str(Path.cwd())}
+        socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [0, 1, 2])
+        answer = _lines(conn)
+    except OSError:
+        conn.close()
+        os.execv(real_python, [real_python, *argv])
+    pid = answer.get("pid")
+    if not isinstance(pid, int):
+        # Declined (its environment differs where imports read it): a fresh interpreter, as without us.
+        conn.close()
+        os.execv(real_python, [real_python, *argv])
+
+    def forward(signum: int, _frame: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signum)
+
+    for signum in FORWARDED:
+        signal.signal(signum, forward)
+    try:
+        ended = _lines(conn)
+    except ConnectionError:
+        print("fork client: the fork server went before the worker ended", file=sys.stderr)
+        os._exit(1)
+    _exit_as(ended)

@@ -1,0 +1,360 @@
+"""The test session's fork server: evaluation workers forked from a process that imported their libraries.
+
+``python -m tests.forkserver FD`` serves on the listening socket it inherits as ``FD``; it imports what a
+CPU evaluation worker imports (torch, transformers and the Llama model code, DeepSpeed on its CPU accelerator,
+math-verify, evald's ``inference`` package), about 4 CPU seconds, once per session instead of once per
+worker. Each connection from :mod:`tests.fork_client` asks for one ``python -m inference.worker SPEC``:
+the server forks a child that takes the client's standard streams, folder and environment, starts a
+session of its own and runs the module as ``python -m`` would; the server answers the child's pid, and
+its exit status when it ends. A client that goes (killed) takes its child with it.
+
+The server declines (and the client runs a fresh interpreter) when the child could differ from a fresh
+worker: a spec for a CUDA device (CUDA must not be set up before a fork, and the server never touches
+it), or an environment that differs from the server's in a variable that imports read (the libraries'
+``HF_``, ``TORCH_``, ``DS_``, thread-pool and ``PYTHON`` settings, ``HOME``).
+
+:func:`start_session` starts it for a test session and writes the ``bin/python`` shim that the session's
+daemons use as ``[inference] python`` (``EVALD_INFERENCE_PYTHON``). ``EVALD_TEST_FORK=0`` turns it off:
+every worker a fresh interpreter, as ``make test-long`` runs them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import runpy
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import traceback
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NoReturn
+
+#: Variables whose values imports read: a request that differs from the server in one of them is declined.
+IMPORT_PREFIXES = (
+    "PYTHON",
+    "HF_",
+    "TRANSFORMERS_",
+    "TOKENIZERS_",
+    "TORCH",
+    "PYTORCH_",
+    "DS_",
+    "DEEPSPEED",
+    "OMP_",
+    "KMP_",
+    "MKL_",
+    "OPENBLAS_",
+    "TRITON_",
+    "TQDM_",
+)
+IMPORT_NAMES = frozenset({"HOME", "LD_LIBRARY_PATH", "LD_PRELOAD", "XDG_CACHE_HOME"})
+#: Variables libraries set in their own process when imported, to their own defaults: a test process that
+#: imported them passes them on to the daemons it starts, and a fresh worker would read the same values.
+SET_BY_IMPORTS = frozenset(
+    {
+        "KMP_DUPLICATE_LIB_OK",  # scikit-learn
+        "PYTORCH_NVML_BASED_CUDA_CHECK",  # accelerate
+        "HF_XET_HIGH_PERFORMANCE",  # lm-eval
+        "TORCHINDUCTOR_CACHE_DIR",  # torch._inductor
+    }
+)
+#: Environment switch: "0" runs every worker in a fresh interpreter.
+SWITCH_ENV = "EVALD_TEST_FORK"
+#: The reason a request is declined for its environment (the variables follow).
+DIFFERENT_ENVIRONMENT = "an environment imports read differently"
+PYTHON_OVERRIDE_ENV = "EVALD_INFERENCE_PYTHON"
+PARENT_PID_ENV = "EVALD_PARENT_PID"
+
+
+def _worker_defaults(environ: dict[str, str]) -> dict[str, str]:
+    """``environ`` as a CPU worker sees it once its ``main`` set its defaults (inference.worker)."""
+    from inference.worker import quiet_libraries
+
+    saved = dict(os.environ)
+    try:
+        os.environ.clear()
+        os.environ.update(environ)
+        quiet_libraries()
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        return dict(os.environ)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def import_settings(environ: dict[str, str]) -> dict[str, str]:
+    """The variables of ``environ`` (with a worker's defaults) that imports read."""
+    return {
+        name: value
+        for name, value in _worker_defaults(environ).items()
+        if (name in IMPORT_NAMES or name.startswith(IMPORT_PREFIXES)) and name not in SET_BY_IMPORTS
+    }
+
+
+def preload() -> None:
+    """Import what a CPU worker running the toy model imports, in the order its ``main`` does."""
+    from inference import worker
+
+    worker.quiet_libraries()
+    worker.skip_mlflow()
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed  # noqa: F401
+    import math_verify  # noqa: F401
+    import torch  # noqa: F401
+    import transformers
+    import transformers.models.llama.modeling_llama  # noqa: F401
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+
+    import inference.faults
+    import inference.group
+    import inference.task  # noqa: F401
+
+
+def _note(event: str, **fields: object) -> None:
+    """One JSON line in the server's log (``forkserver.log`` beside the socket): what it did, for tests."""
+    print(json.dumps({"event": event, **fields}), flush=True)
+
+
+def _device(argv: list[str]) -> str:
+    try:
+        spec = json.loads(Path(argv[2]).read_text(encoding="utf-8"))
+        return str(spec["inference"]["device"])
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        # The worker itself names an unreadable spec; a fresh one does it as well as a fork.
+        return "unknown"
+
+
+@dataclass
+class Server:
+    listener: socket.socket
+    settings: dict[str, str]
+    selector: selectors.DefaultSelector = field(default_factory=selectors.DefaultSelector)
+    #: child pid -> its client's connection; pidfd -> child pid.
+    clients: dict[int, socket.socket] = field(default_factory=dict)
+    pidfds: dict[int, int] = field(default_factory=dict)
+
+    def run(self) -> NoReturn:
+        self.selector.register(self.listener, selectors.EVENT_READ, "accept")
+        while True:
+            for key, _ in self.selector.select():
+                if key.data == "accept":
+                    conn, _ = self.listener.accept()
+                    self._serve(conn)
+                elif key.data == "child":
+                    self._reap(key.fd)
+                else:
+                    self._client_gone(key.data)
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+            while not message.endswith(b"\n"):
+                more = conn.recv(1 << 20)
+                if not more:
+                    raise ConnectionError("request cut short")
+                message += more
+            request = json.loads(message)
+        except (OSError, ValueError):
+            conn.close()
+            return
+        argv, env, cwd = request["argv"], request["env"], request["cwd"]
+        reason = self._decline(argv, env)
+        if reason is not None or len(fds) != 3:
+            for fd in fds:
+                os.close(fd)
+            _note("declined", argv=argv, reason=reason or "no streams")
+            with contextlib.suppress(OSError):
+                conn.sendall(json.dumps({"declined": reason or "no streams"}).encode() + b"\n")
+            conn.close()
+            return
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            self._child(argv, env, cwd, fds, conn)
+        for fd in fds:
+            os.close(fd)
+        pidfd = os.pidfd_open(pid)
+        self.pidfds[pidfd] = pid
+        self.clients[pid] = conn
+        self.selector.register(pidfd, selectors.EVENT_READ, "child")
+        self.selector.register(conn, selectors.EVENT_READ, pid)
+        _note("forked", argv=argv, pid=pid)
+        with contextlib.suppress(OSError):
+            conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+
+    def _decline(self, argv: list[str], env: dict[str, str]) -> str | None:
+        if _device(argv).startswith("cuda"):
+            return "a CUDA job"
+        theirs = import_settings(env)
+        differ = sorted(
+            k for k in theirs.keys() | self.settings.keys() if theirs.get(k) != self.settings.get(k)
+        )
+        if differ:
+            return f"{DIFFERENT_ENVIRONMENT}: {', '.join(differ)}"
+        return None
+
+    def _child(
+        self, argv: list[str], env: dict[str, str], cwd: str, fds: list[int], conn: socket.socket
+    ) -> NoReturn:
+        code = 1
+        try:
+            os.setsid()
+            self.selector.close()
+            self.listener.close()
+            for other in self.clients.values():
+                other.close()
+            for pidfd in self.pidfds:
+                os.close(pidfd)
+            conn.close()
+            for target, fd in enumerate(fds):
+                os.dup2(fd, target)
+                os.close(fd)
+            os.chdir(cwd)
+            if PARENT_PID_ENV in env:
+                # The worker ties itself to its parent, now this server; the client is tied to the daemon.
+                env = {**env, PARENT_PID_ENV: str(os.getppid())}
+            os.environ.clear()
+            os.environ.update(env)
+            module, args = argv[1], argv[2:]
+            sys.argv = [module, *args]
+            sys.path[0] = cwd
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            if exc.code is not None and not isinstance(exc.code, int):
+                print(exc.code, file=sys.stderr)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            with contextlib.suppress(OSError, ValueError):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(code)
+
+    def _reap(self, pidfd: int) -> None:
+        pid = self.pidfds.pop(pidfd)
+        self.selector.unregister(pidfd)
+        os.close(pidfd)
+        _, status = os.waitpid(pid, 0)
+        conn = self.clients.pop(pid, None)
+        if conn is None:
+            return
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(conn)
+        if os.WIFSIGNALED(status):
+            answer = {"signal": os.WTERMSIG(status)}
+        else:
+            answer = {"exit": os.waitstatus_to_exitcode(status)}
+        with contextlib.suppress(OSError):
+            conn.sendall(json.dumps(answer).encode() + b"\n")
+        conn.close()
+
+    def _client_gone(self, pid: int) -> None:
+        """The client's connection is readable: it sends nothing more, so it closed (killed)."""
+        conn = self.clients.pop(pid)
+        self.selector.unregister(conn)
+        conn.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+
+
+def serve(listening_fd: int) -> NoReturn:
+    """Serve on the socket the session bound and listens on (clients queue while the imports run)."""
+    from inference.lifeline import die_with_parent
+
+    die_with_parent()
+    listener = socket.socket(fileno=listening_fd)
+    settings = import_settings(dict(os.environ))
+    preload()
+    _note("ready", settings=settings)
+    Server(listener, settings).run()
+
+
+@dataclass
+class Session:
+    process: subprocess.Popen[bytes]
+    shim: Path
+    log: Path
+
+    def summary(self) -> str:
+        """How many workers the server forked and why it declined the others (a rise in these shows a
+        suite that slowed down for a new variable in the tests' environment)."""
+        forked, declined = 0, Counter[str]()
+        with contextlib.suppress(OSError):
+            for line in self.log.read_text().splitlines():
+                note = json.loads(line) if line.startswith("{") else {}
+                forked += note.get("event") == "forked"
+                if note.get("event") == "declined":
+                    declined[str(note.get("reason"))] += 1
+        why = "; ".join(f"{n} × {reason}" for reason, n in declined.most_common())
+        return f"fork server: {forked} workers forked, {sum(declined.values())} declined" + (
+            f" ({why})" if why else ""
+        )
+
+    def close(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
+def worker_python() -> str:
+    """The interpreter a test runs ``-m inference.worker`` with: the session's shim, else the real one."""
+    return os.environ.get(PYTHON_OVERRIDE_ENV) or sys.executable
+
+
+def worker_like_environment(environ: dict[str, str]) -> dict[str, str]:
+    """The session's environment as a daemon passes it to a worker (its allow-list): the server's."""
+    from daemon.running.environment import needed
+
+    env = {name: value for name, value in environ.items() if needed(name)}
+    env.setdefault("DS_ACCELERATOR", "cpu")
+    return env
+
+
+def start_session(folder: Path) -> Session | None:
+    """Start the server under ``folder`` and write ``folder/bin/python``; None when switched off."""
+    if os.environ.get(SWITCH_ENV, "1") == "0":
+        return None
+    folder.mkdir(parents=True, exist_ok=True)
+    socket_path = folder / "fork.sock"
+    env = worker_like_environment(dict(os.environ))
+    env[PARENT_PID_ENV] = str(os.getpid())
+    # Started from the repository's root: ``-m tests.forkserver`` finds this module without PYTHONPATH, which
+    # would differ from the workers' environment.
+    repo = Path(__file__).resolve().parent.parent
+    # Bound and listening before the server starts: a client that comes first waits in the queue.
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(socket_path))
+    listener.listen(64)
+    with listener, (folder / "forkserver.log").open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tests.forkserver", str(listener.fileno())],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=repo,
+            pass_fds=(listener.fileno(),),
+        )
+    shim = folder / "bin" / "python"
+    shim.parent.mkdir(exist_ok=True)
+    shim.write_text(
+        f"#!{sys.executable} -IS\n"
+        "import sys\n"
+        f"sys.path.insert(0, {str(repo)!r})\n"
+        "from tests.fork_client import main\n"
+        f"main({sys.executable!r}, {str(socket_path)!r})\n",
+        encoding="utf-8",
+    )
+    shim.chmod(0o755)
+    return Session(process, shim, folder / "forkserver.log")
+
+
+if __name__ == "__main__":
+    serve(int(sys.argv[1]))

@@ -1,0 +1,179 @@
+"""The suite's fork server (tests/forkserver.py) gives the workers a fresh interpreter would, and a forked
+worker behaves as a process of its own toward whoever started it: its exit status and signals pass
+through its client, and a killed client takes its worker with it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from daemon.config import Config, InferenceConfig, RunConfig, TaskConfig
+from daemon.running.environment import worker_environment
+from inference.launcher import worker_command
+from inference.spec import InferenceSpec, JobResult, JobSpec, TaskSpec
+from inference.toy.problems import PROMPT_TEMPLATE, held_out_problems, write_jsonl
+from tests import forkserver
+from tests.conftest import SUBPROCESS_ENV, ToyRun
+from tests.deadlines import patient
+from tests.fork_client import forkable
+from tests.harness import wait_for
+from tests.session_cache import cache_root
+
+pytestmark = pytest.mark.skipif(
+    forkserver.PYTHON_OVERRIDE_ENV not in os.environ, reason="the fork server is off (EVALD_TEST_FORK=0)"
+)
+
+
+def notes() -> list[dict[str, object]]:
+    log = cache_root() / "forks" / "forkserver.log"
+    return [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+
+
+def forked_pid(spec_path: Path) -> int | None:
+    for note in notes():
+        if note["event"] == "forked" and note["argv"] == ["-m", "inference.worker", str(spec_path)]:
+            pid = note["pid"]
+            assert isinstance(pid, int)
+            return pid
+    return None
+
+
+def write_job(checkpoint: Path, folder: Path, problems: int, batch_size: int = 8) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    dataset = folder / "problems.jsonl"
+    write_jsonl(held_out_problems(problems, seed=4), dataset)
+    spec = JobSpec(
+        job_id=5,
+        checkpoint_path=checkpoint,
+        result_path=folder / "result.json",
+        task=TaskSpec(
+            name="toy", dataset=dataset, prompt_template=PROMPT_TEMPLATE, id_field="id", batch_size=batch_size
+        ),
+        inference=InferenceSpec(threads=1),
+        max_samples=problems,
+    )
+    path = folder / "spec.json"
+    path.write_text(spec.model_dump_json(), encoding="utf-8")
+    return path
+
+
+def run(python: str, spec_path: Path) -> tuple[subprocess.CompletedProcess[str], JobResult]:
+    done = subprocess.run(
+        [python, "-m", "inference.worker", str(spec_path)],
+        capture_output=True,
+        text=True,
+        env=SUBPROCESS_ENV,
+        timeout=patient(120),
+    )
+    return done, JobResult.read(spec_path.parent / "result.json")
+
+
+def test_a_forked_worker_gives_what_a_fresh_interpreter_gives(toy_run: ToyRun, tmp_path: Path) -> None:
+    forked_spec = write_job(toy_run.last_checkpoint, tmp_path / "forked", 12)
+    fresh_spec = write_job(toy_run.last_checkpoint, tmp_path / "fresh", 12)
+
+    forked, forked_result = run(forkserver.worker_python(), forked_spec)
+    fresh, fresh_result = run(sys.executable, fresh_spec)
+
+    assert forked.returncode == fresh.returncode == 0, forked.stderr + fresh.stderr
+    assert forked_pid(forked_spec) is not None, "the worker was not forked"
+    assert forked_pid(fresh_spec) is None
+    assert [(m.name, m.value, m.n) for m in forked_result.metrics if not m.name.endswith("_s")] == [
+        (m.name, m.value, m.n) for m in fresh_result.metrics if not m.name.endswith("_s")
+    ]
+    assert [(s.prompt_id, s.response, s.correct) for s in forked_result.samples] == [
+        (s.prompt_id, s.response, s.correct) for s in fresh_result.samples
+    ]
+    # Its log is the worker's own, on the streams its client was given.
+    assert '"worker.finished"' in forked.stderr
+
+
+def _start_long(toy_run: ToyRun, folder: Path) -> tuple[subprocess.Popen[bytes], psutil.Process]:
+    """A worker busy for a while (one problem a batch), once it has started evaluating."""
+    spec_path = write_job(toy_run.last_checkpoint, folder, 400, batch_size=1)
+    log = folder / "worker.log"
+    with log.open("wb") as out:
+        client = subprocess.Popen(
+            [forkserver.worker_python(), "-m", "inference.worker", str(spec_path)],
+            stdout=out,
+            stderr=out,
+            env=SUBPROCESS_ENV,
+            start_new_session=True,
+        )
+    pid = wait_for(lambda: forked_pid(spec_path), 30, "the fork server's child", client)
+    wait_for(lambda: b'"worker.started"' in log.read_bytes(), 30, "the worker's start", client)
+    return client, psutil.Process(pid)
+
+
+def test_signals_and_deaths_pass_between_a_client_and_its_worker(toy_run: ToyRun, tmp_path: Path) -> None:
+    # The worker dies of a signal: its client dies of the same one (the daemon reads "killed by SIGSEGV").
+    client, child = _start_long(toy_run, tmp_path / "segv")
+    child.send_signal(signal.SIGSEGV)
+    assert client.wait(timeout=patient(30)) == -signal.SIGSEGV
+
+    # A signal to the client reaches the worker.
+    client, child = _start_long(toy_run, tmp_path / "term")
+    client.send_signal(signal.SIGTERM)
+    assert client.wait(timeout=patient(30)) == -signal.SIGTERM
+    _, alive = psutil.wait_procs([child], timeout=patient(10))
+    assert not alive
+
+    # A client killed outright takes its worker with it.
+    client, child = _start_long(toy_run, tmp_path / "kill")
+    client.kill()
+    client.wait()
+    _, alive = psutil.wait_procs([child], timeout=patient(10))
+    assert not alive
+
+
+def test_an_environment_imports_read_differently_gets_a_fresh_interpreter(tmp_path: Path) -> None:
+    missing = tmp_path / "no-spec.json"
+    done = subprocess.run(
+        [forkserver.worker_python(), "-m", "inference.worker", str(missing)],
+        capture_output=True,
+        text=True,
+        env={**SUBPROCESS_ENV, "HF_HOME": str(tmp_path / "hf")},
+        timeout=patient(60),
+    )
+
+    assert done.returncode == 1
+    assert "FileNotFoundError" in done.stderr and str(missing) in done.stderr
+    declined = [
+        n
+        for n in notes()
+        if n["event"] == "declined" and n["argv"] == ["-m", "inference.worker", str(missing)]
+    ]
+    assert [n["reason"] for n in declined] == [f"{forkserver.DIFFERENT_ENVIRONMENT}: HF_HOME"]
+
+
+def test_the_local_executors_worker_command_is_one_the_shim_forks(tmp_path: Path) -> None:
+    # The daemons of the suite take their workers from the server only while the local executor's command
+    # and environment keep this shape: this fails, rather than the suite slowing down unseen.
+    (tmp_path / "d.jsonl").write_text('{"id": "1", "problem": "1+1", "answer": "2"}\n')
+    config = Config(
+        runs=(RunConfig(name="r", root=tmp_path / "run"),),
+        tasks=(TaskConfig(name="t", dataset=tmp_path / "d.jsonl"),),
+        inference=InferenceConfig(python=Path(forkserver.worker_python())),
+    )
+    spec_path = tmp_path / "spec.json"
+    command = worker_command(InferenceSpec(), spec_path, python=forkserver.worker_python(), hostfile=None)
+    # As a daemon started now from this test process would pass it on: with what imports here set.
+    env = worker_environment(config, os.environ)
+
+    assert command[0] == forkserver.worker_python() == os.environ[forkserver.PYTHON_OVERRIDE_ENV]
+    assert forkable(command[1:], env, os.getpid())
+    assert forkserver.import_settings(env) == forkserver.import_settings(
+        forkserver.worker_like_environment(dict(os.environ))
+    )
+    # A rank of a group is never forked, nor a worker some other process than its daemon started.
+    group = worker_command(InferenceSpec(tp=2), spec_path, python="py", hostfile=None)
+    assert not forkable(group[1:], env, os.getpid())
+    assert not forkable(command[1:], env, os.getpid() + 1)
+    assert not forkable(command[1:], {**env, "SLURM_JOB_ID": "7"}, os.getpid())
