@@ -20,9 +20,8 @@ from typing import TYPE_CHECKING
 import structlog
 
 from inference.code.judge import Judge
-from inference.code.problems import CodeDataset, read_problems
 from inference.code.stream import JudgingStream
-from inference.dataset import Item, read_dataset
+from inference.dataset import Item
 from inference.errors import TaskInvalid
 from inference.faults import Faults
 from inference.generation import Encoding
@@ -40,6 +39,7 @@ from inference.metrics import (
 )
 from inference.replica import Replica, ReplicaOutput
 from inference.rewards import RewardProcess
+from inference.rows import read_rows
 from inference.samples import (
     Graded,
     SampleLimits,
@@ -94,11 +94,6 @@ def select_items(task: TaskSpec, items: Sequence[Item]) -> tuple[Item, ...]:
             stratum = None if field is None else _stratum_by(field)
             chosen = tuple(stratified_subset(chosen, subset.size, seed=subset.seed, stratum=stratum))
     return chosen
-
-
-def stratify_fields(task: TaskSpec) -> tuple[str, ...]:
-    subsets = (task.subset, task.stage_subset)
-    return tuple(s.stratify_field for s in subsets if s is not None and s.stratify_field is not None)
 
 
 def _stratum_by(field: str) -> Callable[[Item], str]:
@@ -184,32 +179,6 @@ def run_task(spec: JobSpec, group: WorkerGroup, faults: Faults | None = None) ->
             started=started,
         )
         return Evaluation(spec, group, faults, prepared).run()
-
-
-def read_rows(task: TaskSpec, path: Path) -> tuple[tuple[Item, ...], tuple[Problem, ...], CodeDataset | None]:
-    """Every usable row of ``task``'s dataset as an item, the rows left out, and for a code task the
-    problems with their tests: read the same way by the worker and by ``evald config check`` and
-    ``evald run`` at start (a dataset with no usable row is :class:`DatasetInvalid`)."""
-    if task.kind == "code":
-        read = read_problems(
-            path,
-            task.code or CodeSpec(),
-            prompt_field=task.prompt_field,
-            id_field=task.id_field,
-            limit=task.limit,
-            stratify_fields=stratify_fields(task),
-        )
-        return read.items, read.bad_rows, read
-    likelihood = task.kind == "likelihood"
-    dataset = read_dataset(
-        path,
-        prompt_field=task.text_field if likelihood else task.prompt_field,
-        answer_field=None if likelihood else task.answer_field,
-        id_field=task.id_field,
-        limit=task.limit,
-        stratify_fields=stratify_fields(task),
-    )
-    return dataset.items, dataset.problems, None
 
 
 def _read_items(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from daemon.config import Config
 from inference.errors import DatasetInvalid
+from inference.rows import read_rows
 from inference.spec import Problem
-from inference.task import read_rows
 
 
 def dataset_problems(config: Config) -> list[Problem]:
