@@ -412,7 +412,11 @@ def test_a_daemon_whose_run_root_becomes_a_loop_watches_the_others_and_refuses_t
             f"{config}: runs[1]: run 'other': root {other} is a symlink loop (Too many levels of symbolic "
             "links); fix the link or the path"
         ]
-        [unreadable] = _events(log, "run.root_unreadable")
+        # Said at the first pass over the roots after the loop was made: waited for, as the evaluations
+        # may end before it.
+        [unreadable] = wait_for(
+            lambda: _events(log, "run.root_unreadable") or None, 30, "the loop said", daemon.process
+        )
         assert unreadable["run"] == "other" and "is a symlink loop" in unreadable["error"]
         assert daemon.stop() == 0
     assert not _events(log, "daemon.pass_failed") and not _events(log, "scheduler.pass_failed")

@@ -41,7 +41,8 @@ pytestmark = pytest.mark.slow
 WAIT_S = 240.0
 
 #: A stand-in for ``python -m inference.worker SPEC``: ``crash`` dies as a segfaulting process does;
-#: ``wait`` waits for a file ``go`` in its folder, then writes a result of one metric.
+#: ``wait`` says it waits (a file ``waiting``), waits for a file ``go`` in its folder, then writes a result
+#: of one metric.
 STAND_IN = """\
 import sys
 import time
@@ -54,6 +55,7 @@ if mode == "crash":
     print("Fatal Python error: Segmentation fault", file=sys.stderr, flush=True)
     sys.exit(7)
 spec = JobSpec.model_validate_json(spec_path.read_bytes())
+(spec_path.parent / "waiting").touch()
 while not (spec_path.parent / "go").exists():
     time.sleep(0.2)
 JobResult(job_id=spec.job_id, metrics=(MetricValue(name="accuracy", value=0.5, n=2),)).write(spec.result_path)
@@ -228,6 +230,8 @@ def test_a_restarted_daemon_reattaches_by_the_handle_and_collects_the_result(
     spec = group_spec(tmp_path / "ckpt", tmp_path / "data.jsonl", tmp_path / "unused", tp=1, dp=1)
     ref, spec, handle = _start(first, spec, 103)
     _until(first, handle, lambda s: isinstance(s, Active) and s.phase is Phase.RUNNING, "ran")
+    # Past its start (the shell's exec, the imports): a daemon restarts long after its worker started.
+    _until(first, handle, lambda s: (spec.result_path.parent / "waiting").exists(), "waiting")
 
     # The daemon restarts: a new executor, the handle as the database stored it.
     second = make(python)
