@@ -11,7 +11,8 @@ the connection, and the server kills the child at once.
 
 Anything else (``-m inference.launcher``, ``-m torch.distributed.run``, a worker under Slurm or Ray, a
 worker whose environment differs from the server's where imports read it) runs the real interpreter in
-place (``execv``), so those paths are what they are without the suite.
+place (``execv``), so those paths are what they are without the suite. torchrun is told to start its
+ranks with this shim (``PYTHON_EXEC``): they are forked too, each the client of its own child.
 
 Standard library only: the shim runs it with ``-I -S`` (no site-packages), in a few milliseconds.
 """
@@ -33,11 +34,16 @@ PARENT_PID_ENV = "EVALD_PARENT_PID"
 #: Signals a daemon or a test may send a worker: passed on to the forked child's process group.
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 _PR_SET_PDEATHSIG = 1
+#: The interpreter torchrun starts its ranks with (torch/distributed/run.py).
+TORCHRUN_PYTHON_ENV = "PYTHON_EXEC"
 
 
 def forkable(argv: list[str], environ: dict[str, str], parent: int) -> bool:
-    """Whether ``python ARGV`` is a single evaluation worker this host's local executor (or a test) starts
-    directly: not a rank of a launcher, not a Slurm or Ray job (whose processes their scheduler owns)."""
+    """Whether ``python ARGV`` is an evaluation worker this host's local executor (or a test) starts, or a
+    rank torchrun starts (``-u -m inference.worker SPEC``), tied to the process that started it; not a
+    Slurm or Ray job (whose processes their scheduler owns)."""
+    if argv[:1] == ["-u"]:
+        argv = argv[1:]
     if len(argv) != 3 or argv[:2] != ["-m", "inference.worker"]:
         return False
     if "SLURM_JOB_ID" in environ or any(name.startswith("RAY_") for name in environ):
@@ -84,6 +90,10 @@ def _exit_as(answer: dict[str, object]) -> NoReturn:
 def main(real_python: str, socket_path: str) -> NoReturn:
     argv = sys.argv[1:]
     environ = dict(os.environ)
+    if argv[:2] == ["-m", "torch.distributed.run"]:
+        # torchrun starts each rank with PYTHON_EXEC (its documented override of sys.executable): this
+        # shim, so that the ranks are forked too.
+        os.execve(real_python, [real_python, *argv], {**environ, TORCHRUN_PYTHON_ENV: sys.argv[0]})
     if not forkable(argv, environ, os.getppid()):
         os.execv(real_python, [real_python, *argv])
     if PARENT_PID_ENV in environ:

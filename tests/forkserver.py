@@ -53,14 +53,20 @@ IMPORT_PREFIXES = (
     "TQDM_",
 )
 IMPORT_NAMES = frozenset({"HOME", "LD_LIBRARY_PATH", "LD_PRELOAD", "XDG_CACHE_HOME"})
-#: Variables libraries set in their own process when imported, to their own defaults: a test process that
-#: imported them passes them on to the daemons it starts, and a fresh worker would read the same values.
-SET_BY_IMPORTS = frozenset(
+#: Variables of torch.distributed, read when a process group starts or fails (torchrun sets them per rank).
+RUNTIME_PREFIXES = ("TORCHELASTIC_", "TORCH_NCCL_")
+#: Variables an import reads that the child applies itself, as the import would have (:func:`apply_threads`).
+APPLIED_IN_CHILD = frozenset({"OMP_NUM_THREADS"})
+#: Variables left out of the comparison: those libraries set in their own process when imported, to their
+#: own defaults (a test process that imported them passes them on to the daemons it starts, and a fresh
+#: worker would read the same values), and torchrun's, which no import reads.
+UNCOMPARED = frozenset(
     {
         "KMP_DUPLICATE_LIB_OK",  # scikit-learn
         "PYTORCH_NVML_BASED_CUDA_CHECK",  # accelerate
         "HF_XET_HIGH_PERFORMANCE",  # lm-eval
         "TORCHINDUCTOR_CACHE_DIR",  # torch._inductor
+        "PYTHON_EXEC",  # torchrun's interpreter for its ranks, read by nothing else
     }
 )
 #: Environment switch: "0" runs every worker in a fresh interpreter.
@@ -87,12 +93,25 @@ def _worker_defaults(environ: dict[str, str]) -> dict[str, str]:
         os.environ.update(saved)
 
 
+def apply_threads(env: dict[str, str]) -> None:
+    """In a forked child: the thread count a fresh interpreter would take from ``OMP_NUM_THREADS`` when
+    torch's OpenMP loaded (torchrun sets it to 1 for its ranks)."""
+    value = env.get("OMP_NUM_THREADS", "")
+    if value.isdigit() and int(value) > 0:
+        import torch
+
+        torch.set_num_threads(int(value))
+
+
 def import_settings(environ: dict[str, str]) -> dict[str, str]:
     """The variables of ``environ`` (with a worker's defaults) that imports read."""
     return {
         name: value
         for name, value in _worker_defaults(environ).items()
-        if (name in IMPORT_NAMES or name.startswith(IMPORT_PREFIXES)) and name not in SET_BY_IMPORTS
+        if (name in IMPORT_NAMES or name.startswith(IMPORT_PREFIXES))
+        and name not in UNCOMPARED
+        and name not in APPLIED_IN_CHILD
+        and not name.startswith(RUNTIME_PREFIXES)
     }
 
 
@@ -122,7 +141,7 @@ def _note(event: str, **fields: object) -> None:
 
 def _device(argv: list[str]) -> str:
     try:
-        spec = json.loads(Path(argv[2]).read_text(encoding="utf-8"))
+        spec = json.loads(Path(argv[-1]).read_text(encoding="utf-8"))
         return str(spec["inference"]["device"])
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         # The worker itself names an unreadable spec; a fresh one does it as well as a fork.
@@ -221,6 +240,12 @@ class Server:
                 env = {**env, PARENT_PID_ENV: str(os.getppid())}
             os.environ.clear()
             os.environ.update(env)
+            apply_threads(env)
+            if argv[0] == "-u":
+                # As python -u: what the rank writes goes out at once (torchrun starts ranks so).
+                argv = argv[1:]
+                for stream in (sys.stdout, sys.stderr):
+                    stream.reconfigure(write_through=True)  # type: ignore[union-attr]
             module, args = argv[1], argv[2:]
             sys.argv = [module, *args]
             sys.path[0] = cwd

@@ -26,6 +26,7 @@ from storage.database import Database
 from storage.models import CheckpointState
 from tests.conftest import ToyRun
 from tests.deadlines import Deadline
+from tests.forkserver import worker_python
 from tests.harness import worker_processes
 
 pytestmark = pytest.mark.slow
@@ -54,7 +55,9 @@ def _runner(tmp_path: Path, state: Path, database: Database, checkpoints: list[P
                 max_new_tokens=12,
             ),
         ),
-        inference=InferenceConfig.model_validate({"threads": 1, "engine": "hf", "max_attempts": 1}),
+        inference=InferenceConfig.model_validate(
+            {"threads": 1, "engine": "hf", "max_attempts": 1, "python": worker_python()}
+        ),
         daemon=DaemonConfig(state_dir=state),
     )
     with database.session() as s:

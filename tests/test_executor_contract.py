@@ -29,6 +29,7 @@ from inference.spec import JobSpec
 from inference.toy.problems import held_out_problems, write_jsonl
 from tests.conftest import SUBPROCESS_ENV, ToyRun
 from tests.deadlines import Deadline
+from tests.forkserver import worker_python
 from tests.raycluster import RayCluster, ray_cluster
 from tests.slurmcluster import PARTITION, SlurmCluster, slurm_cluster
 from tests.test_worker_group import group_spec
@@ -87,7 +88,7 @@ def make(request: pytest.FixtureRequest, tmp_path: Path, dataset: Path) -> Itera
         )
 
         def local(python: str | None) -> Executor:
-            executor = LocalExecutor(config, python=python or sys.executable)
+            executor = LocalExecutor(config, python=python or worker_python())
             made.append(executor)
             return executor
 

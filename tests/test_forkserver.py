@@ -172,8 +172,11 @@ def test_the_local_executors_worker_command_is_one_the_shim_forks(tmp_path: Path
     assert forkserver.import_settings(env) == forkserver.import_settings(
         forkserver.worker_like_environment(dict(os.environ))
     )
-    # A rank of a group is never forked, nor a worker some other process than its daemon started.
+    # A group's launcher is not forked, its ranks are (torchrun starts them as `-u -m inference.worker`,
+    # tied to itself); a worker some other process than its daemon started is not.
     group = worker_command(InferenceSpec(tp=2), spec_path, python="py", hostfile=None)
     assert not forkable(group[1:], env, os.getpid())
+    assert group[-3:] == ["--module", "inference.worker", str(spec_path)]
+    assert forkable(["-u", "-m", "inference.worker", str(spec_path)], env, os.getpid())
     assert not forkable(command[1:], env, os.getpid() + 1)
     assert not forkable(command[1:], {**env, "SLURM_JOB_ID": "7"}, os.getpid())

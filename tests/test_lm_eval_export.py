@@ -25,6 +25,7 @@ from storage import queries
 from storage.models import CheckpointState
 from tests.conftest import ToyRun
 from tests.deadlines import Deadline, patient
+from tests.forkserver import worker_python
 from tests.harness import upgraded
 
 pytestmark = pytest.mark.slow
@@ -93,7 +94,7 @@ def documents(
         config = Config(
             runs=(RunConfig(name="r", root=checkpoint.parent),),
             tasks=(task,),
-            inference=InferenceConfig(engine="hf", threads=1),
+            inference=InferenceConfig(engine="hf", threads=1, python=Path(worker_python())),
             daemon=DaemonConfig(state_dir=tmp / "state"),
         )
         with database.session() as s:

@@ -19,6 +19,7 @@ from storage import queries
 from storage.models import CheckpointState
 from tests.conftest import ToyRun
 from tests.deadlines import Deadline
+from tests.forkserver import worker_python
 from tests.harness import evald, upgraded
 from tests.lm_eval_tasks import colliding_python_task, colliding_yaml
 
@@ -213,7 +214,7 @@ def test_a_task_raising_in_lm_eval_fails_its_job_and_the_next_one_runs_and_expor
                 limit=10,
             ),
         ),
-        inference=InferenceConfig(engine="hf", threads=1),
+        inference=InferenceConfig(engine="hf", threads=1, python=Path(worker_python())),
         daemon=DaemonConfig(state_dir=tmp_path / "state"),
     )
     checkpoint = toy_run.last_checkpoint

@@ -27,6 +27,7 @@ from storage.database import Database
 from storage.models import CheckpointState
 from tests.conftest import ToyRun
 from tests.deadlines import Deadline
+from tests.forkserver import worker_python
 from tests.s3server import S3Server, s3_server, upload
 from tests.test_object_storage import MB, _credentials, big_checkpoint, s3_run
 
@@ -106,7 +107,9 @@ def _config(tmp_path: Path, cloud: RunConfig) -> Config:
     return Config(
         runs=(RunConfig(name="loc", root=tmp_path / "run"), cloud),
         tasks=tasks,
-        inference=InferenceConfig.model_validate({"threads": 1, "engine": "hf", "max_attempts": 1}),
+        inference=InferenceConfig.model_validate(
+            {"threads": 1, "engine": "hf", "max_attempts": 1, "python": worker_python()}
+        ),
         scheduling=SchedulingConfig(heartbeat_secs=0.5, lease_secs=30.0),
         daemon=DaemonConfig(state_dir=tmp_path / "state"),
     )

@@ -26,6 +26,7 @@ from storage.database import Database
 from storage.models import CheckpointState
 from tests.conftest import ToyRun
 from tests.deadlines import Deadline
+from tests.forkserver import worker_python
 from tests.harness import (
     DaemonProcess,
     free_port,
@@ -63,7 +64,7 @@ def _runner(
                 max_new_tokens=12,
             ),
         ),
-        inference=InferenceConfig.model_validate({"threads": 1, **inference}),
+        inference=InferenceConfig.model_validate({"threads": 1, "python": worker_python(), **inference}),
         daemon=DaemonConfig(state_dir=tmp_path / "state"),
     )
     with database.session() as s:

@@ -22,6 +22,7 @@ from inference.spec import PARENT_PID_ENV, InferenceSpec, JobResult, JobSpec, Ta
 from inference.toy.problems import PROMPT_TEMPLATE
 from tests.conftest import SUBPROCESS_ENV, ToyRun
 from tests.deadlines import patient, wait_process
+from tests.forkserver import worker_python
 from tests.harness import free_port
 
 TIMEOUT_S = 300
@@ -70,7 +71,7 @@ def run_group(
     spec_path = spec.result_path.parent / "spec.json"
     spec_path.write_text(spec.model_dump_json(), encoding="utf-8")
     command = worker_command(
-        spec.inference, spec_path, python=sys.executable, hostfile=hostfile, launcher_args=launcher_args
+        spec.inference, spec_path, python=worker_python(), hostfile=hostfile, launcher_args=launcher_args
     )
     # Tied to this test process as to a daemon: a test killed mid-run leaves no group behind.
     tie = {PARENT_PID_ENV: str(os.getpid())}
