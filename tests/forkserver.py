@@ -1,12 +1,13 @@
 """The test session's fork server: evaluation workers forked from a process that imported their libraries.
 
-``python -m tests.forkserver FD`` serves on the listening socket it inherits as ``FD``; it imports what a
-CPU evaluation worker imports (torch, transformers and the Llama model code, DeepSpeed on its CPU accelerator,
-math-verify, evald's ``inference`` package), about 4 CPU seconds, once per session instead of once per
-worker. Each connection from :mod:`tests.fork_client` asks for one ``python -m inference.worker SPEC``:
-the server forks a child that takes the client's standard streams, folder and environment, starts a
-session of its own and runs the module as ``python -m`` would; the server answers the child's pid, and
-its exit status when it ends. A client that goes (killed) takes its child with it.
+``python -m tests.forkserver FD`` serves on the listening socket it inherits as ``FD``; at its first
+request it imports what a CPU evaluation worker imports (torch, transformers and the Llama model code,
+DeepSpeed on its CPU accelerator, math-verify, evald's ``inference`` package), about 4 CPU seconds, once
+per session instead of once per worker. Each connection from :mod:`tests.fork_client` asks for one
+``python -m inference.worker SPEC``: the server forks a child that takes the client's standard streams,
+folder and environment, starts a session of its own and runs the module as ``python -m`` would; the
+server answers the child's pid, and its exit status when it ends. A client that goes (killed) takes its
+child with it.
 
 The server declines (and the client runs a fresh interpreter) when the child could differ from a fresh
 worker: a spec for a CUDA device (CUDA must not be set up before a fork, and the server never touches
@@ -156,6 +157,7 @@ class Server:
     #: child pid -> its client's connection; pidfd -> child pid.
     clients: dict[int, socket.socket] = field(default_factory=dict)
     pidfds: dict[int, int] = field(default_factory=dict)
+    preloaded: bool = False
 
     def run(self) -> NoReturn:
         self.selector.register(self.listener, selectors.EVENT_READ, "accept")
@@ -163,6 +165,12 @@ class Server:
             for key, _ in self.selector.select():
                 if key.data == "accept":
                     conn, _ = self.listener.accept()
+                    if not self.preloaded:
+                        # At the first request, not at the session's start: a run of tests that starts
+                        # no worker does not pay for the imports.
+                        preload()
+                        _note("ready", settings=self.settings)
+                        self.preloaded = True
                     self._serve(conn)
                 elif key.data == "child":
                     self._reap(key.fd)
@@ -296,10 +304,7 @@ def serve(listening_fd: int) -> NoReturn:
 
     die_with_parent()
     listener = socket.socket(fileno=listening_fd)
-    settings = import_settings(dict(os.environ))
-    preload()
-    _note("ready", settings=settings)
-    Server(listener, settings).run()
+    Server(listener, import_settings(dict(os.environ))).run()
 
 
 @dataclass
