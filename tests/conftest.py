@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,7 +97,7 @@ def toy_run() -> ToyRun:
 def _train_toy(folder: Path) -> None:
     folder.mkdir(parents=True)
     command = [
-        sys.executable,
+        forkserver.worker_python(),
         "-m",
         "inference.toy.trainer",
         "--out",

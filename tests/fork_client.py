@@ -9,8 +9,9 @@ job's handle and its command line names the spec; it passes signals on to the ch
 child did (its exit status, or killed by the same signal). A SIGKILL, which cannot be passed on, closes
 the connection, and the server kills the child at once.
 
-Anything else (``-m inference.launcher``, ``-m torch.distributed.run``, a worker under Slurm or Ray, a
-worker whose environment differs from the server's where imports read it) runs the real interpreter in
+Tests run their other programs that import the same (a layout writer, lm-eval's command) with the shim
+too. Anything else (``-m inference.launcher``, ``-m torch.distributed.run``, a worker under Slurm or Ray,
+a worker whose environment differs from the server's where imports read it) runs the real interpreter in
 place (``execv``), so those paths are what they are without the suite. torchrun is told to start its
 ranks with this shim (``PYTHON_EXEC``): they are forked too, each the client of its own child.
 
@@ -34,17 +35,25 @@ PARENT_PID_ENV = "EVALD_PARENT_PID"
 #: Signals a daemon or a test may send a worker: passed on to the forked child's process group.
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 _PR_SET_PDEATHSIG = 1
+#: Modules always run by the real interpreter: launchers (they exec, or start processes of their own) and
+#: evald's daemon and CLI (which must not hold torch's and transformers' modules).
+EXECUTED_MODULES = ("inference.launcher", "torch.distributed.run", "deepspeed.launcher", "daemon")
 #: The interpreter torchrun starts its ranks with (torch/distributed/run.py).
 TORCHRUN_PYTHON_ENV = "PYTHON_EXEC"
 
 
 def forkable(argv: list[str], environ: dict[str, str], parent: int) -> bool:
-    """Whether ``python ARGV`` is an evaluation worker this host's local executor (or a test) starts, or a
-    rank torchrun starts (``-u -m inference.worker SPEC``), tied to the process that started it; not a
-    Slurm or Ray job (whose processes their scheduler owns)."""
+    """Whether ``python ARGV`` may be forked: a module (``-m M ...``) or a script (``S.py ...``), the
+    evaluation worker or a program of the tests' that imports what it does (a layout writer, lm-eval's
+    command), with or without ``-u`` (torchrun starts its ranks so); not a launcher, which execs or
+    starts processes of its own, nor the daemon, which must not hold torch; tied to the process that
+    started it; not a Slurm or Ray job (whose processes their scheduler owns)."""
     if argv[:1] == ["-u"]:
         argv = argv[1:]
-    if len(argv) != 3 or argv[:2] != ["-m", "inference.worker"]:
+    if argv[:1] == ["-m"]:
+        if len(argv) < 2 or argv[1].startswith(EXECUTED_MODULES):
+            return False
+    elif not argv or not argv[0].endswith(".py"):
         return False
     if "SLURM_JOB_ID" in environ or any(name.startswith("RAY_") for name in environ):
         return False

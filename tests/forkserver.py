@@ -4,10 +4,11 @@
 request it imports what a CPU evaluation worker imports (torch, transformers and the Llama model code,
 DeepSpeed on its CPU accelerator, math-verify, evald's ``inference`` package), about 4 CPU seconds, once
 per session instead of once per worker. Each connection from :mod:`tests.fork_client` asks for one
-``python -m inference.worker SPEC``: the server forks a child that takes the client's standard streams,
-folder and environment, starts a session of its own and runs the module as ``python -m`` would; the
-server answers the child's pid, and its exit status when it ends. A client that goes (killed) takes its
-child with it.
+``python -m inference.worker SPEC`` (or another of the tests' programs that imports the same: a layout
+writer, lm-eval's command; :func:`tests.fork_client.forkable`): the server forks a child that takes the
+client's standard streams, folder and environment, starts a session of its own and runs the module (or
+script) as ``python`` would; the server answers the child's pid, and its exit status when it ends. A
+client that goes (killed) takes its child with it.
 
 The server declines (and the client runs a fresh interpreter) when the child could differ from a fresh
 worker: a spec for a CUDA device (CUDA must not be set up before a fork, and the server never touches
@@ -141,6 +142,9 @@ def _note(event: str, **fields: object) -> None:
 
 
 def _device(argv: list[str]) -> str:
+    """The device of a worker's spec; "cpu" for the tests' other programs, which run on the CPU."""
+    if argv[-3:-1] != ["-m", "inference.worker"]:
+        return "cpu"
     try:
         spec = json.loads(Path(argv[-1]).read_text(encoding="utf-8"))
         return str(spec["inference"]["device"])
@@ -254,10 +258,16 @@ class Server:
                 argv = argv[1:]
                 for stream in (sys.stdout, sys.stderr):
                     stream.reconfigure(write_through=True)  # type: ignore[union-attr]
-            module, args = argv[1], argv[2:]
-            sys.argv = [module, *args]
-            sys.path[0] = cwd
-            runpy.run_module(module, run_name="__main__", alter_sys=True)
+            if argv[0] == "-m":
+                module, args = argv[1], argv[2:]
+                sys.argv = [module, *args]
+                sys.path[0] = cwd
+                runpy.run_module(module, run_name="__main__", alter_sys=True)
+            else:
+                script = str(Path(cwd, argv[0]))
+                sys.argv = [argv[0], *argv[1:]]
+                sys.path[0] = str(Path(script).parent)
+                runpy.run_path(script, run_name="__main__")
             code = 0
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)

@@ -180,3 +180,5 @@ def test_the_local_executors_worker_command_is_one_the_shim_forks(tmp_path: Path
     assert forkable(["-u", "-m", "inference.worker", str(spec_path)], env, os.getpid())
     assert not forkable(command[1:], env, os.getpid() + 1)
     assert not forkable(command[1:], {**env, "SLURM_JOB_ID": "7"}, os.getpid())
+    # The daemon and the CLI must not hold torch: never forked from the server.
+    assert not forkable(["-m", "daemon", "--config", "evald.toml", "run"], env, os.getpid())

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 import typing
 from collections.abc import Iterator
@@ -50,7 +49,7 @@ def _keys(value: Any, path: str = "") -> Iterator[str]:
 
 def _lm_eval_command(checkpoint: Path, out: Path) -> subprocess.Popen[str]:
     command = [
-        sys.executable, "-m", "lm_eval", "--model", "hf",
+        worker_python(), "-m", "lm_eval", "--model", "hf",
         "--model_args", f"pretrained={checkpoint},dtype=float32", "--device", "cpu",
         "--tasks", "arith_suite", "--include_path", str(TOY_TASKS), "--limit", str(LIMIT),
         "--batch_size", str(BATCH), "--output_path", str(out),

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -173,7 +172,7 @@ def test_tp2_logits_match_the_unsharded_model(toy_run: ToyRun, tmp_path: Path) -
     out = tmp_path / "logits.json"
     done = subprocess.run(
         [
-            sys.executable,
+            worker_python(),
             "-m",
             "torch.distributed.run",
             "--standalone",

@@ -5,14 +5,15 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 from tests.checkpoints import LayoutCase
+from tests.forkserver import worker_python
 from tests.session_cache import built_once, cache_root
 
 REPO = Path(__file__).resolve().parents[2]
-TWO_RANKS = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
+#: torchrun started with the session's shim starts its ranks with it: forked (tests/forkserver.py).
+TWO_RANKS = (worker_python(), "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
 
 
 def writer_env() -> dict[str, str]:
@@ -23,7 +24,6 @@ def writer_env() -> dict[str, str]:
         "DS_ACCELERATOR": "cpu",
         # DeepSpeed's CPU shared-memory all-reduce reads LOCAL_SIZE; torchrun sets only LOCAL_WORLD_SIZE.
         "LOCAL_SIZE": "2",
-        "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH")))),
     }
 
 
@@ -70,7 +70,7 @@ def trainer_run(target: Path, zero_stage: int | None = None) -> Path:
     key = f"trainer-zero{zero_stage}" if zero_stage is not None else "trainer"
     script = [str(REPO / "tests" / "writers" / "hf_trainer.py"), "--out", str(cache_root() / key)]
     if zero_stage is None:
-        command = [sys.executable, *script]
+        command = [worker_python(), *script]
     else:
         command = [*TWO_RANKS, *script, "--zero-stage", str(zero_stage)]
     return _copy_of(key, command, target, "Trainer")
