@@ -53,10 +53,11 @@ test: test-prerequisites $(STAMP)
 
 # The long multi-process scenarios (marker `long`: kill -9 through the daemon, outages longer than a lease,
 # a Slurm job past its time limit, ...), each a repeat at full scale of what a faster test in `make test`
-# covers in part. CI runs them after `make test`.
+# covers in part. Every worker a fresh interpreter, as production starts it (EVALD_TEST_FORK=0: no fork
+# server, tests/forkserver.py). Not in CI: before a release and after changing how the daemon runs processes.
 test-long: test-prerequisites $(STAMP)
 	$(BYTECODE)
-	EVALD_REQUIRE_BROWSER=1 EVALD_REQUIRE_POSTGRES=1 $(BIN)/python -m pytest -n $(LONG_WORKERS) --dist loadfile --no-loadscope-reorder -m long
+	EVALD_TEST_FORK=0 EVALD_REQUIRE_BROWSER=1 EVALD_REQUIRE_POSTGRES=1 $(BIN)/python -m pytest -n $(LONG_WORKERS) --dist loadfile --no-loadscope-reorder -m long
 
 # ruff, mypy, the architecture (lint-imports: the layers of daemon/ and no import circle, as
 # [tool.importlinter] in pyproject.toml says) and the docs site built with --strict (broken links fail).

@@ -35,28 +35,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.toy_config import toy_config
 from inference.toy import problems
 from storage import queries
 from storage.database import Database
 from storage.models import CheckpointState
-
-CONFIG = """\
-[database]
-url = "sqlite:///{db}"
-
-[[runs]]
-name = "toy"
-root = "{root}"
-
-[[tasks]]
-name = "arith"
-dataset = "{dataset}"
-prompt_field = "problem"
-id_field = "id"
-
-[daemon]
-state_dir = "{state}"
-"""
 
 #: The rows ``evald results --run toy`` prints (storage.queries.result_rows), in its order.
 RESULTS_SQL = """
@@ -77,7 +60,7 @@ def workspace(folder: Path, checkpoints: int) -> tuple[Path, Path]:
     dataset = folder / "arith.jsonl"
     assert problems.main(["--out", str(dataset), "--n", "5", "--seed", "3"]) == 0
     config = folder / "evald.toml"
-    config.write_text(CONFIG.format(db=db, root=root, dataset=dataset, state=folder / "state"))
+    config.write_text(toy_config(db, root, dataset, folder / "state"))
     timed(evald(config, "db", "upgrade"))
     database = Database(f"sqlite:///{db}")
     try:

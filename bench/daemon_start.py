@@ -35,24 +35,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.toy_config import EVALUATED, toy_config
 from inference.toy import problems
 
-CONFIG = """\
-[database]
-url = "sqlite:///{db}"
-
-[[runs]]
-name = "toy"
-root = "{root}"
-
-[[tasks]]
-name = "arith"
-dataset = "{dataset}"
-prompt_field = "problem"
-id_field = "id"
-prompt_template = "{{prompt}}="
-max_new_tokens = 12
-
+#: As tests/harness.py's daemons run: one thread, a short quiet period and tick.
+SECTIONS = """\
 [inference]
 threads = 1
 
@@ -60,10 +47,6 @@ threads = 1
 quiet_secs = 0.5
 rescan_secs = 2.0
 tick_secs = 0.05
-
-[daemon]
-state_dir = "{state}"
-log_format = "json"
 """
 
 #: How often the log is read for ``daemon.ready`` (the reading is this process's CPU, not the daemon's).
@@ -86,7 +69,17 @@ def write_config(folder: Path, dataset: Path, db: Path) -> Path:
     folder.mkdir()
     (folder / "run").mkdir()
     config = folder / "evald.toml"
-    config.write_text(CONFIG.format(db=db, root=folder / "run", dataset=dataset, state=folder / "state"))
+    config.write_text(
+        toy_config(
+            db,
+            folder / "run",
+            dataset,
+            folder / "state",
+            task=EVALUATED,
+            sections=SECTIONS,
+            daemon='log_format = "json"\n',
+        )
+    )
     return config
 
 

@@ -31,6 +31,7 @@ import threading
 import time
 from pathlib import Path
 
+from bench.toy_config import EVALUATED, toy_config
 from daemon.config import Config, load_config
 from daemon.running.runner import JobRunner
 from inference.spec import JobResult
@@ -39,31 +40,6 @@ from storage import migrations, queries
 from storage.database import Database
 from storage.models import CheckpointState
 from tests.slurmcluster import PARTITION, SlurmCluster, ensure_cluster
-
-CONFIG = """\
-[database]
-url = "sqlite:///{db}"
-
-[[runs]]
-name = "toy"
-root = "{root}"
-
-[[tasks]]
-name = "arith"
-dataset = "{dataset}"
-prompt_field = "problem"
-id_field = "id"
-prompt_template = "{{prompt}}="
-max_new_tokens = 12
-batch_size = 16
-
-[inference]
-threads = 1
-
-[daemon]
-state_dir = "{state}"
-log_format = "json"
-"""
 
 EXECUTOR = """
 [executor]
@@ -97,7 +73,15 @@ def write_config(
     work: Path, checkpoint: Path, dataset: Path, kind: str, poll: float, extra: str = ""
 ) -> Config:
     root = checkpoint.parent
-    text = CONFIG.format(db=work / "e.db", root=root, dataset=dataset, state=work / "state")
+    text = toy_config(
+        work / "e.db",
+        root,
+        dataset,
+        work / "state",
+        task=EVALUATED + "batch_size = 16\n",
+        sections="[inference]\nthreads = 1\n",
+        daemon='log_format = "json"\n',
+    )
     if kind == "slurm":
         job_dir = work / "jobs"
         job_dir.mkdir(parents=True, exist_ok=True)
