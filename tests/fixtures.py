@@ -1,6 +1,8 @@
 """Fixtures for the daemon and storage tests (a pytest plugin: see ``addopts`` in pyproject.toml).
 
-PostgreSQL tests create their own database and drop it afterwards, so runs never see each other. Where
+PostgreSQL tests create their own database and drop it afterwards, so runs never see each other. A drop
+takes the server about a second (it waits for a checkpoint), and several at once take no longer than one:
+the drops run on threads beside the next tests, and the session's end waits for them. Where
 no server answers they are skipped with a message, unless ``EVALD_REQUIRE_POSTGRES=1`` (set by .ci/run),
 which turns the skip into a failure: CI never passes by skipping them.
 """
@@ -12,7 +14,9 @@ import os
 import shutil
 import sqlite3
 import uuid
+import warnings
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -84,14 +88,35 @@ def fresh_postgres(template: str | None = None) -> Iterator[str]:
     name = f"evald_test_{uuid.uuid4().hex[:12]}"
     with admin:
         admin.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
-        try:
-            yield (
-                make_url(ADMIN_URL)
-                .set(drivername="postgresql+psycopg", database=name)
-                .render_as_string(hide_password=False)
-            )
-        finally:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    try:
+        yield (
+            make_url(ADMIN_URL)
+            .set(drivername="postgresql+psycopg", database=name)
+            .render_as_string(hide_password=False)
+        )
+    finally:
+        _DROPS.append(_DROPPER.submit(_drop, name))
+
+
+#: Databases being dropped beside the tests that follow (see the module's docstring).
+_DROPPER = ThreadPoolExecutor(max_workers=8, thread_name_prefix="evald-test-drop")
+_DROPS: list[Future[None]] = []
+
+
+def _drop(name: str) -> None:
+    with _admin_connection() as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _dropped_at_the_end() -> Iterator[None]:
+    """The session ends once every database its tests made is dropped; one that could not be is named."""
+    yield
+    for future in _DROPS:
+        error = future.exception()
+        if error is not None:
+            warnings.warn(f"a test database was not dropped: {error}", stacklevel=1)
+    _DROPS.clear()
 
 
 @pytest.fixture
