@@ -117,7 +117,7 @@ def test_runaway_programs_are_stopped_by_their_limits(judge: Judge) -> None:
         """,
     )
     flood = named(token, "import sys\nwhile True:\n    sys.stdout.write('x' * 2**20)\n")
-    started = time.monotonic()
+    bound = Deadline(60)
     results = judged(judge, [fork_bomb, spin, sleeper, allocation, big_file, many_files, flood])
     verdicts = [result.verdict for result in results]
     assert verdicts == [
@@ -134,7 +134,8 @@ def test_runaway_programs_are_stopped_by_their_limits(judge: Judge) -> None:
     assert "File too large" in results[6].tests[0].output
     assert len(results[6].tests[0].output) < 10_000
     assert processes_named(token) == []
-    assert time.monotonic() - started < 60
+    # In seconds of a quiet machine (tests/deadlines.py): a loaded one stretches the bound.
+    assert not bound.expired(), f"took {bound.waited():.1f} s"
 
 
 def test_the_host_is_out_of_reach(judge: Judge, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

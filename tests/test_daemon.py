@@ -9,7 +9,6 @@ import os
 import shutil
 import signal
 import socket
-import time
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,7 +22,7 @@ from storage.database import Database
 from storage.models import EvalJob
 from tests.checkpoints import copy_checkpoint
 from tests.conftest import ToyRun
-from tests.deadlines import wait_process
+from tests.deadlines import Deadline, wait_process
 from tests.harness import (
     DaemonProcess,
     all_jobs_done,
@@ -171,7 +170,11 @@ def test_sigkill_mid_job_redoes_it_once_and_evaluates_nothing_twice(
         "a running job",
         first.process,
     )
-    wait_for(lambda: worker_processes(tmp_path / "state") or None, 30, "the worker process")
+    workers = wait_for(lambda: worker_processes(tmp_path / "state") or None, 30, "the worker process")
+    # Stopped, so that the job is still running when its daemon is killed: a toy job can end within a
+    # second. A stopped process still dies of the daemon's death (SIGKILL).
+    for worker in workers:
+        worker.suspend()
     assert first.stop(signal.SIGKILL) == -signal.SIGKILL
     # The worker dies with its daemon instead of running on unobserved.
     wait_for(lambda: not worker_processes(tmp_path / "state"), 20, "the orphaned worker to die")
@@ -205,9 +208,10 @@ def test_sigterm_requeues_the_running_job_and_exits_cleanly(
             daemon.process,
         )
         wait_for(lambda: worker_processes(tmp_path / "state") or None, 30, "the worker process")
-        started = time.monotonic()
+        bound = Deadline(15)
         assert daemon.stop(signal.SIGTERM) == 0
-        assert time.monotonic() - started < 15
+        # In seconds of a quiet machine (tests/deadlines.py): a loaded one stretches the bound.
+        assert not bound.expired(), f"took {bound.waited():.1f} s"
     [job] = jobs(database)
     assert (job.state, job.attempts) == ("pending", 0)
     assert not worker_processes(tmp_path / "state")

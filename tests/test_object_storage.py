@@ -299,14 +299,15 @@ def test_a_hung_store_never_holds_the_other_runs_pass(
     monkeypatch.setattr(object_runs, "WAIT_SECS", WAIT_SECS)  # the daemon's own wait
     with s3_server.paused():
         save_tiny_llama(local_root / "step_5")
-        started = time.monotonic()
+        bound = Deadline(3 * WAIT_SECS + 10.0)
         for _ in range(3):
             settle(discovery, clock, 5.0)
-        took = time.monotonic() - started
+        late, took = bound.expired(), bound.waited()
         assert job_steps(database) == [("local", 5)]
         assert not discovery._objects.judged("s3run")  # its listing still hangs on its own thread
     # One listing's first try alone is 10 s: three passes that waited for it would take 30 s and more.
-    assert took < 3 * WAIT_SECS + 10.0, took
+    # In seconds of a quiet machine (tests/deadlines.py): a loaded one stretches the bound.
+    assert not late, f"took {took:.1f} s"
     assert states(database)["s3run/step_100"] == "discovered"
     for _ in range(20):  # the hung listing ends by its timeouts; a later pass starts one that answers
         settle(discovery, clock, 5.0)

@@ -29,6 +29,7 @@ from storage.database import Database
 from storage.models import CheckpointState, JobAttempt
 from tests.checkpoints import copy_checkpoint
 from tests.conftest import ToyRun
+from tests.deadlines import Deadline
 from tests.harness import (
     DaemonProcess,
     all_jobs_done,
@@ -140,11 +141,11 @@ def test_a_result_the_database_refuses_fails_its_job_and_every_other_checkpoint_
     root = tmp_path / "run"
     log = tmp_path / "daemon.log"
     with notified_daemon(config, log, tmp_path) as (daemon, notify):
-        written = time.monotonic()
+        bound = Deadline(180)
         for step in (10, 20, 30):
             copy_checkpoint(toy_run.last_checkpoint, root / f"step_{step}")
         first = wait_for(lambda: all_jobs_done(database, 3), 240, "three finished jobs", daemon.process)
-        took = time.monotonic() - written
+        late, took = bound.expired(), bound.waited()
         # Written after the poisoned one failed: the loop still turns and takes it at once.
         copy_checkpoint(toy_run.last_checkpoint, root / "step_40")
         rows = wait_for(lambda: all_jobs_done(database, 4), 120, "the fourth job", daemon.process)
@@ -155,7 +156,8 @@ def test_a_result_the_database_refuses_fails_its_job_and_every_other_checkpoint_
         assert daemon.stop() == 0
     by_step = {j.step: j for j in rows}
     assert {j.step: j.state for j in first} == {10: "succeeded", 20: "failed", 30: "succeeded"}
-    assert took < 180, f"the good checkpoints took {took:.0f} s"
+    # In seconds of a quiet machine (tests/deadlines.py): a loaded one stretches the bound.
+    assert not late, f"took {took:.1f} s"
     assert [(s, j.state, j.attempts) for s, j in sorted(by_step.items()) if s != 20] == [
         (10, "succeeded", 1),
         (30, "succeeded", 1),
@@ -220,11 +222,12 @@ def test_the_watchdog_is_not_pinged_while_the_loop_is_stuck(
             released_at = time.time()
             holder.execute("ROLLBACK")
         [job] = wait_for(lambda: all_jobs_done(database, 1), 120, "the job", daemon.process)
+        # Pinged again once it turns: waited for, as the job may end within a second of the release.
+        wait_for(lambda: len(notify.pings(after=released_at)) >= 3 or None, 30, "pings after the release")
         assert daemon.stop() == 0
     assert job.state == "succeeded"
     during = notify.pings(after=held_at + 2, before=released_at)
     assert during == [], f"{len(during)} ping(s) while the loop was blocked"
-    assert len(notify.pings(after=released_at)) >= 3
     database.dispose()
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,7 @@ import pytest
 from inference.spec import InferenceSpec, JobResult, JobSpec, TaskSpec
 from inference.toy.problems import PROMPT_TEMPLATE, held_out_problems, plain_row
 from tests.conftest import SUBPROCESS_ENV, ToyRun
-from tests.deadlines import patient
+from tests.deadlines import Deadline, patient
 from tests.forkserver import worker_python
 
 METRICS = (
@@ -72,8 +71,7 @@ def test_a_job_with_five_poisoned_rows_grades_the_other_995(toy_run: ToyRun, tmp
     )
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(spec.model_dump_json(), encoding="utf-8")
-
-    started = time.monotonic()
+    bound = Deadline(240)
     done = subprocess.run(
         [worker_python(), "-m", "inference.worker", str(spec_path)],
         capture_output=True,
@@ -81,7 +79,7 @@ def test_a_job_with_five_poisoned_rows_grades_the_other_995(toy_run: ToyRun, tmp
         env=SUBPROCESS_ENV,
         timeout=patient(300),
     )
-    elapsed = time.monotonic() - started
+    late, elapsed = bound.expired(), bound.waited()
 
     assert done.returncode == 0, done.stderr[-3000:]
     result = JobResult.read(spec.result_path)
@@ -109,4 +107,5 @@ def test_a_job_with_five_poisoned_rows_grades_the_other_995(toy_run: ToyRun, tmp
     assert len(result.samples) == 53
     assert [s.error is not None for s in result.samples].count(True) == 3
     # The hang cost its time limit once, not the job.
-    assert elapsed < 240
+    # In seconds of a quiet machine (tests/deadlines.py): a loaded one stretches the bound.
+    assert not late, f"took {elapsed:.1f} s"

@@ -124,7 +124,7 @@ def test_a_1gb_answer_is_not_read_and_the_status_still_decides(
     config, port = relay_config
     hook = config.webhooks[0].model_copy(update={"timeout_secs": TIMEOUT_SECS})
     with HugeAnswers(port, [500]) as receiver, peak_rss_growth() as growth:
-        started = time.monotonic()
+        bound = Deadline(20)
         relay = Relay(database, [Endpoint(hook, SECRET)]).start()
         try:
             fire_cliffs(database, config, Alerter(config, wake=relay.wake), 1)
@@ -136,11 +136,12 @@ def test_a_1gb_answer_is_not_read_and_the_status_still_decides(
                 time.sleep(0.05)
         finally:
             relay.stop()
-        took = time.monotonic() - started
+        late, took = bound.expired(), bound.waited()
     assert {row[1] for row in outbox(database)} == {"delivered"}
     assert [code for code, _ in history(database)] == [500] + [200] * queued
     assert growth[0] < RSS_BOUND, f"RSS grew {growth[0] / 2**20:.0f} MiB"
-    assert took < 20, took
+    # In seconds of a quiet machine (tests/deadlines.py): a loaded one stretches the bound.
+    assert not late, f"took {took:.1f} s"
     # The sender hung up long before the end of each body (the kernel's buffers hold a few MB).
     assert max(receiver.sent) < HUGE // 4, receiver.sent
 

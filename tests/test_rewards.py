@@ -53,12 +53,13 @@ def test_reward_process_scores_and_survives_every_failure() -> None:
             reward("text", "x", "68")
         with pytest.raises(RewardFailed, match=r"^returned nan, not a finite number$"):
             reward("nan", "x", "68")
-        started = time.monotonic()
+        bound = Deadline(5)
         with pytest.raises(
             RewardFailed, match=r"^took longer than 1 s \(reward_timeout_s\) and was stopped$"
         ):
             reward("hang", "x", "68")
-        assert time.monotonic() - started < 5
+        # In seconds of a quiet machine (tests/deadlines.py): a loaded one stretches the bound.
+        assert not bound.expired(), f"took {bound.waited():.1f} s"
         with pytest.raises(RewardFailed, match=r"^crashed its process \(exit code 9\)$"):
             reward("crash", "x", "68")
         # A fresh child takes over after a hang or a crash.

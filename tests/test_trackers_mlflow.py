@@ -12,7 +12,6 @@ import json
 import os
 import sqlite3
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -321,13 +320,11 @@ def test_server_down_during_results_then_back_delivers_all_once(
         store_result(setup, 10, metrics_at(10))
         wait_for(lambda: delivered(setup.database, 1), 60, "the first message delivered")
         gate.close()
-        started = time.monotonic()
         for step in (20, 30, 40):
             store_result(setup, step, metrics_at(step))
         # Stored while the server is away: nothing is lost, each is retried (attempts recorded).
         wait_for(lambda: failed_attempts(setup.database) or None, 30, "a failed attempt recorded")
         assert outbox(setup.database) == {"delivered": 1, "pending": 3}
-        assert time.monotonic() - started < 30
         gate.open()
         wait_for(lambda: delivered(setup.database, 4), 60, "all 4 delivered after the outage")
         assert assert_equal_to_results(setup) == 8
