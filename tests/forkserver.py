@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn
 
+import setproctitle
+
 #: Variables whose values imports read: a request that differs from the server in one of them is declined.
 IMPORT_PREFIXES = (
     "PYTHON",
@@ -253,6 +255,9 @@ class Server:
             os.environ.clear()
             os.environ.update(env)
             apply_threads(env)
+            # Named as a fresh one would be (its spec in its command line), so that whoever finds the
+            # worker by its command line (a test, `ps`) finds this process too, not only its client.
+            setproctitle.setproctitle(" ".join([sys.executable, *argv]))
             if argv[0] == "-u":
                 # As python -u: what the rank writes goes out at once (torchrun starts ranks so).
                 argv = argv[1:]
