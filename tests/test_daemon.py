@@ -170,9 +170,16 @@ def test_sigkill_mid_job_redoes_it_once_and_evaluates_nothing_twice(
         "a running job",
         first.process,
     )
+    # Past its start (tied to the daemon, evaluating), then stopped, so that the job is still running when
+    # its daemon is killed: a toy job can end within a second. A stopped process still dies of SIGKILL.
+    wait_for(
+        lambda: any(
+            b'"worker.started"' in p.read_bytes() for p in (tmp_path / "state").glob("jobs/*/worker.log")
+        ),
+        30,
+        "the worker's start",
+    )
     workers = wait_for(lambda: worker_processes(tmp_path / "state") or None, 30, "the worker process")
-    # Stopped, so that the job is still running when its daemon is killed: a toy job can end within a
-    # second. A stopped process still dies of the daemon's death (SIGKILL).
     for worker in workers:
         worker.suspend()
     assert first.stop(signal.SIGKILL) == -signal.SIGKILL
