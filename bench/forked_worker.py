@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import psutil
 
-from bench.worker_start import job
+from bench.worker_start import job, report
 from inference.spec import JobResult
 from inference.toy.problems import held_out_problems, write_jsonl
 from inference.toy.trainer import TrainConfig, train
@@ -78,13 +77,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         finally:
             session.close()
 
-    medians = {
-        name: (statistics.median(w for w, _ in r), statistics.median(c for _, c in r))
-        for name, r in runs.items()
-    }
-    for name, (wall, cpu) in medians.items():
-        print(f"{name}: {wall:.2f} s from spawn to exit, {cpu:.2f} s CPU (median of {args.repeats})")
-    (fresh_wall, fresh_cpu), (forked_wall, forked_cpu) = medians.values()
+    (fresh_wall, fresh_cpu), (forked_wall, forked_cpu) = report(runs, args.repeats).values()
     print(f"ratio fresh / forked: wall {fresh_wall / forked_wall:.1f}, CPU {fresh_cpu / forked_cpu:.1f}")
 
 

@@ -59,6 +59,17 @@ def timed(command: list[str], spec: JobSpec) -> tuple[float, float]:
     return wall, cpu
 
 
+def report(runs: dict[str, list[tuple[float, float]]], repeats: int) -> dict[str, tuple[float, float]]:
+    """Print each case's median wall and CPU seconds; return them by case, in order."""
+    medians = {
+        name: (statistics.median(w for w, _ in r), statistics.median(c for _, c in r))
+        for name, r in runs.items()
+    }
+    for name, (wall, cpu) in medians.items():
+        print(f"{name}: {wall:.2f} s from spawn to exit, {cpu:.2f} s CPU (median of {repeats})")
+    return medians
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
@@ -82,13 +93,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             for name, command in commands.items():
                 runs[name].append(timed(command, spec))
 
-    medians = {
-        name: (statistics.median(w for w, _ in r), statistics.median(c for _, c in r))
-        for name, r in runs.items()
-    }
-    for name, (wall, cpu) in medians.items():
-        print(f"{name}: {wall:.2f} s from spawn to exit, {cpu:.2f} s CPU (median of {args.repeats})")
-    (ours_wall, ours_cpu), (base_wall, base_cpu) = medians.values()
+    (ours_wall, ours_cpu), (base_wall, base_cpu) = report(runs, args.repeats).values()
     print(f"ratio baseline / ours: wall {base_wall / ours_wall:.2f}, CPU {base_cpu / ours_cpu:.2f}")
 
 
