@@ -105,7 +105,9 @@ def _paused_until_reload(
     # Its waiting messages were made due by the reload, saying why, and delivered together.
     resumed = [e for e in _events(log, "tracker.retry_now") if e["reason"] == CHANGED]
     assert [e["messages"] for e in resumed] == [1], resumed
-    assert [e["messages"] for e in _events(log, "tracker.delivered")] == [2]
+    # Logged once the delivery is stored: waited for, as the database may show it first.
+    sent = wait_for(lambda: _events(log, "tracker.delivered") or None, 30, "delivered", daemon.process)
+    assert [e["messages"] for e in sent] == [2]
     assert re.search(r"  mlflow \(mlflow\): up to date, 2 delivered", _status(setup, capsys))
 
 
