@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.slurm_overhead import CONFIG, timed_job, train_checkpoint
+from bench.slurm_overhead import config_text, timed_job, train_checkpoint
 from daemon.config import Config, load_config
 from inference.toy.problems import held_out_problems, write_jsonl
 from tests.raycluster import RayCluster, ensure_cluster
@@ -45,7 +45,7 @@ env_vars = ["HF_HUB_OFFLINE"]
 def write_config(
     work: Path, checkpoint: Path, dataset: Path, kind: str, poll: float, cluster: RayCluster
 ) -> Config:
-    text = CONFIG.format(db=work / "e.db", root=checkpoint.parent, dataset=dataset, state=work / "state")
+    text = config_text(work, checkpoint.parent, dataset)
     if kind == "ray":
         job_dir = work / "jobs"
         job_dir.mkdir(parents=True, exist_ok=True)

@@ -69,11 +69,9 @@ def train_checkpoint(work: Path) -> Path:
     return sorted(p for p in out.iterdir() if p.is_dir())[-1]
 
 
-def write_config(
-    work: Path, checkpoint: Path, dataset: Path, kind: str, poll: float, extra: str = ""
-) -> Config:
-    root = checkpoint.parent
-    text = toy_config(
+def config_text(work: Path, root: Path, dataset: Path) -> str:
+    """The toy run's config on the local executor (an executor section goes after it)."""
+    return toy_config(
         work / "e.db",
         root,
         dataset,
@@ -82,6 +80,13 @@ def write_config(
         sections="[inference]\nthreads = 1\n",
         daemon='log_format = "json"\n',
     )
+
+
+def write_config(
+    work: Path, checkpoint: Path, dataset: Path, kind: str, poll: float, extra: str = ""
+) -> Config:
+    root = checkpoint.parent
+    text = config_text(work, root, dataset)
     if kind == "slurm":
         job_dir = work / "jobs"
         job_dir.mkdir(parents=True, exist_ok=True)
