@@ -23,10 +23,8 @@ from pathlib import Path
 
 import psutil
 
-from bench.worker_start import job, report
+from bench.worker_start import report, toy_job
 from inference.spec import JobResult
-from inference.toy.problems import held_out_problems, write_jsonl
-from inference.toy.trainer import TrainConfig, train
 from tests import forkserver
 
 
@@ -57,11 +55,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     with tempfile.TemporaryDirectory(prefix="evald-bench-") as tmp:
         folder = Path(tmp)
-        (checkpoint,) = train(TrainConfig(out=folder / "run", steps=40, save_every=40))
-        dataset = folder / "problems.jsonl"
-        write_jsonl(held_out_problems(20, seed=0), dataset)
-        spec_path = folder / "spec.json"
-        spec_path.write_text(job(checkpoint, dataset, folder).model_dump_json(), encoding="utf-8")
+        spec_path = toy_job(folder)
         session = forkserver.start_session(folder / "forks")
         if session is None:
             raise SystemExit(f"the fork server is off ({forkserver.SWITCH_ENV}=0)")

@@ -59,6 +59,16 @@ def timed(command: list[str], spec: JobSpec) -> tuple[float, float]:
     return wall, cpu
 
 
+def toy_job(folder: Path) -> Path:
+    """The benchmarks' toy job in ``folder``: a model trained on the spot, 20 problems; its spec's path."""
+    (checkpoint,) = train(TrainConfig(out=folder / "run", steps=40, save_every=40))
+    dataset = folder / "problems.jsonl"
+    write_jsonl(held_out_problems(20, seed=0), dataset)
+    spec_path = folder / "spec.json"
+    spec_path.write_text(job(checkpoint, dataset, folder).model_dump_json(), encoding="utf-8")
+    return spec_path
+
+
 def report(runs: dict[str, list[tuple[float, float]]], repeats: int) -> dict[str, tuple[float, float]]:
     """Print each case's median wall and CPU seconds; return them by case, in order."""
     medians = {
@@ -77,12 +87,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     with tempfile.TemporaryDirectory(prefix="evald-bench-") as tmp:
         folder = Path(tmp)
-        (checkpoint,) = train(TrainConfig(out=folder / "run", steps=40, save_every=40))
-        dataset = folder / "problems.jsonl"
-        write_jsonl(held_out_problems(20, seed=0), dataset)
-        spec = job(checkpoint, dataset, folder)
-        spec_path = folder / "spec.json"
-        spec_path.write_text(spec.model_dump_json(), encoding="utf-8")
+        spec_path = toy_job(folder)
+        spec = JobSpec.model_validate_json(spec_path.read_bytes())
         off = "w.skip_mlflow = lambda: None\n"
         commands = {
             "mlflow kept out": [sys.executable, "-c", WORKER.format(off="", spec=str(spec_path))],
