@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -11,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import psutil
 
@@ -219,6 +220,17 @@ def worker_processes(marker: Path) -> list[psutil.Process]:
         cmdline = process.info["cmdline"] or []
         if any(str(marker) in part for part in cmdline):
             found.append(process)
+    return found
+
+
+def log_events(log: Path, name: str) -> list[dict[str, Any]]:
+    """The events named ``name`` in a daemon's JSON log, in order."""
+    found = []
+    for line in log.read_text().splitlines():
+        if line.startswith("{") and f'"{name}"' in line:
+            event = json.loads(line)
+            if event.get("event") == name:
+                found.append(event)
     return found
 
 

@@ -18,6 +18,7 @@ from tests.harness import (
     DaemonProcess,
     checkpoints,
     jobs,
+    log_events,
     running_daemon,
     upgraded,
     wait_for,
@@ -36,20 +37,10 @@ RESCAN_SECS = 2.0
 JOB_SECS = 120
 
 
-def _events(log: Path, name: str) -> list[dict[str, object]]:
-    found = []
-    for line in log.read_text().splitlines():
-        if line.startswith("{") and f'"{name}"' in line:
-            event = json.loads(line)
-            if event.get("event") == name:
-                found.append(event)
-    return found
-
-
 def _nth_event(daemon: DaemonProcess, name: str, count: int) -> dict[str, object]:
     """The ``count``-th ``name`` event of the daemon's log, once it is there."""
     found = wait_for(
-        lambda: e if len(e := _events(daemon.log, name)) >= count else None,
+        lambda: e if len(e := log_events(daemon.log, name)) >= count else None,
         30,
         f"{name} number {count}",
         daemon.process,
@@ -127,7 +118,7 @@ def test_an_s3_run_added_changed_broken_mended_and_removed_by_reloads(
         assert s3_server.access_key not in str(problems)  # what was pasted may be a credential
         upload(client, bucket, checkpoint, "toy/step_20")
         wait_for(lambda: _succeeded(database, "cloud", 20), JOB_SECS, "cloud step 20", daemon.process)
-        assert len(_events(daemon.log, "config.reloaded")) == 1
+        assert len(log_events(daemon.log, "config.reloaded")) == 1
 
         # Credentials swapped: the s3 run pauses with one line naming it; the local run goes on.
         swapped = with_cloud(access_key_env=SECRET_ENV, secret_key_env=ACCESS_ENV)
@@ -135,7 +126,7 @@ def test_an_s3_run_added_changed_broken_mended_and_removed_by_reloads(
         upload(client, bucket, checkpoint, "toy/step_30")
         copy_checkpoint(checkpoint, tmp_path / "run" / "step_20")
         wait_for(lambda: _succeeded(database, "toy", 20), JOB_SECS, "local step 20", daemon.process)
-        [refused] = _events(daemon.log, "objects.refused")
+        [refused] = log_events(daemon.log, "objects.refused")
         assert refused["run"] == "cloud" and refused["level"] == "error"
         assert refused["credentials"] == f"{SECRET_ENV}, {ACCESS_ENV}"
         assert "InvalidAccessKeyId" in str(refused["error"])
@@ -145,15 +136,15 @@ def test_an_s3_run_added_changed_broken_mended_and_removed_by_reloads(
         reload(with_cloud(chunk_mb=2), "config.reloaded", 3)
         wait_for(lambda: _succeeded(database, "cloud", 30), JOB_SECS, "cloud step 30", daemon.process)
         # Said as after a pause mended in the store: the line that answers objects.refused.
-        [recovered] = _events(daemon.log, "objects.recovered")
+        [recovered] = log_events(daemon.log, "objects.recovered")
         assert recovered["run"] == "cloud" and "InvalidAccessKeyId" in str(recovered["was"])
-        assert len(_events(daemon.log, "objects.refused")) == 1
+        assert len(log_events(daemon.log, "objects.refused")) == 1
 
         # Removed: nothing more is listed from the store; the local run goes on.
         removed = reload(local_only, "config.reloaded", 4)
         removed_at = time.monotonic()
         assert removed["runs"] == ["toy"]
-        listings = len([e for e in _events(daemon.log, "objects.listed") if e["run"] == "cloud"])
+        listings = len([e for e in log_events(daemon.log, "objects.listed") if e["run"] == "cloud"])
         assert listings > 0
         upload(client, bucket, checkpoint, "toy/step_40")
         copy_checkpoint(checkpoint, tmp_path / "run" / "step_30")
@@ -163,7 +154,7 @@ def test_an_s3_run_added_changed_broken_mended_and_removed_by_reloads(
             "local step 30, and two rescans",
             daemon.process,
         )
-        assert len([e for e in _events(daemon.log, "objects.listed") if e["run"] == "cloud"]) == listings
+        assert len([e for e in log_events(daemon.log, "objects.listed") if e["run"] == "cloud"]) == listings
         assert not (mirror / "step_40").exists() and 40 not in _recorded(database, "cloud")
         assert daemon.stop() == 0
 

@@ -3,7 +3,6 @@ keeps the old config when the new one is bad."""
 
 from __future__ import annotations
 
-import json
 import signal
 from pathlib import Path
 
@@ -13,19 +12,9 @@ from storage import queries
 from storage.database import Database
 from tests.checkpoints import copy_checkpoint
 from tests.conftest import ToyRun
-from tests.harness import DaemonProcess, jobs, upgraded, wait_for, write_config, write_dataset
+from tests.harness import DaemonProcess, jobs, log_events, upgraded, wait_for, write_config, write_dataset
 
 pytestmark = pytest.mark.slow
-
-
-def _events(log: Path, name: str) -> list[dict[str, object]]:
-    found = []
-    for line in log.read_text().splitlines():
-        if line.startswith("{") and f'"{name}"' in line:
-            event = json.loads(line)
-            if event.get("event") == name:
-                found.append(event)
-    return found
 
 
 def test_sighup_adds_a_run_keeps_the_running_job_and_refuses_a_bad_config(
@@ -52,7 +41,7 @@ def test_sighup_adds_a_run_keeps_the_running_job_and_refuses_a_bad_config(
         config.write_text(added)
         daemon.process.send_signal(signal.SIGHUP)
         reloaded = wait_for(
-            lambda: _events(log, "config.reloaded") or None, 30, "config.reloaded", daemon.process
+            lambda: log_events(log, "config.reloaded") or None, 30, "config.reloaded", daemon.process
         )
         assert reloaded[0]["runs"] == ["toy", "other"]
         assert reloaded[0]["running_jobs"] == [running[0].id]
@@ -65,19 +54,22 @@ def test_sighup_adds_a_run_keeps_the_running_job_and_refuses_a_bad_config(
         config.write_text(added.replace("batch_size = 2", "batch_size = -1"))
         daemon.process.send_signal(signal.SIGHUP)
         refused = wait_for(
-            lambda: _events(log, "config.reload_refused") or None, 30, "config.reload_refused", daemon.process
+            lambda: log_events(log, "config.reload_refused") or None,
+            30,
+            "config.reload_refused",
+            daemon.process,
         )
-        assert any("batch_size" in str(p) for p in refused[0]["problems"])  # type: ignore[attr-defined]
+        assert any("batch_size" in str(p) for p in refused[0]["problems"])
         # A database change needs a restart: refused, naming the field.
         config.write_text(added.replace(sqlite_url, f"sqlite:///{tmp_path / 'elsewhere.db'}"))
         daemon.process.send_signal(signal.SIGHUP)
         refused = wait_for(
-            lambda: e if len(e := _events(log, "config.reload_refused")) == 2 else None,
+            lambda: e if len(e := log_events(log, "config.reload_refused")) == 2 else None,
             30,
             "the second refusal",
             daemon.process,
         )
-        assert any("database.url" in str(p) for p in refused[1]["problems"])  # type: ignore[attr-defined]
+        assert any("database.url" in str(p) for p in refused[1]["problems"])
         # Still the old config: the other run is still watched and evaluated.
         copy_checkpoint(toy_run.last_checkpoint, other_root / "step_30")
         wait_for(
@@ -109,7 +101,10 @@ def test_a_reload_refused_names_the_config_file_it_read(sqlite_url: str, tmp_pat
         config.unlink()  # deleted, or moved by a deploy that has not put the new one in place yet
         daemon.process.send_signal(signal.SIGHUP)
         [refused] = wait_for(
-            lambda: _events(log, "config.reload_refused") or None, 30, "config.reload_refused", daemon.process
+            lambda: log_events(log, "config.reload_refused") or None,
+            30,
+            "config.reload_refused",
+            daemon.process,
         )
         assert refused["problems"] == [
             f"{config}: file not found (the daemon started with it: put it back and reload)"
@@ -117,7 +112,7 @@ def test_a_reload_refused_names_the_config_file_it_read(sqlite_url: str, tmp_pat
         config.write_text(original.replace("batch_size = 16", "batch_size = -1"))
         daemon.process.send_signal(signal.SIGHUP)
         second = wait_for(
-            lambda: e if len(e := _events(log, "config.reload_refused")) == 2 else None,
+            lambda: e if len(e := log_events(log, "config.reload_refused")) == 2 else None,
             30,
             "the second refusal",
             daemon.process,
@@ -126,7 +121,7 @@ def test_a_reload_refused_names_the_config_file_it_read(sqlite_url: str, tmp_pat
         assert isinstance(problems, list) and problems[0].startswith(f"{config}: tasks[0].batch_size: ")
         config.write_text(original)
         daemon.process.send_signal(signal.SIGHUP)
-        wait_for(lambda: _events(log, "config.reloaded") or None, 30, "config.reloaded", daemon.process)
+        wait_for(lambda: log_events(log, "config.reloaded") or None, 30, "config.reloaded", daemon.process)
         assert daemon.stop() == 0
     finally:
         if daemon.process.poll() is None:

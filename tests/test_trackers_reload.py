@@ -15,13 +15,12 @@ import json
 import re
 import signal
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from daemon.cli import main
 from daemon.delivery.trackers import CHANGED, STARTED
-from tests.harness import DaemonProcess, wait_for
+from tests.harness import DaemonProcess, log_events, wait_for
 from tests.mlflowserver import (
     ADMIN,
     MlflowServer,
@@ -49,16 +48,6 @@ PAUSE_S = 3600
 DEADLINE_S = 240.0
 
 
-def _events(log: Path, name: str) -> list[dict[str, Any]]:
-    found = []
-    for line in log.read_text().splitlines():
-        if line.startswith("{") and f'"{name}"' in line:
-            event = json.loads(line)
-            if event.get("event") == name:
-                found.append(event)
-    return found
-
-
 def _status(setup: Setup, capsys: pytest.CaptureFixture[str], *extra: str) -> str:
     capsys.readouterr()
     assert main(["--config", str(setup.config_path), "status", *extra]) == 0
@@ -78,7 +67,9 @@ def _paused_until_reload(
     text before and after) and SIGHUP: both delivered well before the pause would have ended."""
     log = daemon.log
     store_result(setup, 10, metrics_at(10))
-    (paused,) = wait_for(lambda: _events(log, "tracker.paused") or None, DEADLINE_S, "paused", daemon.process)
+    (paused,) = wait_for(
+        lambda: log_events(log, "tracker.paused") or None, DEADLINE_S, "paused", daemon.process
+    )
     assert refusal in paused["error"], paused
     store_result(setup, 20, metrics_at(20))
     (shown,) = json.loads(_status(setup, capsys, "--format", "json"))["trackers"]
@@ -98,15 +89,15 @@ def _paused_until_reload(
     assert before in config
     setup.config_path.write_text(config.replace(before, after))
     daemon.process.send_signal(signal.SIGHUP)
-    wait_for(lambda: _events(log, "config.reloaded") or None, 60, "config.reloaded", daemon.process)
+    wait_for(lambda: log_events(log, "config.reloaded") or None, 60, "config.reloaded", daemon.process)
     wait_for(
         lambda: delivered(setup.database, 2), DEADLINE_S, "both delivered after the reload", daemon.process
     )
     # Its waiting messages were made due by the reload, saying why, and delivered together.
-    resumed = [e for e in _events(log, "tracker.retry_now") if e["reason"] == CHANGED]
+    resumed = [e for e in log_events(log, "tracker.retry_now") if e["reason"] == CHANGED]
     assert [e["messages"] for e in resumed] == [1], resumed
     # Logged once the delivery is stored: waited for, as the database may show it first.
-    sent = wait_for(lambda: _events(log, "tracker.delivered") or None, 30, "delivered", daemon.process)
+    sent = wait_for(lambda: log_events(log, "tracker.delivered") or None, 30, "delivered", daemon.process)
     assert [e["messages"] for e in sent] == [2]
     assert re.search(r"  mlflow \(mlflow\): up to date, 2 delivered", _status(setup, capsys))
 
@@ -133,10 +124,15 @@ def test_an_unset_token_fixed_by_a_reload_or_a_restart_is_delivered_at_once(
         setup.config_path.write_text(setup.config_path.read_text().replace(fixed, unset))
         daemon.process.send_signal(signal.SIGHUP)
         wait_for(
-            lambda: len(_events(daemon.log, "config.reloaded")) == 2 or None, 60, "reloaded", daemon.process
+            lambda: len(log_events(daemon.log, "config.reloaded")) == 2 or None,
+            60,
+            "reloaded",
+            daemon.process,
         )
         store_result(setup, 30, metrics_at(30))
-        wait_for(lambda: len(_events(daemon.log, "tracker.paused")) == 2 or None, DEADLINE_S, "paused again")
+        wait_for(
+            lambda: len(log_events(daemon.log, "tracker.paused")) == 2 or None, DEADLINE_S, "paused again"
+        )
         assert daemon.stop() == 0
     finally:
         if daemon.process.poll() is None:
@@ -149,7 +145,7 @@ def test_an_unset_token_fixed_by_a_reload_or_a_restart_is_delivered_at_once(
         wait_for(
             lambda: delivered(setup.database, 3), DEADLINE_S, "delivered after the restart", daemon.process
         )
-        assert [e["messages"] for e in _events(log, "tracker.retry_now") if e["reason"] == STARTED] == [1]
+        assert [e["messages"] for e in log_events(log, "tracker.retry_now") if e["reason"] == STARTED] == [1]
         assert daemon.stop() == 0
     finally:
         if daemon.process.poll() is None:
