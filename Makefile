@@ -18,8 +18,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	# DeepSpeed compiles its CPU shared-memory all-reduce (a C++ extension, about a minute) the first time
 	# a CPU process group starts, into ~/.cache/torch_extensions; built here, the first evaluation (and the
-	# first test that starts ranks) does not wait on the compiler.
-	DS_ACCELERATOR=cpu $(BIN)/python -c 'from deepspeed.accelerator import get_accelerator; get_accelerator().create_op_builder("ShareMemCommBuilder").load()'
+	# first test that starts ranks) does not wait on the compiler. Loaded as a worker loads it: under a lock
+	# a killed process cannot leave behind (torch's own, left by a killed load, hung this step for good).
+	DS_ACCELERATOR=cpu $(BIN)/python -m inference.shm_op
 	touch $(STAMP)
 
 demo: $(STAMP)

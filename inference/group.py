@@ -9,7 +9,6 @@ collective below is then a no-op. Object collectives are used throughout: what c
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 
+from inference import shm_op
 from inference.consistency import settle
 from inference.errors import TaskInvalid
 from inference.spec import Disagreement, InferenceSpec
@@ -64,35 +64,6 @@ def _unlink_shm_buffer(rank: int) -> None:
     log.info("group.shm_released", path=str(path))
 
 
-#: A first build of DeepSpeed's CPU shared-memory op takes a minute or two on a busy node; a build lock
-#: older than this was left by a build that was killed (a worker stopped during the node's first
-#: multi-rank job), and torch waits on it forever: every later CPU group would hang until its timeout.
-STALE_BUILD_LOCK_SECS = 15 * 60
-
-
-def clear_stale_build_lock(
-    name: str = "deepspeed_shm_comm", *, max_age_s: float = STALE_BUILD_LOCK_SECS, now: float | None = None
-) -> Path | None:
-    """Remove the torch extension build lock of ``name`` when it is older than ``max_age_s``.
-
-    Returns the removed lock, or None when there was none or it is young (a build may hold it).
-    """
-    # torch's own resolution of the folder (TORCH_EXTENSIONS_DIR, else the per-Python, per-device cache):
-    # private, but the only place that knows it, and a wrong guess would miss the lock that hangs.
-    from torch.utils.cpp_extension import _get_build_directory
-
-    lock = Path(_get_build_directory(name, verbose=False)) / "lock"
-    try:
-        age = (time.time() if now is None else now) - lock.stat().st_mtime
-    except FileNotFoundError:
-        return None
-    if age < max_age_s:
-        return None
-    lock.unlink(missing_ok=True)
-    log.warning("group.stale_build_lock_removed", path=str(lock), age_s=round(age))
-    return lock
-
-
 @dataclass
 class WorkerGroup:
     topology: Topology
@@ -131,7 +102,9 @@ class WorkerGroup:
             if not use_shm_all_reduce(dp=spec.dp, world_size=world, local_world_size=local_world):
                 deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
             elif not spec.device.startswith("cuda"):
-                clear_stale_build_lock()
+                # Loaded here, under a lock a killed rank cannot leave behind; init_distributed then takes
+                # it from DeepSpeed's cache of loaded ops.
+                shm_op.load()
             deepspeed.init_distributed(dist_backend=backend(spec.device))
             from deepspeed.comm import comm as ds_comm
 
