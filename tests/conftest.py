@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,12 @@ from tests import forkserver
 from tests.deadlines import patient
 from tests.file_weights import weight
 from tests.session_cache import built_once, cache_root, close_session, open_session
+
+# pytest rewrites each test module's asserts, and keeps the result only where bytecode may be written: with
+# PYTHONDONTWRITEBYTECODE set (as this machine's shells and CI set it) every test process rewrote all 160
+# modules again at every run, 12 CPU-s a process instead of 6. This process's own setting only: the
+# daemons, CLI calls and workers the tests start keep the environment's.
+sys.dont_write_bytecode = False
 
 #: Environment for processes started by tests: no network, no progress bars.
 SUBPROCESS_ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
@@ -141,9 +148,40 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     before, started = os.times(), time.monotonic()
     yield
     after = os.times()
-    cpu = sum(
-        getattr(after, f) - getattr(before, f) for f in ("user", "system", "children_user", "children_system")
-    )
-    line = {"test": item.nodeid, "cpu_s": round(cpu, 2), "wall_s": round(time.monotonic() - started, 2)}
+    own = sum(getattr(after, f) - getattr(before, f) for f in ("user", "system"))
+    cpu = own + sum(getattr(after, f) - getattr(before, f) for f in ("children_user", "children_system"))
+    line = {
+        "test": item.nodeid,
+        "cpu_s": round(cpu, 2),
+        # The test process's own part (the rest is the children it reaped).
+        "own_s": round(own, 2),
+        "wall_s": round(time.monotonic() - started, 2),
+        # Which test process ran it and when it ended: the schedule's idle tails show in them.
+        "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+        "end": round(time.time(), 2),
+    }
     with Path(target).open("a") as out:
         out.write(json.dumps(line) + "\n")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    # A module's or the session's fixtures end in the teardown of its last test: a slow one (a cluster
+    # stopped at the session's end) shows here on its own line.
+    target = os.environ.get("EVALD_TEST_CPU_PROFILE")
+    if not target:
+        yield
+        return
+    import time
+
+    started = time.monotonic()
+    yield
+    took = time.monotonic() - started
+    if took >= 1.0:
+        line = {
+            "teardown": item.nodeid,
+            "wall_s": round(took, 2),
+            "worker": os.environ.get("PYTEST_XDIST_WORKER"),
+        }
+        with Path(target).open("a") as out:
+            out.write(json.dumps(line) + "\n")

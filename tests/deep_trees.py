@@ -1,4 +1,4 @@
-"""Folders nested thousands deep, made and removed through short paths.
+"""Folders nested thousands deep, made and removed through short paths; folders of thousands of files.
 
 Their full path is longer than ``PATH_MAX``, and Python 3.11's ``os.walk`` and ``shutil.rmtree`` recurse
 once per level (a ``RecursionError`` past about 1,000): pytest's clean-up of old temporary folders would
@@ -41,3 +41,15 @@ def remove(top: Path) -> None:
                 spare.rename(child)
             else:
                 child.rmdir()
+
+
+def crowd(folder: Path, count: int) -> None:
+    """``count`` empty files ``0`` … ``count - 1`` in ``folder`` (made if needed), created through the
+    folder's descriptor: a quarter of ``Path.touch``'s CPU (0.46 s against 1.9 s for 20,000)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for index in range(count):
+            os.close(os.open(str(index), os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=fd))
+    finally:
+        os.close(fd)

@@ -212,8 +212,11 @@ class RayCluster:
         self.save()
 
     def stop(self) -> None:
+        """Kill every node (:meth:`kill_node`): the cluster is the tests' own and nothing of it is kept. A
+        ``ray start --block`` given SIGTERM outlived :meth:`stop_node`'s 10 s wait, and the session's end
+        waited about that long on it."""
         for name in [*self.workers, "head"]:
-            self.stop_node(name)
+            self.kill_node(name)
 
     def restart(self) -> None:
         """The head restarted (a new cluster: Ray without an external GCS store forgets its jobs), and

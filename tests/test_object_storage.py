@@ -244,7 +244,6 @@ def test_a_moved_cache_dir_evaluates_nothing_again(
 def test_the_store_away_holds_only_its_run_and_loses_nothing(
     s3_server: S3Server, database: Database, big_checkpoint: Path, tmp_path: Path
 ) -> None:
-    outage_secs = 12.0
     client, bucket, clock = s3_server.client(), s3_server.bucket(), Clock()
     config = s3_run(s3_server, bucket, tmp_path / "cache")
     local_root = tmp_path / "local"
@@ -255,16 +254,13 @@ def test_the_store_away_holds_only_its_run_and_loses_nothing(
     discovery.scan()  # seen, still inside its quiet period
     with capture_logs() as logs, s3_server.paused():
         save_tiny_llama(local_root / "step_5")
-        ends = time.monotonic() + outage_secs
-        passes = 0
-        while time.monotonic() < ends:
+        # Three rescans of the away store (counted, not timed: a loaded machine makes fewer per second).
+        for _ in range(3):
             held = Deadline(5.0)
             settle(discovery, clock, 5.0)
-            passes += 1
             # One try per rescan while it is away: a pass is held about one timeout (1 s here), not five
             # (in quiet-machine seconds: a loaded machine stretches both).
             assert not held.expired(), f"a pass was held {held.waited():.1f} s"
-    assert passes >= 3
     assert job_steps(database) == [("local", 5)]  # the other run went on
     assert states(database)["s3run/step_100"] == "discovered"  # not ready, not vanished: untouched
     unavailable = [e for e in logs if e["event"] == "objects.unavailable"]

@@ -265,8 +265,7 @@ def test_a_folder_of_more_entries_than_any_layout_writes_is_refused(good: Path, 
     spill = folder / "spill"
     spill.mkdir()
     existing = sum(1 for _ in folder.rglob("*"))
-    for index in range(MAX_TREE_ENTRIES - existing):
-        (spill / str(index)).touch()
+    deep_trees.crowd(spill, MAX_TREE_ENTRIES - existing)
     assert len(take_snapshot(folder).files) == MAX_TREE_ENTRIES - 1  # every entry but the folder ``spill``
     (spill / "one-more").touch()
     with pytest.raises(TreeRefused, match=f"holds more than {MAX_TREE_ENTRIES:,} files and folders"):

@@ -82,9 +82,7 @@ def _deep_tree(folder: Path) -> None:
 
 
 def _crowded(folder: Path) -> None:
-    (folder / "spill").mkdir()
-    for index in range(MAX_TREE_ENTRIES):
-        (folder / "spill" / str(index)).touch()
+    deep_trees.crowd(folder / "spill", MAX_TREE_ENTRIES)
 
 
 def _bad(root: Path, trained: Path, base: int) -> dict[str, str]:
