@@ -14,7 +14,7 @@ import pytest
 from inference.toy.problems import held_out_problems, write_jsonl
 from tests import forkserver
 from tests.deadlines import patient
-from tests.file_weights import weight
+from tests.file_weights import order
 from tests.session_cache import built_once, cache_root, close_session, open_session
 
 # pytest rewrites each test module's asserts, and keeps the result only where bytecode may be written: with
@@ -72,8 +72,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             and item.get_closest_marker("slow") is not None
         ):
             item.add_marker(pytest.mark.long)
-    # The longest files first (tests/file_weights.py); a stable sort keeps each file's own order.
-    items.sort(key=lambda item: -weight(item.path.name))
+    # The Ray files, then the longest first (tests/file_weights.py); a stable sort keeps each file's order.
+    items.sort(key=lambda item: order(item.path.name))
 
 
 @dataclass(frozen=True)

@@ -89,6 +89,17 @@ SECONDS: dict[str, int] = {
 }
 
 
+#: Files that hold the shared Ray cluster in `make test` (tests/raycluster.py): started first, side by
+#: side, so that the cluster starts once and stops when both end instead of idling through the run.
+RAY_FIRST = ("test_executor_contract.py", "test_ray_executor.py")
+
+
+def order(path: str) -> tuple[bool, int]:
+    """Where the file at ``path`` goes in the queue (sort key): the Ray files, then the longest first."""
+    name = path.rsplit("/", 1)[-1]
+    return (name not in RAY_FIRST, -weight(name))
+
+
 def weight(path: str) -> int:
     """The seconds of the test file at ``path`` (its name), 0 when not measured."""
     return SECONDS.get(path.rsplit("/", 1)[-1], 0)

@@ -15,7 +15,7 @@ shared one has none.
 
 The cluster is shared by the test processes of one session (xdist workers): the first to need it starts
 it under a lock and records its ports and pids in ``<root>/cluster.json``; each process registers
-itself, and the last to leave stops it. Skipped where Ray is not installed, unless
+itself for the module that uses it, and the last to leave stops it. Skipped where Ray is not installed, unless
 ``EVALD_REQUIRE_RAY=1`` (CI): then it fails. Run as a script to start or stop it by hand::
 
     python -m tests.raycluster start     # or: stop, status
@@ -322,23 +322,27 @@ def _users(folder: Path) -> Path:
     return users
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[RayCluster]:
-    """The local Ray cluster (see the module's docstring); stopped when its last user's session ends.
+    """The local Ray cluster (see the module's docstring), held by each module that uses it and stopped
+    when the last holder's module ends: idle, its nine processes took ~8 % of a core, for the whole run
+    after its two files (the first ones started) were done. A module that needs it later starts it again.
 
     A test that kills or stops a node must start it again (``start_worker``, ``restart``); this fixture
-    checks at the end of the session only.
+    checks at the end of the module only.
     """
     folder = _root()
+    # Held before the cluster is looked for: a holder leaving meanwhile sees this one and leaves it up.
+    me = _users(folder) / str(os.getpid())
+    me.touch()
     try:
         cluster = ensure_cluster(folder)
     except (RayUnavailable, OSError) as exc:
+        me.unlink(missing_ok=True)
         message = f"no Ray cluster: {exc}"
         if required():
             pytest.fail(message)
         pytest.skip(message)
-    me = _users(folder) / str(os.getpid())
-    me.touch()
     yield cluster
     me.unlink(missing_ok=True)
     with FileLock(str(folder / ".start.lock"), timeout=patient(START_TIMEOUT_S * 3)):
