@@ -7,10 +7,6 @@ functions. Skipped as tests/test_web_browser.py skips where no browser is instal
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -27,9 +23,9 @@ from storage.database import Database
 from storage.models import CheckpointState, EvalJob
 from storage.queries.retry import retry_job_rows
 from tests import dashboard_data
-from tests.deadlines import patient
-from tests.harness import free_port
-from tests.test_web_browser import CHROMIUM, CHROMIUM_ARGS, _browser_or_skip, _shots, _wait_http
+from tests.web_pages import browser, serving, shots, sign_in
+
+__all__ = ["browser"]  # the module's fixture, bound here
 
 pytestmark = pytest.mark.slow
 
@@ -139,34 +135,11 @@ def _attempt(
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    sync_playwright = _browser_or_skip()
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
-
-
-@pytest.fixture(scope="module")
 def served(browser: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     data = dashboard_data.build(tmp_path_factory.mktemp("attempts"))
     job = _retried_job(data.url)
-    port = free_port()
-    serve = subprocess.Popen(
-        [sys.executable, "-m", "daemon", "--config", str(data.config), "serve", "--port", str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "EVALD_TEST_WEB_TOKEN": data.token},
-    )
-    base = f"http://127.0.0.1:{port}/"
-    try:
-        _wait_http(base + "login", serve)
-        yield Served(base, data.token, job)
-    finally:
-        serve.send_signal(signal.SIGTERM)
-        output = serve.communicate(timeout=patient(30))[0]
-        assert serve.returncode == 0, output[-3000:]
+    with serving(data.config, token=data.token) as served:
+        yield Served(served.url, data.token, job)
 
 
 def _cells(page: Any, job: int) -> list[dict[str, str]]:
@@ -195,9 +168,7 @@ def test_a_points_jobs_show_their_attempts_retries_and_slurm_placement(
     page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
     try:
         page.goto(served.url + "login")
-        page.fill("input[name=token]", served.token)
-        page.click("button[type=submit]")
-        page.wait_for_url(lambda url: url.split("#", 1)[0] == served.url)
+        sign_in(page, served.url, served.token)
         page.goto(f"{served.url}#runs={RUN}")
         page.wait_for_selector("body[data-ready=true]")
         page.wait_for_selector(f"{ACC} polyline.line", state="attached")
@@ -240,9 +211,9 @@ def test_a_points_jobs_show_their_attempts_retries_and_slurm_placement(
             "w => w.scrollWidth <= w.clientWidth + 1",
         )
         assert fits
-        shot = _shots(tmp_path) / "attempts.png"
+        shot = shots(tmp_path) / "attempts.png"
         page.locator("#detail-jobs").screenshot(path=str(shot))
-        page.screenshot(path=str(_shots(tmp_path) / "attempts-page.png"))
+        page.screenshot(path=str(shots(tmp_path) / "attempts-page.png"))
         assert shot.stat().st_size > 5_000
 
         # A job that ran once and succeeded stays folded; a click opens its one attempt.

@@ -9,12 +9,8 @@ import csv
 import io
 import itertools
 import math
-import os
 import re
-import signal
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -30,30 +26,35 @@ from storage.database import Database
 from tests import dashboard_data
 from tests.checkpoints import copy_checkpoint
 from tests.conftest import ToyRun
-from tests.deadlines import Deadline, patient
+from tests.deadlines import patient
 from tests.harness import (
     DaemonProcess,
     all_jobs_done,
-    free_port,
     running_daemon,
     upgraded,
     wait_for,
     write_config,
     write_dataset,
 )
+from tests.web_pages import (
+    ACC,
+    DESKTOP,
+    PHONE,
+    Dashboard,
+    browser,
+    dashboard_on,
+    open_page,
+    point,
+    serving,
+    shots,
+    sign_in,
+    signed_in,
+)
+
+__all__ = ["browser"]  # the module's fixture, bound here
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM = os.environ.get("EVALD_CHROMIUM", "/usr/bin/chromium")
-#: Flags for a headless Chromium in a container with no network: no sandbox (root), nothing phoning home.
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-    "--disable-sync",
-]
 #: The issue's promise: a result stored while the page is open shows within this long, without a reload.
 LIVE_WITHIN_MS = 5000
 #: One evaluation on a loaded CI machine (a worker process loading torch and the toy model).
@@ -68,22 +69,6 @@ POINTS_AT_LEAST = f"""n => {{
 SAMPLES_EQUAL = "n => document.querySelectorAll('#detail-samples .sample[data-index]').length === n"
 
 
-def _browser_or_skip() -> Any:
-    problem = None
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        problem = "the playwright package is not installed (pip install playwright)"
-    if problem is None and not Path(CHROMIUM).exists():
-        problem = f"no Chromium at {CHROMIUM} (apt-get install -y chromium, or set EVALD_CHROMIUM)"
-    if problem is not None:
-        message = f"browser test skipped: {problem}"
-        if os.environ.get("EVALD_REQUIRE_BROWSER") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
-    return sync_playwright
-
-
 @dataclass
 class Served:
     url: str
@@ -92,15 +77,6 @@ class Served:
     daemon: DaemonProcess
     #: Checkpoints not yet given to the daemon: the test drops them in while the page watches.
     later: list[int]
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    sync_playwright = _browser_or_skip()
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
 
 
 @pytest.fixture(scope="module")
@@ -115,39 +91,14 @@ def served(browser: Any, toy_run: ToyRun, tmp_path_factory: pytest.TempPathFacto
         # A threshold every result crosses: each checkpoint raises an alert, drawn on the wall_s chart.
         extra.write("\n[alerts]\ncooldown_secs = 0\n[alerts.thresholds.wall_s]\nmin = 1000000\n")
     copy_checkpoint(toy_run.last_checkpoint, tmp / "run" / f"step_{STEPS[0]}")
-    port = free_port()
-    serve = subprocess.Popen(
-        [sys.executable, "-m", "daemon", "--config", str(config), "serve", "--port", str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    base = f"http://127.0.0.1:{port}/"
     database = Database(url, read_only=True)
     try:
-        _wait_http(base + "api/v1", serve)
-        with running_daemon(config, tmp / "daemon.log") as daemon:
-            yield Served(base, database, tmp / "run", daemon, list(STEPS[1:]))
+        with serving(config, ready="api/v1") as serve, running_daemon(config, tmp / "daemon.log") as daemon:
+            yield Served(serve.url, database, tmp / "run", daemon, list(STEPS[1:]))
             assert daemon.stop() == 0
     finally:
         database.dispose()
-        serve.send_signal(signal.SIGTERM)
-        output = serve.communicate(timeout=patient(30))[0]
-        assert serve.returncode == 0, output[-3000:]
-        assert "web.started" in output and "web.stopped" in output
-
-
-def _wait_http(url: str, process: subprocess.Popen[str], timeout: float = 60) -> None:
-    deadline = Deadline(timeout)
-    while True:
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        assert process.poll() is None, process.communicate()[0][-3000:]
-        assert not deadline.expired(), f"{url} did not answer in {timeout} s"
-        time.sleep(0.2)
+    assert "web.started" in serve.output and "web.stopped" in serve.output
 
 
 def _steps_stored(database: Database) -> int:
@@ -183,14 +134,8 @@ def _drawn(page: Any) -> dict[str, int]:
     return counts
 
 
-def _shots(tmp_path: Path) -> Path:
-    folder = Path(os.environ.get("EVALD_SCREENSHOT_DIR", str(tmp_path)))
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
-
-
 def _screenshot(page: Any, tmp_path: Path, name: str) -> Path:
-    path = _shots(tmp_path) / name
+    path = shots(tmp_path) / name
     page.evaluate("() => window.scrollTo(0, 0)")  # a sticky header shows where the page is scrolled to
     page.screenshot(path=str(path), full_page=True)
     return path
@@ -303,12 +248,9 @@ def test_a_second_page_opens_with_its_state_from_the_url(
 
 ALL_RUNS = "#runs=" + ",".join(dashboard_data.RUNS)
 KEY = f"{dashboard_data.TASK}/full"
-ACC = f'.chart[data-chart="{KEY}/accuracy"]'
 TOKENS = f'.chart[data-chart="{KEY}/tokens_per_s"]'
 PERPLEXITY = f'.chart[data-chart="{KEY}/perplexity"]'
 EMPTY = f'.chart[data-chart="{KEY}/response_length_correct"]'
-DESKTOP = {"width": 1280, "height": 900}
-PHONE = {"width": 420, "height": 860}
 #: Each chart's tick labels as boxes: x ticks (left, right) and y ticks (top, bottom), in page pixels.
 TICK_BOXES = """cards => cards.map(c => {
     const box = (sel, a, b) => [...c.querySelectorAll(sel)]
@@ -318,68 +260,11 @@ TICK_BOXES = """cards => cards.map(c => {
 })"""
 
 
-@dataclass
-class Dashboard:
-    url: str
-    data: dashboard_data.DashboardData
-    api: httpx.Client
-
-    def series(self, run: str, metric: str) -> dict[str, Any]:
-        body = self.api.get(f"/api/v1/runs/{run}/series", params={"metric": metric}).json()
-        (found,) = body["series"]
-        return dict(found)
-
-
 @pytest.fixture(scope="module")
 def dashboard(browser: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dashboard]:
     """``evald serve`` with a token on the four runs; the API read with the token as a client would."""
-    data = dashboard_data.build(tmp_path_factory.mktemp("dashboard"))
-    port = free_port()
-    serve = subprocess.Popen(
-        [sys.executable, "-m", "daemon", "--config", str(data.config), "serve", "--port", str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "EVALD_TEST_WEB_TOKEN": data.token},
-    )
-    base = f"http://127.0.0.1:{port}/"
-    try:
-        _wait_http(base + "login", serve)
-        headers = {"Authorization": f"Bearer {data.token}"}
-        with httpx.Client(base_url=base, headers=headers, timeout=10) as client:
-            yield Dashboard(base, data, client)
-    finally:
-        serve.send_signal(signal.SIGTERM)
-        output = serve.communicate(timeout=patient(30))[0]
-        assert serve.returncode == 0, output[-3000:]
-
-
-def _sign_in(page: Any, dashboard: Dashboard) -> None:
-    page.fill("input[name=token]", dashboard.data.token)
-    page.click("button[type=submit]")
-    # The dashboard writes its state into the URL's fragment as soon as it has loaded (history.replaceState):
-    # a busy test process can first look after that, so the page at "/" counts whatever its fragment.
-    page.wait_for_url(lambda url: url.split("#", 1)[0] == dashboard.url)
-
-
-def _signed_in(browser: Any, dashboard: Dashboard, viewport: dict[str, int]) -> Any:
-    """A browser context holding the login cookie (its own login through the form)."""
-    context = browser.new_context(viewport=viewport, accept_downloads=True)
-    page = context.new_page()
-    page.goto(dashboard.url + "login")
-    _sign_in(page, dashboard)
-    page.close()
-    return context
-
-
-def _open(context: Any, url: str, errors: list[str]) -> Any:
-    page = context.new_page()
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
-    page.goto(url)
-    page.wait_for_selector("body[data-ready=true]")
-    page.wait_for_selector(f"{ACC} polyline.line", state="attached")
-    return page
+    with dashboard_on(tmp_path_factory.mktemp("dashboard")) as served:
+        yield served
 
 
 def _ticks_readable(page: Any) -> list[str]:
@@ -407,14 +292,6 @@ def _domain(page: Any, chart: str) -> tuple[float, float, float, float]:
     )
     x0, x1, y0, y1 = (float(v) for v in data)
     return x0, x1, y0, y1
-
-
-def _point(page: Any, chart: str, run: str, step: int) -> tuple[float, float]:
-    point = page.locator(f'{chart} circle.pt[data-run="{run}"][data-step="{step}"]')
-    point.scroll_into_view_if_needed()  # the mouse reaches what is on screen only
-    box = point.bounding_box()
-    assert box is not None
-    return box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
 
 
 def _tooltip(page: Any, chart: str) -> list[dict[str, str]]:
@@ -464,7 +341,7 @@ def test_login_page_is_styled_and_its_stylesheet_is_the_one_open_path(
             assert style["left"] > 0 and style["right"] < viewport["width"], style
             assert abs(style["left"] - (viewport["width"] - style["right"])) < 2, style
             _screenshot(page, tmp_path, f"login-{name}.png")
-            _sign_in(page, dashboard)
+            sign_in(page, dashboard.url, dashboard.data.token)
             page.wait_for_selector("body[data-ready=true]")
         finally:
             context.close()
@@ -473,10 +350,10 @@ def test_login_page_is_styled_and_its_stylesheet_is_the_one_open_path(
 def test_dashboard_axes_scales_zoom_tooltip_sections_groups_runs_and_downloads(
     browser: Any, dashboard: Dashboard, tmp_path: Path
 ) -> None:
-    context = _signed_in(browser, dashboard, DESKTOP)
+    context = signed_in(browser, dashboard, DESKTOP)
     errors: list[str] = []
     try:
-        page = _open(context, dashboard.url + ALL_RUNS, errors)
+        page = open_page(context, dashboard.url + ALL_RUNS, errors)
         runs = dashboard_data.RUNS
         page.wait_for_function(
             "n => document.querySelectorAll('.chart[data-chart$=\"/accuracy\"] polyline.line').length === n",
@@ -544,7 +421,7 @@ def test_dashboard_axes_scales_zoom_tooltip_sections_groups_runs_and_downloads(
         assert "no samples (n = 0)" in (mark.locator("title").text_content() or "")
         note = page.inner_text(f"{EMPTY} .legend .note")
         assert f"no samples (n = 0), so no value, at step {dashboard_data.EMPTY_STEP} (grpo-s1)" in note, note
-        page.locator(EMPTY).screenshot(path=str(_shots(tmp_path) / "no-samples.png"))
+        page.locator(EMPTY).screenshot(path=str(shots(tmp_path) / "no-samples.png"))
 
         # The alert's marker at its onset, its bar to the last step it was seen at.
         alert = dashboard.api.get("/api/v1/alerts", params={"run": "grpo-s1"}).json()["items"][0]
@@ -554,7 +431,7 @@ def test_dashboard_axes_scales_zoom_tooltip_sections_groups_runs_and_downloads(
         assert marker.count() == 1 and marker.locator("rect").count() == 1
 
         # The tooltip lists every run at the hovered step, with the API's values.
-        page.mouse.move(*_point(page, ACC, "grpo-s2", 80))
+        page.mouse.move(*point(page, ACC, "grpo-s2", 80))
         rows = _tooltip(page, ACC)
         assert {r["run"] for r in rows} == set(runs), rows
         for row in rows:
@@ -565,7 +442,7 @@ def test_dashboard_axes_scales_zoom_tooltip_sections_groups_runs_and_downloads(
 
         # Drag to zoom (x only for a flat drag), double-click resets; so does the button.
         whole = _domain(page, ACC)
-        start, end = _point(page, ACC, "grpo-s1", 50), _point(page, ACC, "grpo-s1", 100)
+        start, end = point(page, ACC, "grpo-s1", 50), point(page, ACC, "grpo-s1", 100)
         page.mouse.move(*start)
         page.mouse.down()
         page.mouse.move(end[0], start[1] + 5, steps=5)
@@ -630,7 +507,7 @@ def test_dashboard_axes_scales_zoom_tooltip_sections_groups_runs_and_downloads(
             "grpo",
             "ppo",
         ]
-        page.mouse.move(*_point(page, ACC, "grpo", 80))
+        page.mouse.move(*point(page, ACC, "grpo", 80))
         tip = {r["run"]: r for r in _tooltip(page, ACC)}
         values = [dashboard.series(r, "accuracy") for r in runs[:3]]
         at80 = [s["value"][s["step"].index(80)] for s in values]
@@ -638,7 +515,7 @@ def test_dashboard_axes_scales_zoom_tooltip_sections_groups_runs_and_downloads(
         assert math.isclose(float(tip["grpo"]["std"]), statistics.stdev(at80), rel_tol=1e-9)
         assert {"grpo-s1", "grpo-s2", "grpo-s3", "ppo-s1"} <= set(tip) and "member" in tip["grpo-s1"]["cls"]
         # The viewport as it is (a full-page shot scrolls, and the tooltip goes with the pointer).
-        page.screenshot(path=str(_shots(tmp_path) / "desktop-groups.png"))
+        page.screenshot(path=str(shots(tmp_path) / "desktop-groups.png"))
         page.mouse.move(0, 0)
         page.select_option("#group-by", "config:freq_steps")
         assert (
@@ -650,7 +527,7 @@ def test_dashboard_axes_scales_zoom_tooltip_sections_groups_runs_and_downloads(
         # Downloads: PNG and SVG of the chart, its data as CSV equal to the API's points.
         png, record = _save(page, ACC, "png")
         assert png.startswith(b"\x89PNG\r\n\x1a\n") and record["type"] == "image/png", record
-        (_shots(tmp_path) / "accuracy-download.png").write_bytes(png)
+        (shots(tmp_path) / "accuracy-download.png").write_bytes(png)
         svg, record = _save(page, ACC, "svg")
         assert svg.startswith(b'<?xml version="1.0"') and record["type"] == "image/svg+xml"
         root = ElementTree.fromstring(svg)
@@ -679,12 +556,12 @@ def test_dashboard_axes_scales_zoom_tooltip_sections_groups_runs_and_downloads(
 def test_a_shared_url_with_a_bad_smoothing_says_so_and_draws_with_the_default(
     browser: Any, dashboard: Dashboard, tmp_path: Path
 ) -> None:
-    context = _signed_in(browser, dashboard, DESKTOP)
+    context = signed_in(browser, dashboard, DESKTOP)
     # A pin kept in this browser from an earlier visit (the URL names none).
     context.add_init_script("localStorage.setItem('evald.pins', JSON.stringify(['math/full/accuracy']))")
     errors: list[str] = []
     try:
-        page = _open(context, dashboard.url + "#runs=grpo-s1&smooth=ema:5", errors)
+        page = open_page(context, dashboard.url + "#runs=grpo-s1&smooth=ema:5", errors)
         notice = page.inner_text("#notice")
         assert "ema:5" in notice and "not valid" in notice and "“none”" in notice, notice
         assert page.is_visible("#notice")
@@ -704,10 +581,10 @@ def test_a_shared_url_with_a_bad_smoothing_says_so_and_draws_with_the_default(
 def test_at_phone_width_cards_fit_ticks_stay_readable_and_the_detail_panel_is_on_screen(
     browser: Any, dashboard: Dashboard, tmp_path: Path
 ) -> None:
-    context = _signed_in(browser, dashboard, PHONE)
+    context = signed_in(browser, dashboard, PHONE)
     errors: list[str] = []
     try:
-        page = _open(context, dashboard.url + ALL_RUNS + "&x=wall", errors)
+        page = open_page(context, dashboard.url + ALL_RUNS + "&x=wall", errors)
         width = PHONE["width"]
         assert page.evaluate("() => document.documentElement.scrollWidth") <= width
         overflow = page.eval_on_selector_all(
@@ -720,13 +597,13 @@ def test_at_phone_width_cards_fit_ticks_stay_readable_and_the_detail_panel_is_on
         assert overflow == []
         assert not _ticks_readable(page), _ticks_readable(page)
         # The tooltip of the newest step (at the right edge) stays inside the screen.
-        page.mouse.move(*_point(page, ACC, "grpo-s1", dashboard_data.STEPS[-1]))
+        page.mouse.move(*point(page, ACC, "grpo-s1", dashboard_data.STEPS[-1]))
         tip = page.locator(f"{ACC} .tooltip").bounding_box()
         assert tip is not None and tip["x"] >= 0 and tip["x"] + tip["width"] <= width, tip
         assert len(_tooltip(page, ACC)) == len(dashboard_data.RUNS)
         _screenshot(page, tmp_path, "phone.png")
         # A click opens the checkpoint's detail over the charts, wholly on screen.
-        page.mouse.click(*_point(page, ACC, "grpo-s1", 80))
+        page.mouse.click(*point(page, ACC, "grpo-s1", 80))
         page.wait_for_selector("#detail-title:has-text('step 80')")
         page.wait_for_selector("#metrics-table")
         page.wait_for_selector("#samples-summary")
@@ -735,7 +612,7 @@ def test_at_phone_width_cards_fit_ticks_stay_readable_and_the_detail_panel_is_on
         assert panel["x"] >= 0 and panel["x"] + panel["width"] <= width, panel
         assert panel["y"] >= 0 and panel["y"] + panel["height"] <= PHONE["height"], panel
         assert page.evaluate("() => document.documentElement.scrollWidth") <= width
-        page.screenshot(path=str(_shots(tmp_path) / "phone-detail.png"))
+        page.screenshot(path=str(shots(tmp_path) / "phone-detail.png"))
         page.click("#close-detail")
         assert page.is_hidden("#detail")
         assert not errors, errors

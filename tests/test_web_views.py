@@ -7,42 +7,36 @@ the test's tmp folder). Skipped as tests/test_web_browser.py skips where no brow
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
-import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests import dashboard_data
-from tests.harness import free_port
-from tests.test_web_browser import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
+from tests.web_pages import (
+    ACC,
     DESKTOP,
     PHONE,
     Dashboard,
-    _browser_or_skip,
-    _open,
-    _point,
-    _shots,
-    _signed_in,
-    _wait_http,
+    browser,
+    dashboard_on,
+    open_page,
+    point,
+    shots,
+    signed_in,
 )
+
+__all__ = ["browser"]  # the module's fixture, bound here
 
 pytestmark = pytest.mark.slow
 
 ALL_RUNS = "#runs=" + ",".join(dashboard_data.RUNS)
 KEY = f"{dashboard_data.TASK}/full"
-ACC = f'.chart[data-chart="{KEY}/accuracy"]'
 WIDTHS = {"1280": DESKTOP, "420": PHONE}
 #: Every chart (in ``scope``) whose newest point is not wholly inside both its card and the window.
 NEWEST_OFF_SCREEN = """scope => [...document.querySelectorAll(scope + ' .chart')]
@@ -65,35 +59,9 @@ SIDEWAYS = """() => ({page: document.scrollingElement.scrollWidth, window: inner
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    sync_playwright = _browser_or_skip()
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
-
-
-@pytest.fixture(scope="module")
 def dashboard(browser: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dashboard]:
-    data = dashboard_data.build(tmp_path_factory.mktemp("views"))
-    port = free_port()
-    serve = subprocess.Popen(
-        [sys.executable, "-m", "daemon", "--config", str(data.config), "serve", "--port", str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "EVALD_TEST_WEB_TOKEN": data.token},
-    )
-    base = f"http://127.0.0.1:{port}/"
-    try:
-        _wait_http(base + "login", serve)
-        headers = {"Authorization": f"Bearer {data.token}"}
-        with httpx.Client(base_url=base, headers=headers, timeout=30) as client:
-            yield Dashboard(base, data, client)
-    finally:
-        serve.send_signal(signal.SIGTERM)
-        output = serve.communicate(timeout=30)[0]
-        assert serve.returncode == 0, output[-3000:]
+    with dashboard_on(tmp_path_factory.mktemp("views")) as served:
+        yield served
 
 
 def _fits(page: Any, scope: str = "#charts") -> None:
@@ -112,17 +80,17 @@ def _view(page: Any) -> dict[str, list[str]]:
 
 
 def _shot(page: Any, tmp_path: Path, name: str) -> None:
-    page.screenshot(path=str(_shots(tmp_path) / name))
+    page.screenshot(path=str(shots(tmp_path) / name))
 
 
 @pytest.mark.parametrize("width", WIDTHS)
 def test_every_chart_shows_its_newest_point_and_nothing_scrolls_sideways(
     browser: Any, dashboard: Dashboard, tmp_path: Path, width: str
 ) -> None:
-    context = _signed_in(browser, dashboard, WIDTHS[width])
+    context = signed_in(browser, dashboard, WIDTHS[width])
     errors: list[str] = []
     try:
-        page = _open(context, dashboard.url + ALL_RUNS, errors)
+        page = open_page(context, dashboard.url + ALL_RUNS, errors)
         page.wait_for_function("n => document.querySelectorAll('.chart polyline.line').length >= n", arg=40)
         _fits(page)
         stacked = page.evaluate("() => document.getElementById('run-table').classList.contains('stacked')")
@@ -149,10 +117,10 @@ def test_every_chart_shows_its_newest_point_and_nothing_scrolls_sideways(
 def test_the_alert_list_shows_the_alerts_and_each_opens_its_onset_step(
     browser: Any, dashboard: Dashboard, tmp_path: Path, width: str
 ) -> None:
-    context = _signed_in(browser, dashboard, WIDTHS[width])
+    context = signed_in(browser, dashboard, WIDTHS[width])
     errors: list[str] = []
     try:
-        page = _open(context, dashboard.url + "#runs=grpo-s2", errors)
+        page = open_page(context, dashboard.url + "#runs=grpo-s2", errors)
         stored = dashboard.api.get("/api/v1/alerts").json()["items"]
         rows = page.eval_on_selector_all(
             "#alert-table tbody tr.alert-row",
@@ -172,7 +140,7 @@ def test_the_alert_list_shows_the_alerts_and_each_opens_its_onset_step(
         assert f"→ {dashboard_data.ALERT_LAST}" in rows[0]["text"] and "resolved" in rows[1]["text"]
         assert page.inner_text("#alerts-count").startswith("1 firing · 2 in all")
         _fits(page)
-        page.locator("#alerts-box").screenshot(path=str(_shots(tmp_path) / f"alerts-{width}.png"))
+        page.locator("#alerts-box").screenshot(path=str(shots(tmp_path) / f"alerts-{width}.png"))
         page.select_option("#alerts-state", "resolved")
         assert page.locator("#alert-table tbody tr.alert-row").count() == 1
         page.select_option("#alerts-state", "")
@@ -206,11 +174,11 @@ def test_the_alert_list_shows_the_alerts_and_each_opens_its_onset_step(
 def test_a_deep_link_opens_the_steps_detail_and_navigating_updates_the_url(
     browser: Any, dashboard: Dashboard, tmp_path: Path, width: str
 ) -> None:
-    context = _signed_in(browser, dashboard, WIDTHS[width])
+    context = signed_in(browser, dashboard, WIDTHS[width])
     errors: list[str] = []
     try:
         link = "#runs=grpo-s2&run=grpo-s1&step=130&metric=accuracy&task=math"
-        page = _open(context, dashboard.url + link, errors)
+        page = open_page(context, dashboard.url + link, errors)
         page.wait_for_selector("#metrics-table tr.focus")
         assert page.inner_text("#detail-title") == "grpo-s1 · step 130 · step_130"
         info = dashboard.api.get("/api/v1/runs/grpo-s1/steps/130").json()
@@ -231,7 +199,7 @@ def test_a_deep_link_opens_the_steps_detail_and_navigating_updates_the_url(
         if width == "420":
             page.click("#close-detail")
             assert "step" not in _view(page)
-        page.mouse.click(*_point(page, ACC, "grpo-s2", 40))
+        page.mouse.click(*point(page, ACC, "grpo-s2", 40))
         page.wait_for_selector("#detail-title:has-text('grpo-s2 · step 40')")
         assert (_view(page)["run"], _view(page)["step"]) == (["grpo-s2"], ["40"])
         page.go_back()
@@ -246,19 +214,19 @@ def test_a_deep_link_opens_the_steps_detail_and_navigating_updates_the_url(
 
 
 def test_a_deep_link_naming_what_does_not_exist_says_so(browser: Any, dashboard: Dashboard) -> None:
-    context = _signed_in(browser, dashboard, DESKTOP)
+    context = signed_in(browser, dashboard, DESKTOP)
     errors: list[str] = []
     try:
-        page = _open(context, dashboard.url + "#runs=grpo-s1&run=grpo-s1&step=ten", errors)
+        page = open_page(context, dashboard.url + "#runs=grpo-s1&run=grpo-s1&step=ten", errors)
         assert "step “ten” is not a step number" in page.inner_text("#notice")
         assert page.is_hidden("#detail") and "step" not in _view(page)
         page.close()
-        page = _open(context, dashboard.url + "#runs=grpo-s1&run=nope&step=10", errors)
+        page = open_page(context, dashboard.url + "#runs=grpo-s1&run=nope&step=10", errors)
         assert "run “nope” is not in the database (runs: grpo-s1, grpo-s2" in page.inner_text("#notice")
         assert page.is_hidden("#detail") and "run" not in _view(page)
         page.close()
         # A step the run does not have: the panel says the server's words, the nearest steps.
-        page = _open(context, dashboard.url + "#runs=grpo-s1&run=grpo-s1&step=125", errors)
+        page = open_page(context, dashboard.url + "#runs=grpo-s1&run=grpo-s1&step=125", errors)
         page.wait_for_selector("#detail-metrics p.muted")
         assert "no result at step 125 (nearest steps: 100, 110, 120, 130, 140" in page.inner_text(
             "#detail-metrics"
@@ -272,10 +240,10 @@ def test_a_deep_link_naming_what_does_not_exist_says_so(browser: Any, dashboard:
 def test_compare_shows_both_runs_as_evald_compare_does(
     browser: Any, dashboard: Dashboard, tmp_path: Path, width: str
 ) -> None:
-    context = _signed_in(browser, dashboard, WIDTHS[width])
+    context = signed_in(browser, dashboard, WIDTHS[width])
     errors: list[str] = []
     try:
-        page = _open(context, dashboard.url + ALL_RUNS, errors)
+        page = open_page(context, dashboard.url + ALL_RUNS, errors)
         page.click("#open-compare")
         page.wait_for_selector('#compare-box[data-ready="grpo-s1,grpo-s2"]')
         assert _view(page)["compare"] == ["grpo-s1,grpo-s2"]
@@ -304,7 +272,7 @@ def test_compare_shows_both_runs_as_evald_compare_does(
         _fits(page, "#compare-box")
         page.locator("#compare-box").scroll_into_view_if_needed()
         _shot(page, tmp_path, f"compare-{width}.png")
-        page.locator(acc).screenshot(path=str(_shots(tmp_path) / f"compare-card-{width}.png"))
+        page.locator(acc).screenshot(path=str(shots(tmp_path) / f"compare-card-{width}.png"))
 
         # A value in the table opens that run's step; the comparison stays as drawn beside it (the same
         # card: not asked for again), and Back closes the step only.
@@ -338,7 +306,7 @@ def test_compare_shows_both_runs_as_evald_compare_does(
 @pytest.fixture(scope="module")
 def links(browser: Any, dashboard: Dashboard) -> Iterator[Any]:
     """A dashboard page with links.js imported as ``window.links``."""
-    context = _signed_in(browser, dashboard, DESKTOP)
+    context = signed_in(browser, dashboard, DESKTOP)
     page = context.new_page()
     page.goto(dashboard.url + "#runs=grpo-s1")
     page.wait_for_selector("body[data-ready=true]")
