@@ -19,6 +19,7 @@ import psutil
 from storage import migrations, queries
 from storage.database import Database
 from tests.deadlines import Deadline, patient, wait_process
+from tests.forkserver import cli_python
 
 T = TypeVar("T")
 
@@ -123,8 +124,9 @@ def upgraded(url: str) -> Database:
 def evald(
     *args: str, env: dict[str, str] | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
+    # The session's CLI shim forks a short command from a process that imported its modules.
     return subprocess.run(
-        [sys.executable, "-m", "daemon", *args],
+        [cli_python(), "-m", "daemon", *args],
         capture_output=True,
         text=True,
         timeout=patient(timeout),
@@ -223,10 +225,16 @@ def worker_processes(marker: Path) -> list[psutil.Process]:
     return found
 
 
+def all_log_events(log: Path) -> list[dict[str, Any]]:
+    """Every event of a daemon's JSON log, in order (lines that are not JSON, a library's, left out)."""
+    lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+    return [json.loads(line) for line in lines if line.startswith("{")]
+
+
 def log_events(log: Path, name: str) -> list[dict[str, Any]]:
     """The events named ``name`` in a daemon's JSON log, in order."""
     found = []
-    for line in log.read_text().splitlines():
+    for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
         if line.startswith("{") and f'"{name}"' in line:
             event = json.loads(line)
             if event.get("event") == name:

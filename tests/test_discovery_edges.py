@@ -28,7 +28,17 @@ from storage import queries
 from storage.database import Database
 from tests.checkpoints import copy_checkpoint, save_tiny_llama
 from tests.conftest import TOY_SAVE_EVERY, ToyRun
-from tests.harness import Clock, evald, jobs, running_daemon, upgraded, wait_for, write_config, write_dataset
+from tests.harness import (
+    Clock,
+    evald,
+    jobs,
+    log_events,
+    running_daemon,
+    upgraded,
+    wait_for,
+    write_config,
+    write_dataset,
+)
 from tests.writers.launch import deepspeed_run
 
 
@@ -373,10 +383,6 @@ def test_shown_names() -> None:
     assert refusals.name_problem("step_340") is None
 
 
-def _events(log: Path, name: str) -> list[dict[str, Any]]:
-    return [e for line in log.read_text().splitlines() if (e := json.loads(line)).get("event") == name]
-
-
 @pytest.mark.slow
 def test_a_daemon_whose_run_root_becomes_a_loop_watches_the_others_and_refuses_the_reload(
     database_url: str, toy_run: ToyRun, tmp_path: Path
@@ -406,7 +412,7 @@ def test_a_daemon_whose_run_root_becomes_a_loop_watches_the_others_and_refuses_t
         )
         daemon.process.send_signal(signal.SIGHUP)
         [refused] = wait_for(
-            lambda: _events(log, "config.reload_refused") or None, 30, "reload refused", daemon.process
+            lambda: log_events(log, "config.reload_refused") or None, 30, "reload refused", daemon.process
         )
         assert refused["problems"] == [
             f"{config}: runs[1]: run 'other': root {other} is a symlink loop (Too many levels of symbolic "
@@ -415,11 +421,11 @@ def test_a_daemon_whose_run_root_becomes_a_loop_watches_the_others_and_refuses_t
         # Said at the first pass over the roots after the loop was made: waited for, as the evaluations
         # may end before it.
         [unreadable] = wait_for(
-            lambda: _events(log, "run.root_unreadable") or None, 30, "the loop said", daemon.process
+            lambda: log_events(log, "run.root_unreadable") or None, 30, "the loop said", daemon.process
         )
         assert unreadable["run"] == "other" and "is a symlink loop" in unreadable["error"]
         assert daemon.stop() == 0
-    assert not _events(log, "daemon.pass_failed") and not _events(log, "scheduler.pass_failed")
+    assert not log_events(log, "daemon.pass_failed") and not log_events(log, "scheduler.pass_failed")
     checked = evald("config", "check", str(config))
     assert checked.returncode != 0 and f"run 'other': root {other} is a symlink loop" in checked.stderr
     database.dispose()

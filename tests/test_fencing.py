@@ -8,7 +8,6 @@ number is the token), so nothing runs twice and no finished result is thrown awa
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
 from datetime import timedelta
@@ -23,7 +22,7 @@ from storage.models import CheckpointState, JobAttempt
 from storage.queries import orphans
 from tests.checkpoints import copy_checkpoint
 from tests.conftest import ToyRun
-from tests.harness import DaemonProcess, jobs, upgraded, wait_for, write_config, write_dataset
+from tests.harness import DaemonProcess, all_log_events, jobs, upgraded, wait_for, write_config, write_dataset
 from tests.pgcluster import PrivateCluster, private_cluster, private_database
 
 __all__ = ["private_cluster", "private_database"]  # fixtures, used by name
@@ -43,10 +42,6 @@ def _config(tmp: Path, url: str, name: str, root: Path, data: Path) -> Path:
     text = text.replace("lease_secs = 5.0", f"lease_secs = {LEASE_SECS}\nrecover_secs = 0.5")
     path.write_text(text)
     return path
-
-
-def _events(path: Path) -> list[dict[str, object]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
 
 
 def _all_succeeded(database: Database, count: int) -> list[queries.JobRow] | None:
@@ -102,7 +97,7 @@ def test_an_outage_longer_than_the_lease_runs_nothing_twice_and_throws_nothing_a
     # One worker run per job, stored: no duplicate run, no discarded (fenced) result.
     assert history == Counter({(j.id, 1, "succeeded"): 1 for j in rows})
     assert metrics and set(metrics.values()) == {1}
-    names = [e["event"] for c in configs for e in _events(c.parent / "daemon.log")]
+    names = [e["event"] for c in configs for e in all_log_events(c.parent / "daemon.log")]
     assert names.count("job.succeeded") == 2
     assert "job.lost_lease" not in names and "job.recovered" not in names
     assert "db.unavailable" in names

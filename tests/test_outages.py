@@ -6,7 +6,6 @@ are a file that cannot be written. Errors are classified against the real driver
 
 from __future__ import annotations
 
-import json
 import random
 import sqlite3
 import subprocess
@@ -27,7 +26,16 @@ from storage.errors import DatabaseUnreachable
 from storage.models import JobAttempt, Run
 from tests.checkpoints import copy_checkpoint
 from tests.conftest import ToyRun
-from tests.harness import DaemonProcess, evald, jobs, upgraded, wait_for, write_config, write_dataset
+from tests.harness import (
+    DaemonProcess,
+    all_log_events,
+    evald,
+    jobs,
+    upgraded,
+    wait_for,
+    write_config,
+    write_dataset,
+)
 from tests.pgcluster import PrivateCluster, private_cluster, private_database
 
 __all__ = ["private_cluster", "private_database"]  # fixtures, used by name
@@ -106,14 +114,6 @@ def test_backoff_doubles_to_its_cap_and_never_waits_zero() -> None:
         assert ceiling / 2 <= wait <= ceiling
 
 
-def _log_events(path: Path) -> list[dict[str, object]]:
-    events = []
-    for line in path.read_text().splitlines():
-        if line.startswith("{"):
-            events.append(json.loads(line))
-    return events
-
-
 def _all_succeeded(database: Database, count: int) -> list[queries.JobRow] | None:
     rows = jobs(database)
     return rows if len(rows) == count and all(j.state == "succeeded" for j in rows) else None
@@ -175,7 +175,7 @@ def test_the_daemon_lives_through_postgresql_restarts_and_stores_what_finished_m
     with database.session() as session:
         counts = Counter((r.checkpoint, r.metric) for r in queries.result_rows(session))
     assert set(counts.values()) == {1}
-    events = _log_events(tmp_path / "daemon.log")
+    events = all_log_events(tmp_path / "daemon.log")
     names = [e["event"] for e in events]
     assert names.count("db.unavailable") == names.count("db.recovered") >= 2
     assert "scheduler.pass_failed" not in names
@@ -222,7 +222,7 @@ def test_a_daemon_started_before_its_database_waits_for_it(
             private_cluster.start()
         if daemon.process.poll() is None:
             daemon.process.kill()
-    names = [e["event"] for e in _log_events(tmp_path / "daemon.log")]
+    names = [e["event"] for e in all_log_events(tmp_path / "daemon.log")]
     assert names.index("db.unavailable") < names.index("db.recovered") < names.index("daemon.ready")
 
 
@@ -258,7 +258,7 @@ def test_one_outage_seen_first_by_the_relay_is_one_pair_of_lines_ended_only_once
             private_cluster.start()
         if daemon.process.poll() is None:
             daemon.process.kill()
-    events = _log_events(tmp_path / "daemon.log")
+    events = all_log_events(tmp_path / "daemon.log")
     names = [e["event"] for e in events]
     assert (names.count("db.unavailable"), names.count("db.recovered")) == (1, 1)
     (recovered,) = [e for e in events if e["event"] == "db.recovered"]

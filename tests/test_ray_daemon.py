@@ -27,6 +27,7 @@ from tests.conftest import ToyRun
 from tests.harness import (
     DaemonProcess,
     all_jobs_done,
+    all_log_events,
     evald,
     jobs,
     running_daemon,
@@ -117,22 +118,14 @@ env_vars = ["HF_HUB_OFFLINE"]
     return RayDaemon(path, job_dir, prefix, cluster)
 
 
-def _events(log: Path) -> list[dict[str, object]]:
-    out = []
-    for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
-        if line.startswith("{"):
-            out.append(json.loads(line))
-    return out
-
-
 def _count(log: Path) -> Counter[str]:
-    return Counter(str(e.get("event", "")) for e in _events(log))
+    return Counter(str(e.get("event", "")) for e in all_log_events(log))
 
 
 def _states(log: Path) -> list[str]:
     """The last scheduler state the daemon logged for each job, in job order."""
     last: dict[int, str] = {}
-    for event in _events(log):
+    for event in all_log_events(log):
         if event.get("event") == "job.scheduler_state":
             last[int(str(event["job_id"]))] = str(event["state"])
     return [last[k] for k in sorted(last)]
@@ -370,7 +363,7 @@ def test_a_head_cut_off_shows_unreachable_its_job_unknown_and_the_lost_job_resub
     assert f"Ray job {first} state unknown since {job['unknown_since'][:19]}Z" in text
     assert "  running:" not in text
 
-    events = _events(tmp_path / "daemon.log")
+    events = all_log_events(tmp_path / "daemon.log")
     named = [e for e in events if e.get("ray_job") or e.get("slurm_job_id")]
     assert named and all("slurm_job_id" not in e for e in named), named
     said = [
@@ -416,7 +409,7 @@ def test_an_infeasible_job_fails_once_with_what_it_asked_and_an_alert_fires(
     assert (job.state, job.attempts, job.error_kind) == ("failed", 1, "infeasible")
     assert job.error is not None and f"is INFEASIBLE: no node of the cluster can hold {asked}" in job.error
     assert len(daemon.submissions()) == 1
-    events = _events(tmp_path / "daemon.log")
+    events = all_log_events(tmp_path / "daemon.log")
     waiting = [str(e["state"]) for e in events if e["event"] == "job.scheduler_state"]
     assert any("placement group INFEASIBLE since " in s and ", the job fails at " in s for s in waiting), (
         waiting

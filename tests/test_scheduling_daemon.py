@@ -3,7 +3,6 @@ the GPU readings of a fake NVML (the one part that cannot exist here)."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -25,6 +24,7 @@ from tests.harness import (
     all_jobs_done,
     evald,
     jobs,
+    log_events,
     running_daemon,
     upgraded,
     wait_for,
@@ -139,16 +139,6 @@ def test_time_trigger_evaluates_the_newest_checkpoint_at_its_tick(
     database.dispose()
 
 
-def _events(log: Path, name: str) -> list[dict[str, object]]:
-    found = []
-    for line in log.read_text().splitlines():
-        if line.startswith("{"):
-            event = json.loads(line)
-            if event.get("event") == name:
-                found.append(event)
-    return found
-
-
 def test_unmet_gpu_threshold_defers_until_met_then_starts_within_one_recheck(
     sqlite_url: str, dataset: Path, toy_run: ToyRun, tmp_path: Path
 ) -> None:
@@ -174,8 +164,8 @@ def test_unmet_gpu_threshold_defers_until_met_then_starts_within_one_recheck(
     with running_daemon(config, log, env=nvml.subprocess_env(os.environ)) as daemon:
         copy_checkpoint(toy_run.last_checkpoint, tmp_path / "run" / "step_10")
         wait_for(lambda: [j for j in jobs(database) if j.state == "deferred"] or None, 60, "a deferred job")
-        wait_for(lambda: _events(log, "job.stuck") or None, 30, "the stuck event", daemon.process)
-        assert _events(log, "job.started") == []
+        wait_for(lambda: log_events(log, "job.stuck") or None, 30, "the stuck event", daemon.process)
+        assert log_events(log, "job.started") == []
         (job,) = jobs(database)
         assert job.wait_reason == (
             "gpu 0: free memory 2.0 GiB < min_gpu_free_memory 20.0 GiB; "
@@ -190,7 +180,7 @@ def test_unmet_gpu_threshold_defers_until_met_then_starts_within_one_recheck(
         freed = time.time()
         nvml.set(gpus=[FakeGpu(util=3)])
         started = wait_for(
-            lambda: _events(log, "job.started") or None, 30, "the job to start", daemon.process
+            lambda: log_events(log, "job.started") or None, 30, "the job to start", daemon.process
         )
         delay = datetime.fromisoformat(str(started[0]["timestamp"])).timestamp() - freed
         assert delay <= recheck + 0.5, delay

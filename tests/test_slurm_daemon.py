@@ -45,6 +45,7 @@ from tests.deadlines import Deadline, patient
 from tests.harness import (
     DaemonProcess,
     all_jobs_done,
+    all_log_events,
     checkpoints,
     evald,
     jobs,
@@ -82,11 +83,7 @@ def _stable_results(database: Database) -> dict[tuple[str, str], float]:
 
 
 def _log_events(log: Path) -> Counter[str]:
-    events: Counter[str] = Counter()
-    for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
-        if line.startswith("{"):
-            events[json.loads(line).get("event", "")] += 1
-    return events
+    return Counter(str(e.get("event", "")) for e in all_log_events(log))
 
 
 def _release_all(daemon: SlurmDaemon) -> None:

@@ -5,7 +5,6 @@ job (``wait_reason``) until the claim that submits it."""
 
 from __future__ import annotations
 
-import json
 import time
 from datetime import datetime
 from pathlib import Path
@@ -23,6 +22,7 @@ from tests.harness import (
     all_jobs_done,
     checkpoints,
     jobs,
+    log_events,
     running_daemon,
     upgraded,
     wait_for,
@@ -52,16 +52,6 @@ def _go(daemon: SlurmDaemon) -> None:
     for folder in daemon.job_dir.iterdir():
         if folder.is_dir() and not folder.name.startswith("."):
             (folder / "go").touch()
-
-
-def _events(log: Path, name: str) -> list[dict[str, object]]:
-    out = []
-    for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
-        if line.startswith("{") and f'"{name}"' in line:
-            event = json.loads(line)
-            if event.get("event") == name:
-                out.append(event)
-    return out
 
 
 def _succeeded(database: Database, step: int) -> bool:
@@ -109,7 +99,7 @@ def test_a_hung_sbatch_holds_neither_discovery_nor_another_jobs_result(
             )
             assert hang.exists() and time.monotonic() - hung_at < 55  # sbatch is still hanging
             (exit_file,) = [f / "exit.json" for f in daemon.job_dir.iterdir() if f.name.startswith("1-")]
-            (stored,) = [e for e in _events(process.log, "job.succeeded") if e.get("job_id") == 1]
+            (stored,) = [e for e in log_events(process.log, "job.succeeded") if e.get("job_id") == 1]
             lag = stored_at(stored) - exit_file.stat().st_mtime
             assert lag < 3.0, f"job 1 stored {lag:.1f} s after its exit.json"
             hang.unlink()
