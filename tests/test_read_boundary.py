@@ -127,9 +127,10 @@ def _deep(source: Path, root: Path, name: str) -> list[Item]:
 
 def _crowded(source: Path, root: Path, name: str) -> list[Item]:
     folder = copy_checkpoint(source, root / name)
-    (folder / "spill").mkdir()
-    for index in range(ENTRIES):
-        (folder / "spill" / str(index)).touch()
+    # As many entries as the bound in force where the folder is read (with the checkpoint's own files, one
+    # past it): the scanner tests lower it to ENTRIES; a live daemon has the product's (20,000), and a crowd
+    # of 200 was a good checkpoint to it, evaluated, while the test waited for its refusal.
+    deep_trees.crowd(folder / "spill", layout_base.MAX_TREE_ENTRIES)
     return [Item(name, False)]
 
 
