@@ -45,6 +45,7 @@ def pytest_configure(config: pytest.Config) -> None:
         if session is not None:
             _FORKS.append(session)
             os.environ[forkserver.PYTHON_OVERRIDE_ENV] = str(session.shim)
+            os.environ[forkserver.CLI_PYTHON_ENV] = str(session.cli.shim)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -55,6 +56,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     while _FORKS:
         os.environ.pop(forkserver.PYTHON_OVERRIDE_ENV, None)
+        os.environ.pop(forkserver.CLI_PYTHON_ENV, None)
         _FORKS.pop().close()
     if _OWN_CACHE:
         close_session(_OWN_CACHE.pop())

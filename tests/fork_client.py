@@ -10,10 +10,12 @@ child did (its exit status, or killed by the same signal). A SIGKILL, which cann
 the connection, and the server kills the child at once.
 
 Tests run their other programs that import the same (a layout writer, lm-eval's command) with the shim
-too. Anything else (``-m inference.launcher``, ``-m torch.distributed.run``, a worker under Slurm or Ray,
-a worker whose environment differs from the server's where imports read it) runs the real interpreter in
-place (``execv``), so those paths are what they are without the suite. torchrun is told to start its
-ranks with this shim (``PYTHON_EXEC``): they are forked too, each the client of its own child.
+too, and their short ``evald`` commands with the CLI shim, which asks the session's CLI server
+(:func:`cli_forkable`: a command spent 0.3 CPU-s importing SQLAlchemy, pydantic and the config, some
+170 a run). Anything else (``-m inference.launcher``, ``-m torch.distributed.run``, a worker under Slurm
+or Ray, a worker whose environment differs from the server's where imports read it) runs the real
+interpreter in place (``execv``), so those paths are what they are without the suite. torchrun is told to
+start its ranks with this shim (``PYTHON_EXEC``): they are forked too, each the client of its own child.
 
 Standard library only: the shim runs it with ``-I -S`` (no site-packages), in a few milliseconds.
 """
@@ -40,6 +42,10 @@ _PR_SET_PDEATHSIG = 1
 EXECUTED_MODULES = ("inference.launcher", "torch.distributed.run", "deepspeed.launcher", "daemon")
 #: The interpreter torchrun starts its ranks with (torch/distributed/run.py).
 TORCHRUN_PYTHON_ENV = "PYTHON_EXEC"
+#: Commands of the CLI that run a daemon, a server or a whole demo: never forked by the CLI shim, which
+#: forks the short ones (``results``, ``status``, ``config check`` ...). A word among the arguments is
+#: enough to decline (``--run run`` too): the safe way to be wrong.
+LONG_COMMANDS = frozenset({"run", "serve", "demo"})
 
 
 def forkable(argv: list[str], environ: dict[str, str], parent: int) -> bool:
@@ -59,6 +65,16 @@ def forkable(argv: list[str], environ: dict[str, str], parent: int) -> bool:
         return False
     tie = environ.get(PARENT_PID_ENV)
     return tie is None or tie == str(parent)
+
+
+def cli_forkable(argv: list[str], environ: dict[str, str]) -> bool:
+    """Whether ``python ARGV`` is a short evald command the CLI shim may fork (``-m daemon ...``, not
+    :data:`LONG_COMMANDS`); not under Slurm or Ray. The child holds the server's torch and transformers
+    modules, unused: a short command never imports them, and the daemon, which must not hold them, is a
+    long command."""
+    if argv[:2] != ["-m", "daemon"] or LONG_COMMANDS.intersection(argv[2:]):
+        return False
+    return "SLURM_JOB_ID" not in environ and not any(name.startswith("RAY_") for name in environ)
 
 
 def _die_with_parent() -> None:
@@ -96,14 +112,19 @@ def _exit_as(answer: dict[str, object]) -> NoReturn:
     os._exit(code if isinstance(code, int) else 1)
 
 
-def main(real_python: str, socket_path: str) -> NoReturn:
+def main(real_python: str, socket_path: str, kind: str = "worker") -> NoReturn:
+    """Run ``python ARGV`` forked where it may be; ``kind``: ``worker`` (the daemons' and tests' worker
+    shim) or ``cli`` (the tests' ``evald`` calls: :func:`cli_forkable`)."""
     argv = sys.argv[1:]
     environ = dict(os.environ)
-    if argv[:2] == ["-m", "torch.distributed.run"]:
+    if kind == "cli":
+        if not cli_forkable(argv, environ):
+            os.execv(real_python, [real_python, *argv])
+    elif argv[:2] == ["-m", "torch.distributed.run"]:
         # torchrun starts each rank with PYTHON_EXEC (its documented override of sys.executable): this
         # shim, so that the ranks are forked too.
         os.execve(real_python, [real_python, *argv], {**environ, TORCHRUN_PYTHON_ENV: sys.argv[0]})
-    if not forkable(argv, environ, os.getppid()):
+    elif not forkable(argv, environ, os.getppid()):
         os.execv(real_python, [real_python, *argv])
     if PARENT_PID_ENV in environ:
         _die_with_parent()

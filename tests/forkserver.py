@@ -16,8 +16,12 @@ it), or an environment that differs from the server's in a variable that imports
 ``HF_``, ``TORCH_``, ``DS_``, thread-pool and ``PYTHON`` settings, ``HOME``).
 
 :func:`start_session` starts it for a test session and writes the ``bin/python`` shim that the session's
-daemons use as ``[inference] python`` (``EVALD_INFERENCE_PYTHON``). ``EVALD_TEST_FORK=0`` turns it off:
-every worker a fresh interpreter, as ``make test-long`` runs them.
+daemons use as ``[inference] python`` (``EVALD_INFERENCE_PYTHON``). It starts a second server of the kind
+``cli`` beside it, for the tests' short ``evald`` commands (``harness.evald``, through ``bin/evald-python``):
+it imports what those import (:data:`CLI_MODULES`: SQLAlchemy, pydantic, the config), never torch, and
+forks every command but a daemon's, a server's or the demo (:func:`tests.fork_client.cli_forkable`).
+``EVALD_TEST_FORK=0`` turns both off: every worker and command a fresh interpreter, as ``make test-long``
+runs them.
 """
 
 from __future__ import annotations
@@ -78,6 +82,8 @@ SWITCH_ENV = "EVALD_TEST_FORK"
 #: The reason a request is declined for its environment (the variables follow).
 DIFFERENT_ENVIRONMENT = "an environment imports read differently"
 PYTHON_OVERRIDE_ENV = "EVALD_INFERENCE_PYTHON"
+#: The tests' own variable for the CLI shim (harness.evald): evald reads no ``EVALD_TEST_`` variable.
+CLI_PYTHON_ENV = "EVALD_TEST_CLI_PYTHON"
 PARENT_PID_ENV = "EVALD_PARENT_PID"
 
 
@@ -107,11 +113,12 @@ def apply_threads(env: dict[str, str]) -> None:
         torch.set_num_threads(int(value))
 
 
-def import_settings(environ: dict[str, str]) -> dict[str, str]:
-    """The variables of ``environ`` (with a worker's defaults) that imports read."""
+def import_settings(environ: dict[str, str], kind: str = "worker") -> dict[str, str]:
+    """The variables of ``environ`` that imports read (a worker's: with the defaults its ``main`` sets)."""
+    seen = _worker_defaults(environ) if kind == "worker" else environ
     return {
         name: value
-        for name, value in _worker_defaults(environ).items()
+        for name, value in seen.items()
         if (name in IMPORT_NAMES or name.startswith(IMPORT_PREFIXES))
         and name not in UNCOMPARED
         and name not in APPLIED_IN_CHILD
@@ -138,8 +145,50 @@ def preload() -> None:
     import inference.task  # noqa: F401
 
 
+#: What the short evald commands import (``status``, ``results``, ``config check``, ``history``, ``retry``,
+#: ``alerts``, ``samples``, ``compare``, ``db upgrade``: read with ``python -X importtime``): SQLAlchemy
+#: with both databases' drivers, pydantic and the config's models, structlog. A module a command adds
+#: later is imported by that command, as before: the list only saves time.
+CLI_MODULES = (
+    "daemon.cli",
+    "daemon.cli.base",
+    "daemon.cli.parser",
+    "daemon.config",
+    "daemon.analysis.compare",
+    "daemon.analysis.report",
+    "daemon.analysis.run_rows",
+    "daemon.analysis.run_status",
+    "daemon.anomaly",
+    "daemon.log",
+    "daemon.scheduling",
+    "daemon.watching.runs",
+    "daemon.web.exposure",
+    "inference.rows",
+    "storage.alerting",
+    "storage.database",
+    "storage.migrations",
+    "storage.queries",
+    "storage.schema",
+    "sqlalchemy.dialects.postgresql.psycopg",
+    "sqlalchemy.dialects.sqlite",
+    "structlog",
+)
+
+
+def preload_cli() -> None:
+    """Import what the short evald commands import (:data:`CLI_MODULES`); no torch: none of them does."""
+    import importlib
+
+    for name in CLI_MODULES:
+        importlib.import_module(name)
+
+
+PRELOADS = {"worker": preload, "cli": preload_cli}
+
+
 def _note(event: str, **fields: object) -> None:
-    """One JSON line in the server's log (``forkserver.log`` beside the socket): what it did, for tests."""
+    """One JSON line in the server's log (``forkserver.log`` or ``cliserver.log`` beside its socket): what it
+    did, for tests."""
     print(json.dumps({"event": event, **fields}), flush=True)
 
 
@@ -164,6 +213,9 @@ class Server:
     clients: dict[int, socket.socket] = field(default_factory=dict)
     pidfds: dict[int, int] = field(default_factory=dict)
     preloaded: bool = False
+    #: What it preloads and serves: ``worker`` (evaluation workers and the programs that import the same)
+    #: or ``cli`` (the tests' short evald commands).
+    kind: str = "worker"
 
     def run(self) -> NoReturn:
         self.selector.register(self.listener, selectors.EVENT_READ, "accept")
@@ -174,8 +226,8 @@ class Server:
                     if not self.preloaded:
                         # At the first request, not at the session's start: a run of tests that starts
                         # no worker does not pay for the imports.
-                        preload()
-                        _note("ready", settings=self.settings)
+                        PRELOADS[self.kind]()
+                        _note("ready", kind=self.kind, settings=self.settings)
                         self.preloaded = True
                     self._serve(conn)
                 elif key.data == "child":
@@ -224,7 +276,7 @@ class Server:
     def _decline(self, argv: list[str], env: dict[str, str]) -> str | None:
         if _device(argv).startswith("cuda"):
             return "a CUDA job"
-        theirs = import_settings(env)
+        theirs = import_settings(env, self.kind)
         differ = sorted(
             k for k in theirs.keys() | self.settings.keys() if theirs.get(k) != self.settings.get(k)
         )
@@ -254,7 +306,8 @@ class Server:
                 env = {**env, PARENT_PID_ENV: str(os.getppid())}
             os.environ.clear()
             os.environ.update(env)
-            apply_threads(env)
+            if self.kind == "worker":
+                apply_threads(env)
             # Named as a fresh one would be (its spec in its command line), so that whoever finds the
             # worker by its command line (a test, `ps`) finds this process too, not only its client.
             setproctitle.setproctitle(" ".join([sys.executable, *argv]))
@@ -313,24 +366,25 @@ class Server:
             os.killpg(pid, signal.SIGKILL)
 
 
-def serve(listening_fd: int) -> NoReturn:
+def serve(listening_fd: int, kind: str = "worker") -> NoReturn:
     """Serve on the socket the session bound and listens on (clients queue while the imports run)."""
     from inference.lifeline import die_with_parent
 
     die_with_parent()
     listener = socket.socket(fileno=listening_fd)
-    Server(listener, import_settings(dict(os.environ))).run()
+    Server(listener, import_settings(dict(os.environ), kind), kind=kind).run()
 
 
 @dataclass
-class Session:
+class ServerProcess:
+    """One server of the session: its process, the shim that asks it, its log."""
+
     process: subprocess.Popen[bytes]
     shim: Path
     log: Path
 
-    def summary(self) -> str:
-        """How many workers the server forked and why it declined the others (a rise in these shows a
-        suite that slowed down for a new variable in the tests' environment)."""
+    def counts(self) -> tuple[int, Counter[str]]:
+        """How many processes it forked, and its reasons for declining the others."""
         forked, declined = 0, Counter[str]()
         with contextlib.suppress(OSError):
             for line in self.log.read_text().splitlines():
@@ -338,19 +392,45 @@ class Session:
                 forked += note.get("event") == "forked"
                 if note.get("event") == "declined":
                     declined[str(note.get("reason"))] += 1
-        why = "; ".join(f"{n} × {reason}" for reason, n in declined.most_common())
-        return f"fork server: {forked} workers forked, {sum(declined.values())} declined" + (
-            f" ({why})" if why else ""
-        )
+        return forked, declined
+
+
+@dataclass
+class Session:
+    workers: ServerProcess
+    cli: ServerProcess
+
+    @property
+    def shim(self) -> Path:
+        """The workers' shim (``[inference] python``)."""
+        return self.workers.shim
+
+    def summary(self) -> str:
+        """How many workers and commands were forked and why the others were declined (a rise in these
+        shows a suite that slowed down for a new variable in the tests' environment)."""
+        parts = []
+        for what, server in (("workers", self.workers), ("evald commands", self.cli)):
+            forked, declined = server.counts()
+            why = "; ".join(f"{n} × {reason}" for reason, n in declined.most_common())
+            parts.append(
+                f"{forked} {what} forked, {sum(declined.values())} declined" + (f" ({why})" if why else "")
+            )
+        return "fork server: " + "; ".join(parts)
 
     def close(self) -> None:
-        self.process.kill()
-        self.process.wait()
+        for server in (self.workers, self.cli):
+            server.process.kill()
+            server.process.wait()
 
 
 def worker_python() -> str:
     """The interpreter a test runs ``-m inference.worker`` with: the session's shim, else the real one."""
     return os.environ.get(PYTHON_OVERRIDE_ENV) or sys.executable
+
+
+def cli_python() -> str:
+    """The interpreter a test runs ``-m daemon COMMAND`` with: the session's CLI shim, else the real one."""
+    return os.environ.get(CLI_PYTHON_ENV) or sys.executable
 
 
 def worker_like_environment(environ: dict[str, str]) -> dict[str, str]:
@@ -363,13 +443,22 @@ def worker_like_environment(environ: dict[str, str]) -> dict[str, str]:
 
 
 def start_session(folder: Path) -> Session | None:
-    """Start the server under ``folder`` and write ``folder/bin/python``; None when switched off."""
+    """Start the session's two servers under ``folder`` (``workers``: ``bin/python``; ``cli``: ``bin/evald-
+    python``); None when switched off."""
     if os.environ.get(SWITCH_ENV, "1") == "0":
         return None
     folder.mkdir(parents=True, exist_ok=True)
-    socket_path = folder / "fork.sock"
-    env = worker_like_environment(dict(os.environ))
-    env[PARENT_PID_ENV] = str(os.getpid())
+    (folder / "bin").mkdir(exist_ok=True)
+    # The workers' server has the environment a daemon gives its workers; the CLI's, the tests' own (the
+    # environment the tests' evald calls come with).
+    workers = _start_server(folder, "fork", "worker", worker_like_environment(dict(os.environ)), "python")
+    cli = _start_server(folder, "cli", "cli", dict(os.environ), "evald-python")
+    return Session(workers, cli)
+
+
+def _start_server(folder: Path, name: str, kind: str, env: dict[str, str], shim_name: str) -> ServerProcess:
+    socket_path = folder / f"{name}.sock"
+    env = {**env, PARENT_PID_ENV: str(os.getpid())}
     # Started from the repository's root: ``-m tests.forkserver`` finds this module without PYTHONPATH, which
     # would differ from the workers' environment.
     repo = Path(__file__).resolve().parent.parent
@@ -377,9 +466,10 @@ def start_session(folder: Path) -> Session | None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(socket_path))
     listener.listen(64)
-    with listener, (folder / "forkserver.log").open("wb") as log:
+    log_path = folder / f"{name}server.log"
+    with listener, log_path.open("wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "tests.forkserver", str(listener.fileno())],
+            [sys.executable, "-m", "tests.forkserver", str(listener.fileno()), kind],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -387,19 +477,18 @@ def start_session(folder: Path) -> Session | None:
             cwd=repo,
             pass_fds=(listener.fileno(),),
         )
-    shim = folder / "bin" / "python"
-    shim.parent.mkdir(exist_ok=True)
+    shim = folder / "bin" / shim_name
     shim.write_text(
         f"#!{sys.executable} -IS\n"
         "import sys\n"
         f"sys.path.insert(0, {str(repo)!r})\n"
         "from tests.fork_client import main\n"
-        f"main({sys.executable!r}, {str(socket_path)!r})\n",
+        f"main({sys.executable!r}, {str(socket_path)!r}, {kind!r})\n",
         encoding="utf-8",
     )
     shim.chmod(0o755)
-    return Session(process, shim, folder / "forkserver.log")
+    return ServerProcess(process, shim, log_path)
 
 
 if __name__ == "__main__":
-    serve(int(sys.argv[1]))
+    serve(int(sys.argv[1]), *sys.argv[2:3])

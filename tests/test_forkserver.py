@@ -22,8 +22,8 @@ from inference.toy.problems import PROMPT_TEMPLATE, held_out_problems, write_jso
 from tests import forkserver
 from tests.conftest import SUBPROCESS_ENV, ToyRun
 from tests.deadlines import patient
-from tests.fork_client import forkable
-from tests.harness import wait_for
+from tests.fork_client import cli_forkable, forkable
+from tests.harness import evald, upgraded, wait_for, write_config, write_dataset
 from tests.session_cache import cache_root
 
 pytestmark = pytest.mark.skipif(
@@ -180,5 +180,43 @@ def test_the_local_executors_worker_command_is_one_the_shim_forks(tmp_path: Path
     assert forkable(["-u", "-m", "inference.worker", str(spec_path)], env, os.getpid())
     assert not forkable(command[1:], env, os.getpid() + 1)
     assert not forkable(command[1:], {**env, "SLURM_JOB_ID": "7"}, os.getpid())
-    # The daemon and the CLI must not hold torch: never forked from the server.
+    # The daemon must not hold torch: never forked from the workers' server.
     assert not forkable(["-m", "daemon", "--config", "evald.toml", "run"], env, os.getpid())
+
+
+def cli_notes() -> list[dict[str, object]]:
+    log = cache_root() / "forks" / "cliserver.log"
+    return [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+
+
+def test_short_evald_commands_are_forked_and_daemons_servers_and_the_demo_are_not() -> None:
+    env = dict(os.environ)
+    assert cli_forkable(["-m", "daemon", "--config", "evald.toml", "status"], env)
+    assert cli_forkable(["-m", "daemon", "results", "--run", "toy", "--format", "json"], env)
+    for long in ("run", "serve", "demo"):
+        assert not cli_forkable(["-m", "daemon", "--config", "evald.toml", long], env)
+    assert not cli_forkable(["-m", "inference.worker", "spec.json"], env)
+    assert not cli_forkable(["-c", "print(1)"], env)
+    assert not cli_forkable(["-m", "daemon", "status"], {**env, "SLURM_JOB_ID": "7"})
+    assert forkserver.cli_python() == os.environ[forkserver.CLI_PYTHON_ENV] != sys.executable
+
+
+def test_a_forked_evald_command_answers_as_a_fresh_one(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'evald.db'}"
+    upgraded(url).dispose()
+    good = write_config(tmp_path, url, dataset=write_dataset(tmp_path / "d.jsonl", 2))
+    broken = tmp_path / "broken.toml"
+    broken.write_text(good.read_text().replace("[daemon]\n", "[daemon]\nsurprise = 1\n", 1))
+    for config in (good, broken):
+        for command in (["config", "check"], ["status"], ["results", "--run", "toy", "--format", "json"]):
+            args = ["--config", str(config), *command]
+            forked = evald(*args)
+            fresh = subprocess.run(
+                [sys.executable, "-m", "daemon", *args], capture_output=True, text=True, timeout=patient(60)
+            )
+            said = (forked.returncode, forked.stdout, forked.stderr)
+            assert said == (fresh.returncode, fresh.stdout, fresh.stderr), (args, said, fresh)
+            assert any(n["event"] == "forked" and n["argv"] == ["-m", "daemon", *args] for n in cli_notes())
+    # The commands said what they say (not two equal crashes).
+    assert evald("--config", str(good), "config", "check").returncode == 0
+    assert "surprise" in evald("--config", str(broken), "config", "check").stderr
