@@ -67,14 +67,11 @@ def forkable(argv: list[str], environ: dict[str, str], parent: int) -> bool:
     return tie is None or tie == str(parent)
 
 
-def cli_forkable(argv: list[str], environ: dict[str, str]) -> bool:
-    """Whether ``python ARGV`` is a short evald command the CLI shim may fork (``-m daemon ...``, not
-    :data:`LONG_COMMANDS`); not under Slurm or Ray. The child holds the server's torch and transformers
-    modules, unused: a short command never imports them, and the daemon, which must not hold them, is a
-    long command."""
-    if argv[:2] != ["-m", "daemon"] or LONG_COMMANDS.intersection(argv[2:]):
-        return False
-    return "SLURM_JOB_ID" not in environ and not any(name.startswith("RAY_") for name in environ)
+def cli_forkable(argv: list[str]) -> bool:
+    """Whether ``python ARGV`` is a short evald command the CLI shim may fork: ``-m daemon ...``, not one
+    of :data:`LONG_COMMANDS` (whatever the environment: a test process that imported Ray carries ``RAY_``
+    variables, which no evald command reads)."""
+    return argv[:2] == ["-m", "daemon"] and not LONG_COMMANDS.intersection(argv[2:])
 
 
 def _die_with_parent() -> None:
@@ -118,7 +115,7 @@ def main(real_python: str, socket_path: str, kind: str = "worker") -> NoReturn:
     argv = sys.argv[1:]
     environ = dict(os.environ)
     if kind == "cli":
-        if not cli_forkable(argv, environ):
+        if not cli_forkable(argv):
             os.execv(real_python, [real_python, *argv])
     elif argv[:2] == ["-m", "torch.distributed.run"]:
         # torchrun starts each rank with PYTHON_EXEC (its documented override of sys.executable): this
