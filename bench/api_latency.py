@@ -43,6 +43,7 @@ from sqlalchemy.engine import make_url
 from storage import migrations, queries
 from storage.database import Database
 from storage.models import Checkpoint, EvalJob, Result, ResultSeries, Run
+from tests.web_pages import CHROMIUM, CHROMIUM_ARGS
 
 RUNS, CHECKPOINTS, METRICS = 100, 1000, 20
 TASK = "math"
@@ -324,18 +325,7 @@ def first_chart(base: str, loads: int) -> dict[str, list[float]]:
 
     times: dict[str, list[float]] = {"first": [], "every": [], "first_seen": [], "every_seen": []}
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=os.environ.get("EVALD_CHROMIUM", "/usr/bin/chromium"),
-            headless=True,
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--no-first-run",
-                "--disable-sync",
-            ],
-        )
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         for _ in range(loads):
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.add_init_script(MARK_DRAWN % METRICS)
