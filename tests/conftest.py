@@ -158,10 +158,15 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         # The test process's own part (the rest is the children it reaped).
         "own_s": round(own, 2),
         "wall_s": round(time.monotonic() - started, 2),
-        # Which test process ran it and when it ended: the schedule's idle tails show in them.
-        "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+        # When it ended (with the process, added below): the schedule's idle tails show in them.
         "end": round(time.time(), 2),
     }
+    _profile(target, line)
+
+
+def _profile(target: str, line: dict[str, object]) -> None:
+    """``line``, with the test process that wrote it, appended to the CPU profile ``target``."""
+    line = {**line, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")}
     with Path(target).open("a") as out:
         out.write(json.dumps(line) + "\n")
 
@@ -180,10 +185,4 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     yield
     took = time.monotonic() - started
     if took >= 1.0:
-        line = {
-            "teardown": item.nodeid,
-            "wall_s": round(took, 2),
-            "worker": os.environ.get("PYTEST_XDIST_WORKER"),
-        }
-        with Path(target).open("a") as out:
-            out.write(json.dumps(line) + "\n")
+        _profile(target, {"teardown": item.nodeid, "wall_s": round(took, 2)})

@@ -37,6 +37,7 @@ import subprocess
 import sys
 import traceback
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn
@@ -114,8 +115,9 @@ def apply_threads(env: dict[str, str]) -> None:
 
 
 def import_settings(environ: dict[str, str], kind: str = "worker") -> dict[str, str]:
-    """The variables of ``environ`` that imports read (a worker's: with the defaults its ``main`` sets)."""
-    seen = _worker_defaults(environ) if kind == "worker" else environ
+    """The variables of ``environ`` that imports read, as a process of ``kind`` sees them (a worker: with the
+    defaults its ``main`` sets)."""
+    seen = KINDS[kind].defaults(environ)
     return {
         name: value
         for name, value in seen.items()
@@ -183,7 +185,20 @@ def preload_cli() -> None:
         importlib.import_module(name)
 
 
-PRELOADS = {"worker": preload, "cli": preload_cli}
+@dataclass(frozen=True)
+class Kind:
+    """What a server of one kind imports, how its clients' environment reads to an import, and what its
+    child sets itself after the fork."""
+
+    preload: Callable[[], None]
+    defaults: Callable[[dict[str, str]], dict[str, str]]
+    in_child: Callable[[dict[str, str]], None]
+
+
+KINDS = {
+    "worker": Kind(preload, _worker_defaults, apply_threads),
+    "cli": Kind(preload_cli, dict, lambda env: None),
+}
 
 
 def _note(event: str, **fields: object) -> None:
@@ -226,7 +241,7 @@ class Server:
                     if not self.preloaded:
                         # At the first request, not at the session's start: a run of tests that starts
                         # no worker does not pay for the imports.
-                        PRELOADS[self.kind]()
+                        KINDS[self.kind].preload()
                         _note("ready", kind=self.kind, settings=self.settings)
                         self.preloaded = True
                     self._serve(conn)
@@ -306,8 +321,7 @@ class Server:
                 env = {**env, PARENT_PID_ENV: str(os.getppid())}
             os.environ.clear()
             os.environ.update(env)
-            if self.kind == "worker":
-                apply_threads(env)
+            KINDS[self.kind].in_child(env)
             # Named as a fresh one would be (its spec in its command line), so that whoever finds the
             # worker by its command line (a test, `ps`) finds this process too, not only its client.
             setproctitle.setproctitle(" ".join([sys.executable, *argv]))
