@@ -162,7 +162,9 @@ def run_task(spec: JobSpec, group: WorkerGroup, faults: Faults | None = None) ->
     prompts = [item.prompt for item in items] if likelihood else render_prompts(task, items)
     if task.n_samples > 1 and task.temperature == 0:
         raise TaskInvalid(f"task {task.name!r}: n_samples = {task.n_samples} needs temperature > 0")
-    warming = warm_up() if topology.rank == 0 and task.kind == "generate" else None
+    # A code task's samples are judged by running them, never by math-verify (whose parser would also build
+    # syntax trees beside the judge's threads: see inference.code.runners.python._PARSING).
+    warming = warm_up() if topology.rank == 0 and task.kind == "generate" and code is None else None
     # Built (and its module imported) now: a bad reward fails the job before the weights are loaded.
     with ExitStack() as cleanup:
         scorer = _scorer(task, cleanup) if topology.rank == 0 and not likelihood else None

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ast
+import functools
 import secrets
+import threading
 from pathlib import Path
 from typing import ClassVar
 
@@ -15,6 +17,11 @@ from inference.code.sandbox import CHANNEL_IN, CHANNEL_OUT, FILES, Channel, Exec
 
 #: The harness that runs an assert test's program and tests in the sandbox (its text, read once).
 HARNESS = SandboxFile("harness.py", (Path(__file__).parent / "python_harness.py").read_bytes())
+
+#: Held while a test's syntax tree is built. CPython 3.11 keeps the AST constructor's recursion count in
+#: state all threads share, so two judge threads parsing at once can fail one of them with "SystemError: AST
+#: constructor recursion depth mismatch" (seen in a test run; python/cpython#106905 is a kin of it).
+_PARSING = threading.Lock()
 
 #: Exceptions raised before any line runs: the code does not compile.
 _SYNTAX = frozenset({"SyntaxError", "IndentationError", "TabError"})
@@ -86,12 +93,14 @@ class _Checked(ast.NodeTransformer):
         return node
 
 
+@functools.lru_cache(maxsize=256)
 def checked_tests(source: str) -> str:
     """The test code with its comparisons and asserts passed through the harness's value check, as
     source (the harness need not import ``ast``); a test that does not parse is left as it is, for the
-    harness to report as a syntax error."""
-    try:
-        tree = ast.parse(source, "<tests>")
-    except (SyntaxError, ValueError):
-        return source
+    harness to report as a syntax error. Kept per source: every sample of a problem runs the same tests."""
+    with _PARSING:
+        try:
+            tree = ast.parse(source, "<tests>")
+        except (SyntaxError, ValueError):
+            return source
     return ast.unparse(ast.fix_missing_locations(_Checked().visit(tree)))
