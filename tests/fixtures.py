@@ -1,8 +1,12 @@
 """Fixtures for the daemon and storage tests (a pytest plugin: see ``addopts`` in pyproject.toml).
 
-PostgreSQL tests create their own database and drop it afterwards, so runs never see each other. A drop
-takes the server about a second (it waits for a checkpoint), and several at once take no longer than one:
-the drops run on threads beside the next tests, and the session's end waits for them. Where
+PostgreSQL tests each get a database of their own, under a name no other test had, so tests never see each
+other. Creating one (a copy of a template) and dropping it cost the server about 0.25 CPU-s together, a
+twentieth of the suite's CPU: so a database a test is done with is cut off from every connection, renamed
+(whatever still holds its old name can no longer reach it) and emptied, and the next test of the process
+takes it, where it then equals a new one exactly (its schema, settings and grants compared with a new
+one's); else it is dropped. That work runs on threads beside the next tests, and the session's end waits
+for it and drops what is left. Where
 no server answers they are skipped with a message, unless ``EVALD_REQUIRE_POSTGRES=1`` (set by .ci/run),
 which turns the skip into a failure: CI never passes by skipping them.
 """
@@ -13,6 +17,7 @@ import contextlib
 import os
 import shutil
 import sqlite3
+import time
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -85,22 +90,151 @@ def fresh_postgres(template: str | None = None) -> Iterator[str]:
         if os.environ.get("EVALD_REQUIRE_POSTGRES") == "1":
             pytest.fail(message)
         pytest.skip(message)
-    name = f"evald_test_{uuid.uuid4().hex[:12]}"
+    kind = template or ""
+    spare = _SPARE.get(kind)
     with admin:
-        admin.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
+        if spare:
+            name = spare.pop()
+        else:
+            name = _new_name()
+            admin.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
     try:
-        yield (
-            make_url(ADMIN_URL)
-            .set(drivername="postgresql+psycopg", database=name)
-            .render_as_string(hide_password=False)
-        )
+        yield _url(name)
     finally:
-        _DROPS.append(_DROPPER.submit(_drop, name))
+        _DROPS.append(_DROPPER.submit(_recycle, name, kind))
 
 
-#: Databases being dropped beside the tests that follow (see the module's docstring).
+#: Databases being recycled or dropped beside the tests that follow (see the module's docstring).
 _DROPPER = ThreadPoolExecutor(max_workers=8, thread_name_prefix="evald-test-drop")
 _DROPS: list[Future[None]] = []
+#: Databases ready for the next test, by what they are a copy of ("" for an empty one); and the schema a new
+#: one of each has (:func:`_shape`), read once from the first made.
+_SPARE: dict[str, list[str]] = {}
+_NEW_SHAPE: dict[str, list[tuple[str, str]]] = {}
+#: How a database looks, everything a test could leave behind in it but rows: schemas, tables, columns,
+#: indexes, constraints, views, functions, triggers, grants, extensions, sequences' positions, the
+#: database's own settings (owner, connection limit, ...) and the migration revision.
+_SHAPE = """
+SELECT 'n', nspname || ':' || nspowner::regrole::text || ':' || coalesce(nspacl::text, '')
+  FROM pg_namespace WHERE nspname NOT LIKE 'pg\\_%' AND nspname <> 'information_schema'
+UNION ALL SELECT 'c', table_schema || '.' || table_name || '.' || column_name || ':' || data_type
+  || ':' || is_nullable || ':' || coalesce(column_default, '') FROM information_schema.columns
+  WHERE table_schema NOT IN ('pg_catalog', 'information_schema')
+UNION ALL SELECT 'r', relnamespace::regnamespace::text || '.' || relname || ':' || relkind::text
+  || ':' || coalesce(relacl::text, '') FROM pg_class
+  WHERE relnamespace::regnamespace::text NOT IN ('pg_catalog', 'information_schema', 'pg_toast')
+UNION ALL SELECT 'i', indexdef FROM pg_indexes WHERE schemaname NOT IN ('pg_catalog', 'information_schema')
+UNION ALL SELECT 'k', conrelid::regclass::text || ':' || conname || ':' || pg_get_constraintdef(oid)
+  FROM pg_constraint WHERE connamespace::regnamespace::text NOT IN ('pg_catalog', 'information_schema')
+UNION ALL SELECT 'f', pronamespace::regnamespace::text || '.' || proname FROM pg_proc
+  WHERE pronamespace::regnamespace::text NOT IN ('pg_catalog', 'information_schema')
+UNION ALL SELECT 't', tgrelid::regclass::text || ':' || tgname FROM pg_trigger WHERE NOT tgisinternal
+UNION ALL SELECT 'e', extname FROM pg_extension
+UNION ALL SELECT 'q', schemaname || '.' || sequencename || ':' || coalesce(last_value::text, '')
+  FROM pg_sequences
+UNION ALL SELECT 'd', datdba::regrole::text || ':' || datconnlimit::text || ':' || datallowconn::text
+  || ':' || datistemplate::text || ':' || coalesce(datacl::text, '')
+  FROM pg_database WHERE datname = current_database()
+UNION ALL SELECT 's', coalesce(array_to_string(setconfig, ','), '') FROM pg_db_role_setting
+  WHERE setdatabase = (SELECT oid FROM pg_database WHERE datname = current_database())
+ORDER BY 1, 2
+"""
+
+
+def _new_name() -> str:
+    return f"evald_test_{uuid.uuid4().hex[:12]}"
+
+
+def _url(name: str) -> str:
+    return (
+        make_url(ADMIN_URL)
+        .set(drivername="postgresql+psycopg", database=name)
+        .render_as_string(hide_password=False)
+    )
+
+
+def _connect(name: str) -> psycopg.Connection[tuple[object, ...]]:
+    url = make_url(ADMIN_URL)
+    return psycopg.connect(
+        host=url.host or "127.0.0.1",
+        port=url.port or 5432,
+        user=url.username or "postgres",
+        password=url.password,
+        dbname=name,
+        autocommit=True,
+        connect_timeout=5,
+    )
+
+
+def _shape(connection: psycopg.Connection[tuple[object, ...]]) -> list[tuple[str, str]]:
+    shape = [(str(kind), str(what)) for kind, what in connection.execute(_SHAPE).fetchall()]
+    if connection.execute("SELECT to_regclass('alembic_version') IS NOT NULL").fetchone() == (True,):
+        shape += [("a", str(row[0])) for row in connection.execute("SELECT version_num FROM alembic_version")]
+    return shape
+
+
+def _recycle(name: str, kind: str) -> None:
+    """Give ``name`` to the next test asking for a database like it, or drop it: cut off, renamed, emptied
+    and, once it has the shape of a new one, put aside (see the module's docstring)."""
+    with _admin_connection() as admin:
+        new = _new_name()
+        for _ in range(50):
+            # As DROP ... WITH (FORCE) does: what the test left connected (its pools, a daemon) is ended.
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = %s AND pid <> pg_backend_pid()",
+                (name,),
+            )
+            try:
+                admin.execute(f'ALTER DATABASE "{name}" RENAME TO "{new}"')
+                break
+            except psycopg.errors.ObjectInUse:
+                # A terminated backend not gone yet, or a client that reconnected: again, a little later.
+                time.sleep(0.02)
+        else:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            return
+    try:
+        with _connect(new) as connection:
+            if kind == "":
+                connection.execute(
+                    "DO $$ DECLARE s text; BEGIN FOR s IN SELECT nspname FROM pg_namespace "
+                    "WHERE nspname NOT LIKE 'pg\\_%' AND nspname <> 'information_schema' "
+                    "LOOP EXECUTE format('DROP SCHEMA %I CASCADE', s); END LOOP; END $$"
+                )
+                connection.execute("CREATE SCHEMA public AUTHORIZATION pg_database_owner")
+                connection.execute("GRANT USAGE ON SCHEMA public TO PUBLIC")
+            else:
+                tables = [
+                    str(row[0])
+                    for row in connection.execute(
+                        "SELECT quote_ident(tablename) FROM pg_tables "
+                        "WHERE schemaname = 'public' AND tablename <> 'alembic_version'"
+                    )
+                ]
+                if tables:
+                    connection.execute(f"TRUNCATE TABLE {', '.join(tables)} RESTART IDENTITY CASCADE")
+            reusable = _shape(connection) == _reference_shape(kind)
+    except psycopg.Error:
+        reusable = False
+    if reusable:
+        _SPARE.setdefault(kind, []).append(new)
+    else:
+        _drop(new)
+
+
+def _reference_shape(kind: str) -> list[tuple[str, str]]:
+    """The shape of a database just made like ``kind`` (read once per process, from a throwaway copy)."""
+    if kind not in _NEW_SHAPE:
+        name = _new_name()
+        with _admin_connection() as admin:
+            admin.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{kind}"' if kind else ""))
+        try:
+            with _connect(name) as connection:
+                _NEW_SHAPE[kind] = _shape(connection)
+        finally:
+            _drop(name)
+    return _NEW_SHAPE[kind]
 
 
 def _drop(name: str) -> None:
@@ -117,6 +251,9 @@ def _dropped_at_the_end() -> Iterator[None]:
         if error is not None:
             warnings.warn(f"a test database was not dropped: {error}", stacklevel=1)
     _DROPS.clear()
+    for names in _SPARE.values():
+        while names:
+            _drop(names.pop())
 
 
 @pytest.fixture
