@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -46,19 +47,39 @@ if sys.argv[3] == "1":
 """
 
 
-def test_tracker_folders_are_passed_over_quietly(database: Database, tmp_path: Path) -> None:
-    root = tmp_path / "run"
-    source = save_tiny_llama(tmp_path / "src" / "model")
-    copy_checkpoint(source, root / "step_5")
-    has = [importlib.util.find_spec(m) is not None for m in ("wandb", "mlflow")]
+#: Whether wandb and mlflow are installed (the trainer writes their folders only then).
+HAS = [importlib.util.find_spec(m) is not None for m in ("wandb", "mlflow")]
+
+
+@pytest.fixture(scope="module")
+def trackers_wrote(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What the trackers wrote into a run's root, once for the module (their imports and W&B's service
+    cost ~5 CPU-s a run; each backend's test copies it)."""
+    root = tmp_path_factory.mktemp("trackers") / "run"
+    root.mkdir()
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     subprocess.run(
-        [sys.executable, "-c", TRAINER, str(root), *("1" if h else "0" for h in has)],
+        [sys.executable, "-c", TRAINER, str(root), *("1" if h else "0" for h in HAS)],
         check=True,
         env=env,
         timeout=patient(120),
-        cwd=tmp_path,
+        cwd=root.parent,
     )
+    return root
+
+
+def test_tracker_folders_are_passed_over_quietly(
+    database: Database, trackers_wrote: Path, tmp_path: Path
+) -> None:
+    root = tmp_path / "run"
+    source = save_tiny_llama(tmp_path / "src" / "model")
+    copy_checkpoint(source, root / "step_5")
+    has = HAS
+    for written in trackers_wrote.iterdir():
+        if written.is_dir():
+            shutil.copytree(written, root / written.name, symlinks=True)
+        else:
+            shutil.copy2(written, root / written.name)
     # A folder evald knows nothing of, with a step in a sub-folder's name: still named, not skipped.
     (root / "logs" / "rank7").mkdir(parents=True)
     (root / "logs" / "rank7" / "out.txt").write_text("hello\n", encoding="utf-8")
