@@ -265,3 +265,18 @@ def test_a_task_raising_in_lm_eval_fails_its_job_and_the_next_one_runs_and_expor
     assert exported["configs"]["arith"]["output_type"] == "generate_until"
     assert main(["--config", str(toml), "export", "lm-eval", "--run", "r", "--step", "15"]) == 1
     assert "steps with results: 30" in capsys.readouterr().err
+
+
+def test_an_lm_eval_job_leaves_out_the_environment_report_it_would_discard() -> None:
+    # simple_evaluate's add_env_info runs pip, nvidia-smi and compilers as subprocesses for a report that
+    # the job never keeps; it is left out while the job evaluates and lm-eval's own comes back after.
+    import lm_eval.evaluator
+
+    from inference.harness.evaluation import _no_environment_report
+
+    before = lm_eval.evaluator.add_env_info
+    results: dict[str, object] = {"results": {}}
+    with _no_environment_report():
+        lm_eval.evaluator.add_env_info(results)
+    assert results == {"results": {}}
+    assert lm_eval.evaluator.add_env_info is before

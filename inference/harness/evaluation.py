@@ -85,6 +85,22 @@ def _working_directory(path: Path | None) -> Iterator[None]:
         os.chdir(before)
 
 
+@contextlib.contextmanager
+def _no_environment_report() -> Iterator[None]:
+    """``simple_evaluate`` ends by adding an environment report to its results (``add_env_info``: torch's
+    ``collect_env``, which runs ``pip list``, ``nvidia-smi`` and compilers as subprocesses, a second or more
+    of every job) that evald never keeps: the job's results are its metrics and samples. While it runs,
+    that report is left out. ``evald export lm_eval`` still writes one, as lm-eval's files have it."""
+    import lm_eval.evaluator
+
+    before = lm_eval.evaluator.add_env_info
+    lm_eval.evaluator.add_env_info = lambda storage: None
+    try:
+        yield
+    finally:
+        lm_eval.evaluator.add_env_info = before
+
+
 def _one_line(exc: BaseException) -> str:
     return " ".join(f"{type(exc).__name__}: {exc}".split())
 
@@ -237,6 +253,7 @@ def _evaluate(
         _working_directory(harness.include_path),
         # code_eval (humaneval, mbpp) runs the model's code in the sandbox, never by exec in this process.
         sandboxed_code_eval(task.name, task.code or CodeSpec()),
+        _no_environment_report(),
     ):
         model = _language_model(loaded, task, harness, group, peers)
         results: dict[str, Any] | None = simple_evaluate(
