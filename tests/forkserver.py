@@ -76,6 +76,7 @@ UNCOMPARED = frozenset(
         "HF_XET_HIGH_PERFORMANCE",  # lm-eval
         "TORCHINDUCTOR_CACHE_DIR",  # torch._inductor
         "PYTHON_EXEC",  # torchrun's interpreter for its ranks, read by nothing else
+        "TORCH_EXTENSIONS_DIR",  # read when an op is built or loaded (torch.utils.cpp_extension)
     }
 )
 #: Environment switch: "0" runs every worker in a fresh interpreter.

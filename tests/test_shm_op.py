@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +26,7 @@ from inference.shm_op import (
     processes_in,
 )
 from tests.deadlines import wait_process
+from tests.forkserver import worker_python
 from tests.harness import wait_for
 
 
@@ -108,10 +108,11 @@ def _copy_built_op(extensions: Path) -> Path:
 
 
 def _loader(log: Path) -> subprocess.Popen[bytes]:
-    # Not the fork server's: TORCH_EXTENSIONS_DIR differs from its environment (it would start fresh anyway).
+    # Forked by the session's worker server where there is one (torch and DeepSpeed imported, the op not
+    # loaded: the server never starts a group), which reads TORCH_EXTENSIONS_DIR when the op loads.
     with log.open("wb") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "inference.shm_op"],
+            [worker_python(), "-m", "inference.shm_op"],
             stdout=out,
             stderr=subprocess.STDOUT,
             env={**os.environ, "DS_ACCELERATOR": "cpu"},
