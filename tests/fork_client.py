@@ -40,12 +40,15 @@ _PR_SET_PDEATHSIG = 1
 #: Modules always run by the real interpreter: launchers (they exec, or start processes of their own) and
 #: evald's daemon and CLI (which must not hold torch's and transformers' modules).
 EXECUTED_MODULES = ("inference.launcher", "torch.distributed.run", "deepspeed.launcher", "daemon")
+#: What ``import ray`` sets in whatever process imports it (a test process that used the Ray cluster): no
+#: sign of a process Ray started, whose environment has Ray's own (``RAY_RAYLET_PID``, ``RAY_ADDRESS``).
+RAY_IMPORTED = frozenset({"RAY_CLIENT_MODE"})
 #: The interpreter torchrun starts its ranks with (torch/distributed/run.py).
 TORCHRUN_PYTHON_ENV = "PYTHON_EXEC"
-#: Commands of the CLI that run a daemon, a server or a whole demo: never forked by the CLI shim, which
-#: forks the short ones (``results``, ``status``, ``config check`` ...). A word among the arguments is
-#: enough to decline (``--run run`` too): the safe way to be wrong.
-LONG_COMMANDS = frozenset({"run", "serve", "demo"})
+#: Commands of the CLI that run a server or a whole demo (which starts its own processes): never forked by
+#: the CLI shim, which forks the others (``status``, ``config check`` ..., and ``run``: the daemon). A word
+#: among the arguments is enough to decline (``--run serve`` too): the safe way to be wrong.
+LONG_COMMANDS = frozenset({"serve", "demo"})
 
 
 def forkable(argv: list[str], environ: dict[str, str], parent: int) -> bool:
@@ -61,15 +64,16 @@ def forkable(argv: list[str], environ: dict[str, str], parent: int) -> bool:
             return False
     elif not argv or not argv[0].endswith(".py"):
         return False
-    if "SLURM_JOB_ID" in environ or any(name.startswith("RAY_") for name in environ):
+    ray = [name for name in environ if name.startswith("RAY_") and name not in RAY_IMPORTED]
+    if "SLURM_JOB_ID" in environ or ray:
         return False
     tie = environ.get(PARENT_PID_ENV)
     return tie is None or tie == str(parent)
 
 
 def cli_forkable(argv: list[str]) -> bool:
-    """Whether ``python ARGV`` is a short evald command the CLI shim may fork: ``-m daemon ...``, not one
-    of :data:`LONG_COMMANDS` (whatever the environment: a test process that imported Ray carries ``RAY_``
+    """Whether ``python ARGV`` is an evald command the CLI shim may fork: ``-m daemon ...``, not one of
+    :data:`LONG_COMMANDS` (whatever the environment: a test process that imported Ray carries ``RAY_``
     variables, which no evald command reads)."""
     return argv[:2] == ["-m", "daemon"] and not LONG_COMMANDS.intersection(argv[2:])
 
@@ -142,7 +146,11 @@ def main(real_python: str, socket_path: str, kind: str = "worker") -> NoReturn:
 
     def forward(signum: int, _frame: object) -> None:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signum)
+            if kind == "cli":
+                # To the command (a daemon) alone, as a signal to its pid: what it started is its own.
+                os.kill(pid, signum)
+            else:
+                os.killpg(pid, signum)
 
     for signum in FORWARDED:
         signal.signal(signum, forward)

@@ -148,14 +148,16 @@ def preload() -> None:
     import inference.task  # noqa: F401
 
 
-#: What the short evald commands import (``status``, ``results``, ``config check``, ``history``, ``retry``,
-#: ``alerts``, ``samples``, ``compare``, ``db upgrade``: read with ``python -X importtime``): SQLAlchemy
-#: with both databases' drivers, pydantic and the config's models, structlog. A module a command adds
-#: later is imported by that command, as before: the list only saves time.
+#: What evald's commands import (``status``, ``results``, ``config check``, ``history``, ``retry``,
+#: ``alerts``, ``samples``, ``compare``, ``db upgrade``: read with ``python -X importtime``; and ``run``,
+#: the daemon's service): SQLAlchemy with both databases' drivers, pydantic and the config's models,
+#: structlog, APScheduler, watchdog, httpx. Never torch, which the daemon must not hold. A module a command
+#: adds later is imported by that command, as before: the list only saves time.
 CLI_MODULES = (
     "daemon.cli",
     "daemon.cli.base",
     "daemon.cli.parser",
+    "daemon.cli.run",
     "daemon.config",
     "daemon.analysis.compare",
     "daemon.analysis.report",

@@ -135,11 +135,18 @@ def evald(
 
 
 class DaemonProcess:
-    def __init__(self, config: Path, log: Path, env: dict[str, str] | None = None) -> None:
+    """``evald run`` as a process of the test's. Forked by the session's CLI server (its imports done once,
+    about 2 CPU-s a daemon on a slow host) unless ``fresh``: a test that stops the daemon with SIGSTOP, or
+    reads its pid where the daemon writes its own, needs the daemon itself to be the process it started
+    (forked, that process is a client that passes signals on: tests/fork_client.py)."""
+
+    def __init__(
+        self, config: Path, log: Path, env: dict[str, str] | None = None, *, fresh: bool = False
+    ) -> None:
         self.log = log
         self._handle = log.open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "daemon", "--config", str(config), "run"],
+            [sys.executable if fresh else cli_python(), "-m", "daemon", "--config", str(config), "run"],
             stdout=self._handle,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
@@ -162,8 +169,10 @@ class DaemonProcess:
 
 
 @contextmanager
-def running_daemon(config: Path, log: Path, env: dict[str, str] | None = None) -> Iterator[DaemonProcess]:
-    daemon = DaemonProcess(config, log, env)
+def running_daemon(
+    config: Path, log: Path, env: dict[str, str] | None = None, *, fresh: bool = False
+) -> Iterator[DaemonProcess]:
+    daemon = DaemonProcess(config, log, env, fresh=fresh)
     try:
         daemon.wait_ready()
         yield daemon

@@ -37,7 +37,7 @@ def test_a_result_written_before_the_daemon_died_is_adopted_not_recomputed(
     # On PostgreSQL the dead daemon's job is an orphan once its lease (5 s here) has run out.
     config = write_config(tmp_path, database_url, dataset=data, scheduling_extra="recover_secs = 0.5")
     copy_checkpoint(toy_run.last_checkpoint, tmp_path / "run" / "step_10")
-    first = DaemonProcess(config, tmp_path / "daemon-1.log")
+    first = DaemonProcess(config, tmp_path / "daemon-1.log", fresh=True)
     first.wait_ready()
     wait_for(lambda: [j for j in jobs(database) if j.state == "running"] or None, 60, "a running job")
     # The job is claimed before its worker starts: freeze the daemon only once the worker runs.
@@ -82,7 +82,7 @@ def test_a_worker_run_killed_with_its_daemon_is_in_the_history_as_lost(
         tmp_path, database_url, dataset=data, batch_size=2, scheduling_extra="recover_secs = 0.5"
     )
     copy_checkpoint(toy_run.last_checkpoint, tmp_path / "run" / "step_10")
-    first = DaemonProcess(config, tmp_path / "daemon-1.log")
+    first = DaemonProcess(config, tmp_path / "daemon-1.log", fresh=True)
     first.wait_ready()
     wait_for(lambda: worker_processes(tmp_path / "state") or None, 60, "the worker process")
     owner = f":{first.process.pid}"

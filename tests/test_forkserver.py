@@ -23,7 +23,7 @@ from tests import forkserver
 from tests.conftest import SUBPROCESS_ENV, ToyRun
 from tests.deadlines import patient
 from tests.fork_client import cli_forkable, forkable
-from tests.harness import evald, upgraded, wait_for, write_config, write_dataset
+from tests.harness import DaemonProcess, evald, log_events, upgraded, wait_for, write_config, write_dataset
 from tests.session_cache import cache_root
 
 pytestmark = pytest.mark.skipif(
@@ -180,6 +180,9 @@ def test_the_local_executors_worker_command_is_one_the_shim_forks(tmp_path: Path
     assert forkable(["-u", "-m", "inference.worker", str(spec_path)], env, os.getpid())
     assert not forkable(command[1:], env, os.getpid() + 1)
     assert not forkable(command[1:], {**env, "SLURM_JOB_ID": "7"}, os.getpid())
+    assert not forkable(command[1:], {**env, "RAY_RAYLET_PID": "7"}, os.getpid())
+    # A test process that imported ray (RAY_CLIENT_MODE) starts its programs as any other does.
+    assert forkable(command[1:], {**env, "RAY_CLIENT_MODE": "0"}, os.getpid())
     # The daemon must not hold torch: never forked from the workers' server.
     assert not forkable(["-m", "daemon", "--config", "evald.toml", "run"], env, os.getpid())
 
@@ -189,10 +192,11 @@ def cli_notes() -> list[dict[str, object]]:
     return [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
 
 
-def test_short_evald_commands_are_forked_and_daemons_servers_and_the_demo_are_not() -> None:
+def test_evald_commands_and_daemons_are_forked_and_servers_and_the_demo_are_not() -> None:
     assert cli_forkable(["-m", "daemon", "--config", "evald.toml", "status"])
     assert cli_forkable(["-m", "daemon", "results", "--run", "toy", "--format", "json"])
-    for long in ("run", "serve", "demo"):
+    assert cli_forkable(["-m", "daemon", "--config", "evald.toml", "run"])
+    for long in ("serve", "demo"):
         assert not cli_forkable(["-m", "daemon", "--config", "evald.toml", long])
     assert not cli_forkable(["-m", "inference.worker", "spec.json"])
     assert not cli_forkable(["-c", "print(1)"])
@@ -218,3 +222,21 @@ def test_a_forked_evald_command_answers_as_a_fresh_one(tmp_path: Path) -> None:
     # The commands said what they say (not two equal crashes).
     assert evald("--config", str(good), "config", "check").returncode == 0
     assert "surprise" in evald("--config", str(broken), "config", "check").stderr
+
+
+def test_a_forked_daemon_takes_its_signals_and_exits_as_a_fresh_one(tmp_path: Path) -> None:
+    # The tests' daemons are forked (tests.harness.DaemonProcess): the process a test holds passes SIGHUP
+    # and SIGTERM to the daemon and ends as it did.
+    url = f"sqlite:///{tmp_path / 'evald.db'}"
+    upgraded(url).dispose()
+    config = write_config(tmp_path, url, dataset=write_dataset(tmp_path / "d.jsonl", 2))
+    daemon = DaemonProcess(config, tmp_path / "daemon.log")
+    daemon.wait_ready()
+    argv = ["-m", "daemon", "--config", str(config), "run"]
+    forked = [n for n in cli_notes() if n["event"] == "forked" and n["argv"] == argv]
+    assert len(forked) == 1 and forked[0]["pid"] != daemon.process.pid
+    daemon.process.send_signal(signal.SIGHUP)
+    wait_for(lambda: log_events(daemon.log, "config.reloaded") or None, 30, "the reload", daemon.process)
+    assert daemon.stop(signal.SIGTERM) == 0
+    assert len(log_events(daemon.log, "daemon.stopped")) == 1
+    assert len(log_events(daemon.log, "daemon.ready")) == 1

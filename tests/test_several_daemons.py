@@ -109,7 +109,7 @@ def test_two_daemons_share_the_queue_and_take_over_a_killed_ones_job(
     root = tmp_path / "run"
     root.mkdir()
     configs = [_config(tmp_path, postgres_url, name, root, data) for name in ("a", "b")]
-    daemons = [DaemonProcess(c, c.parent / "daemon.log") for c in configs]
+    daemons = [DaemonProcess(c, c.parent / "daemon.log", fresh=True) for c in configs]
     try:
         for daemon in daemons:
             daemon.wait_ready()
@@ -177,7 +177,7 @@ def test_a_holder_frozen_past_its_lease_cannot_store_a_second_result(
     root = tmp_path / "run"
     root.mkdir()
     configs = [_config(tmp_path, postgres_url, name, root, data) for name in ("a", "b")]
-    daemons = [DaemonProcess(c, c.parent / "daemon.log") for c in configs]
+    daemons = [DaemonProcess(c, c.parent / "daemon.log", fresh=True) for c in configs]
     try:
         for daemon in daemons:
             daemon.wait_ready()

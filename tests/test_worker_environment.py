@@ -124,7 +124,7 @@ def test_a_running_worker_holds_no_secret_of_the_daemon_and_what_it_needs(
     config = _config(tmp_path, url, data)
     copy_checkpoint(toy_run.last_checkpoint, tmp_path / "run" / "step_10")
     env = {**KEPT_OUT, **PASSED, "EVALD_DATABASE_URL": url, "HF_HOME": str(tmp_path / "hf")}
-    with running_daemon(config, tmp_path / "daemon.log", env) as daemon:
+    with running_daemon(config, tmp_path / "daemon.log", env, fresh=True) as daemon:
         worker = wait_for(
             lambda: next((p for p in worker_processes(tmp_path / "state") if _environ(p)), None),
             120,
