@@ -37,12 +37,15 @@ PARENT_PID_ENV = "EVALD_PARENT_PID"
 #: Signals a daemon or a test may send a worker: passed on to the forked child's process group.
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 _PR_SET_PDEATHSIG = 1
-#: Modules always run by the real interpreter: launchers (they exec, or start processes of their own) and
-#: evald's daemon and CLI (which must not hold torch's and transformers' modules).
+#: Modules :func:`forkable` leaves to the real interpreter: launchers (they exec, or start processes of
+#: their own: torchrun is forked by its own rule, :func:`torchrun_forkable`) and evald's daemon and CLI
+#: (which must not hold torch's and transformers' modules).
 EXECUTED_MODULES = ("inference.launcher", "torch.distributed.run", "deepspeed.launcher", "daemon")
 #: What ``import ray`` sets in whatever process imports it (a test process that used the Ray cluster): no
 #: sign of a process Ray started, whose environment has Ray's own (``RAY_RAYLET_PID``, ``RAY_ADDRESS``).
 RAY_IMPORTED = frozenset({"RAY_CLIENT_MODE"})
+#: How the launcher starts torchrun (``python -m torch.distributed.run ...``).
+TORCHRUN = ["-m", "torch.distributed.run"]
 #: The interpreter torchrun starts its ranks with (torch/distributed/run.py).
 TORCHRUN_PYTHON_ENV = "PYTHON_EXEC"
 #: Commands of the CLI that run a server or a whole demo (which starts its own processes): never forked by
@@ -64,11 +67,23 @@ def forkable(argv: list[str], environ: dict[str, str], parent: int) -> bool:
             return False
     elif not argv or not argv[0].endswith(".py"):
         return False
-    ray = [name for name in environ if name.startswith("RAY_") and name not in RAY_IMPORTED]
-    if "SLURM_JOB_ID" in environ or ray:
+    if _scheduled(environ):
         return False
     tie = environ.get(PARENT_PID_ENV)
     return tie is None or tie == str(parent)
+
+
+def torchrun_forkable(argv: list[str], environ: dict[str, str], pid: int) -> bool:
+    """Whether ``python ARGV`` is torchrun as evald's launcher runs it: the launcher, which execs into it,
+    tied the ranks to itself (``EVALD_PARENT_PID``: this very pid) and to die with its daemon (a death
+    signal an exec keeps); not under Slurm or Ray."""
+    return argv[:2] == TORCHRUN and environ.get(PARENT_PID_ENV) == str(pid) and not _scheduled(environ)
+
+
+def _scheduled(environ: dict[str, str]) -> bool:
+    """Whether a scheduler started this process (a Slurm job's or Ray's): theirs to run, never forked."""
+    ray = [name for name in environ if name.startswith("RAY_") and name not in RAY_IMPORTED]
+    return "SLURM_JOB_ID" in environ or bool(ray)
 
 
 def cli_forkable(argv: list[str]) -> bool:
@@ -121,13 +136,16 @@ def main(real_python: str, socket_path: str, kind: str = "worker") -> NoReturn:
     if kind == "cli":
         if not cli_forkable(argv):
             os.execv(real_python, [real_python, *argv])
-    elif argv[:2] == ["-m", "torch.distributed.run"]:
+    elif argv[:2] == TORCHRUN:
         # torchrun starts each rank with PYTHON_EXEC (its documented override of sys.executable): this
         # shim, so that the ranks are forked too.
-        os.execve(real_python, [real_python, *argv], {**environ, TORCHRUN_PYTHON_ENV: sys.argv[0]})
+        environ[TORCHRUN_PYTHON_ENV] = sys.argv[0]
+        if not torchrun_forkable(argv, environ, os.getpid()):
+            os.execve(real_python, [real_python, *argv], environ)
     elif not forkable(argv, environ, os.getppid()):
         os.execv(real_python, [real_python, *argv])
-    if PARENT_PID_ENV in environ:
+    if PARENT_PID_ENV in environ and argv[:2] != TORCHRUN:
+        # (torchrun's launcher set its own death signal, which its exec into this shim kept.)
         _die_with_parent()
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:

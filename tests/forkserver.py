@@ -44,6 +44,8 @@ from typing import NoReturn
 
 import setproctitle
 
+from tests.fork_client import TORCHRUN
+
 #: Variables whose values imports read: a request that differs from the server in one of them is declined.
 IMPORT_PREFIXES = (
     "PYTHON",
@@ -211,8 +213,9 @@ def _note(event: str, **fields: object) -> None:
 
 
 def _device(argv: list[str]) -> str:
-    """The device of a worker's spec; "cpu" for the tests' other programs, which run on the CPU."""
-    if argv[-3:-1] != ["-m", "inference.worker"]:
+    """The device of a worker's spec (torchrun's too: ``--module inference.worker SPEC``); "cpu" for the
+    tests' other programs, which run on the CPU."""
+    if argv[-2:-1] != ["inference.worker"]:
         return "cpu"
     try:
         spec = json.loads(Path(argv[-1]).read_text(encoding="utf-8"))
@@ -321,7 +324,9 @@ class Server:
             os.chdir(cwd)
             if PARENT_PID_ENV in env:
                 # The worker ties itself to its parent, now this server; the client is tied to the daemon.
-                env = {**env, PARENT_PID_ENV: str(os.getppid())}
+                # torchrun's ranks are tied to torchrun: this process, whose children they are.
+                tie = os.getpid() if argv[:2] == TORCHRUN else os.getppid()
+                env = {**env, PARENT_PID_ENV: str(tie)}
             os.environ.clear()
             os.environ.update(env)
             KINDS[self.kind].in_child(env)

@@ -22,7 +22,7 @@ from inference.toy.problems import PROMPT_TEMPLATE, held_out_problems, write_jso
 from tests import forkserver
 from tests.conftest import SUBPROCESS_ENV, ToyRun
 from tests.deadlines import patient
-from tests.fork_client import cli_forkable, forkable
+from tests.fork_client import cli_forkable, forkable, torchrun_forkable
 from tests.harness import DaemonProcess, evald, log_events, upgraded, wait_for, write_config, write_dataset
 from tests.session_cache import cache_root
 
@@ -183,6 +183,15 @@ def test_the_local_executors_worker_command_is_one_the_shim_forks(tmp_path: Path
     assert not forkable(command[1:], {**env, "RAY_RAYLET_PID": "7"}, os.getpid())
     # A test process that imported ray (RAY_CLIENT_MODE) starts its programs as any other does.
     assert forkable(command[1:], {**env, "RAY_CLIENT_MODE": "0"}, os.getpid())
+    # torchrun as the launcher execs into it (its ranks tied to this pid) is forked; one whose ranks are
+    # tied elsewhere, or a scheduler's, is not.
+    torchrun = [*group[group.index("-m", 4) :][:2], "--standalone", "--module", "inference.worker", "s.json"]
+    assert torchrun[:2] == ["-m", "torch.distributed.run"]
+    own = str(os.getpid())
+    assert torchrun_forkable(torchrun, {**env, "EVALD_PARENT_PID": own}, os.getpid())
+    assert not torchrun_forkable(torchrun, {**env, "EVALD_PARENT_PID": str(os.getppid())}, os.getpid())
+    assert not torchrun_forkable(torchrun, {**env, "EVALD_PARENT_PID": own, "SLURM_JOB_ID": "7"}, os.getpid())
+    assert not torchrun_forkable(command[1:], {**env, "EVALD_PARENT_PID": own}, os.getpid())
     # The daemon must not hold torch: never forked from the workers' server.
     assert not forkable(["-m", "daemon", "--config", "evald.toml", "run"], env, os.getpid())
 

@@ -37,6 +37,7 @@ from tests.harness import (
     write_config,
     write_dataset,
 )
+from tests.session_cache import cache_root
 
 pytestmark = pytest.mark.slow
 
@@ -189,6 +190,17 @@ def test_a_killed_rank_fails_the_job_with_its_stderr_tail(
         (attempt,) = queries.job_history(s, job.id)
     assert attempt.error is not None and '"task.loaded"' in attempt.error and '"rank": 1' in attempt.error
     assert not worker_processes(state)
+    # Under the session's fork server, torchrun itself was forked (tests/fork_client.py), and the death of
+    # a rank reached it all the same.
+    forks = cache_root() / "forks" / "forkserver.log"
+    if forks.is_file():
+        notes = [json.loads(line) for line in forks.read_text().splitlines() if line.startswith("{")]
+        assert any(
+            n["event"] == "forked"
+            and n["argv"][:2] == ["-m", "torch.distributed.run"]
+            and str(job_dir) in n["argv"][-1]
+            for n in notes
+        )
 
 
 def test_a_timeout_kills_the_group_and_the_job_fails_after_max_attempts(
