@@ -40,13 +40,18 @@ HOW_TO = (
 
 
 def _admin_connection() -> psycopg.Connection[tuple[object, ...]]:
+    return _connect(make_url(ADMIN_URL).database or "postgres")
+
+
+def _connect(name: str) -> psycopg.Connection[tuple[object, ...]]:
+    """An autocommit connection to database ``name`` as the admin URL's user."""
     url = make_url(ADMIN_URL)
     return psycopg.connect(
         host=url.host or "127.0.0.1",
         port=url.port or 5432,
         user=url.username or "postgres",
         password=url.password,
-        dbname=url.database or "postgres",
+        dbname=name,
         autocommit=True,
         connect_timeout=5,
     )
@@ -150,19 +155,6 @@ def _url(name: str) -> str:
         make_url(ADMIN_URL)
         .set(drivername="postgresql+psycopg", database=name)
         .render_as_string(hide_password=False)
-    )
-
-
-def _connect(name: str) -> psycopg.Connection[tuple[object, ...]]:
-    url = make_url(ADMIN_URL)
-    return psycopg.connect(
-        host=url.host or "127.0.0.1",
-        port=url.port or 5432,
-        user=url.username or "postgres",
-        password=url.password,
-        dbname=name,
-        autocommit=True,
-        connect_timeout=5,
     )
 
 
