@@ -167,8 +167,12 @@ def main(real_python: str, socket_path: str, kind: str = "worker") -> NoReturn:
             if kind == "cli":
                 # To the command (a daemon) alone, as a signal to its pid: what it started is its own.
                 os.kill(pid, signum)
-            else:
+                return
+            try:
                 os.killpg(pid, signum)
+            except ProcessLookupError:
+                # Not yet past its setsid (a signal sent as the worker starts): its pid is all there is.
+                os.kill(pid, signum)
 
     for signum in FORWARDED:
         signal.signal(signum, forward)

@@ -384,8 +384,16 @@ class Server:
         conn = self.clients.pop(pid)
         self.selector.unregister(conn)
         conn.close()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
+        kill_child(pid, signal.SIGKILL)
+
+
+def kill_child(pid: int, signum: int) -> None:
+    """Signal a forked child and its process group. By pid as well: a child not yet past its ``setsid`` has
+    no group of its own, and a client killed that early (its daemon killed as the worker started) once left
+    a worker that nobody could stop, which then wrote a result for a job the next daemon had to redo."""
+    for send in (os.kill, os.killpg):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            send(pid, signum)
 
 
 def serve(listening_fd: int, kind: str = "worker") -> NoReturn:
