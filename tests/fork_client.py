@@ -155,12 +155,13 @@ def main(real_python: str, socket_path: str, kind: str = "worker") -> NoReturn:
         answer = _lines(conn)
     except OSError:
         conn.close()
-        os.execv(real_python, [real_python, *argv])
+        # (With the environment as asked for: torchrun's names this shim for its ranks.)
+        os.execve(real_python, [real_python, *argv], environ)
     pid = answer.get("pid")
     if not isinstance(pid, int):
         # Declined (its environment differs where imports read it): a fresh interpreter, as without us.
         conn.close()
-        os.execv(real_python, [real_python, *argv])
+        os.execve(real_python, [real_python, *argv], environ)
 
     def forward(signum: int, _frame: object) -> None:
         with contextlib.suppress(ProcessLookupError):
