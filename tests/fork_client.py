@@ -30,7 +30,7 @@ import signal
 import socket
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import BinaryIO, NoReturn
 
 #: The tie to the daemon that started this worker (inference.spec.PARENT_PID_ENV).
 PARENT_PID_ENV = "EVALD_PARENT_PID"
@@ -102,14 +102,13 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def _lines(conn: socket.socket) -> dict[str, object]:
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = conn.recv(4096)
-        if not chunk:
-            raise ConnectionError("the fork server closed the connection")
-        data += chunk
-    answer: dict[str, object] = json.loads(data)
+def _message(reader: BinaryIO) -> dict[str, object]:
+    """The server's next message: one JSON line. A buffered reader, not ``recv`` until a newline: a
+    command that ends at once sends its pid and its end in one write, both lines in one chunk."""
+    line = reader.readline()
+    if not line.endswith(b"\n"):
+        raise ConnectionError("the fork server closed the connection")
+    answer: dict[str, object] = json.loads(line)
     return answer
 
 
@@ -152,7 +151,8 @@ def main(real_python: str, socket_path: str, kind: str = "worker") -> NoReturn:
         conn.connect(socket_path)
         request = {"argv": argv, "env": environ, "cwd": str(Path.cwd())}
         socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [0, 1, 2])
-        answer = _lines(conn)
+        reader = conn.makefile("rb")
+        answer = _message(reader)
     except OSError:
         conn.close()
         # (With the environment as asked for: torchrun's names this shim for its ranks.)
@@ -178,7 +178,7 @@ def main(real_python: str, socket_path: str, kind: str = "worker") -> NoReturn:
     for signum in FORWARDED:
         signal.signal(signum, forward)
     try:
-        ended = _lines(conn)
+        ended = _message(reader)
     except ConnectionError:
         print("fork client: the fork server went before the worker ended", file=sys.stderr)
         os._exit(1)

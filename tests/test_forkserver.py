@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +23,7 @@ from inference.toy.problems import PROMPT_TEMPLATE, held_out_problems, write_jso
 from tests import forkserver
 from tests.conftest import SUBPROCESS_ENV, ToyRun
 from tests.deadlines import patient
-from tests.fork_client import cli_forkable, forkable, torchrun_forkable
+from tests.fork_client import _message, cli_forkable, forkable, torchrun_forkable
 from tests.harness import DaemonProcess, evald, log_events, upgraded, wait_for, write_config, write_dataset
 from tests.session_cache import cache_root
 
@@ -210,6 +211,20 @@ def test_evald_commands_and_daemons_are_forked_and_servers_and_the_demo_are_not(
     assert not cli_forkable(["-m", "inference.worker", "spec.json"])
     assert not cli_forkable(["-c", "print(1)"])
     assert forkserver.cli_python() == os.environ[forkserver.CLI_PYTHON_ENV] != sys.executable
+
+
+def test_the_client_reads_a_pid_and_an_end_sent_in_one_write_as_two_messages() -> None:
+    # A command that ends at once (`evald config check`): the server's two lines can reach the client in
+    # one chunk (a loaded run failed test_code_daemon so, with "Extra data" from json).
+    server, client = socket.socketpair()
+    with server, client, client.makefile("rb") as reader:
+        server.sendall(b'{"pid": 41}\n{"exit": 0}\n')
+        assert _message(reader) == {"pid": 41}
+        assert _message(reader) == {"exit": 0}
+        server.sendall(b'{"exit"')
+        server.shutdown(socket.SHUT_WR)
+        with pytest.raises(ConnectionError, match="closed the connection"):
+            _message(reader)
 
 
 def test_a_forked_evald_command_answers_as_a_fresh_one(tmp_path: Path) -> None:
