@@ -59,7 +59,8 @@ def _module_name(path: Path) -> str:
 def _read(path: Path) -> Module:
     module = Module(_module_name(path))
     package = module.name if path.name == "__init__.py" else module.name.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 # ``import a.b as c`` binds c to a.b; ``import a.b`` binds a.
@@ -72,7 +73,7 @@ def _read(path: Path) -> Module:
                 base = ".".join([*anchor, *([base] if base else [])])
             for alias in node.names:
                 module.imports[alias.asname or alias.name] = f"{base}.{alias.name}"
-    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+    for node in tree.body:
         if isinstance(node, ast.ClassDef):
             module.classes[node.name] = [_dotted(base, module) for base in node.bases]
     return module
