@@ -60,10 +60,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    # A test process ends with a heap of millions of objects (every library the tests loaded), which the
-    # collections of pytest's unraisable-exception check and of Python's own exit walked for 5-10 s of
-    # CPU each, at the end of the suite, when nothing else runs. Frozen, they are not walked: the process's
-    # memory goes back whole at exit.
+    # A test process ends with a heap of 1-1.5 M objects (every library its tests loaded), which the
+    # collections of pytest's unraisable-exception check and of Python's exit walked for 7-10 s (py-spy:
+    # gc_collect_main) at the end of the suite, with nothing else left to run. Frozen, they are not walked:
+    # the process's memory goes back whole at exit.
     gc.freeze()
     while _FORKS:
         os.environ.pop(forkserver.PYTHON_OVERRIDE_ENV, None)
