@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
 
@@ -115,13 +115,24 @@ def assert_contract(told: Told, order: Sequence[int]) -> None:
         updates = [n for n in notices if n["event"] == "updated"]
         assert len(updates) <= late_results(order), (order, alert.rule, notices)
         for before, after in itertools.pairwise(notices):
-            same = before["state"] == after["state"] and _overlap(before, after)
+            same = _same_episode(before, after)
             moved = view(before["state"], *_steps(before)) != view(after["state"], *_steps(after))
             # Within one episode in one state, steps that moved are an update, and an update moved them.
             if same and after["event"] != "reminder" and after["event"] != "escalated":
                 assert (after["event"] == "updated") == moved, (order, alert.rule, before, after)
             if after["event"] == "updated":
                 assert same and moved, (order, alert.rule, before, after)
+
+
+def _same_episode(before: dict[str, Any], after: dict[str, Any]) -> bool:
+    """Whether two consecutive notices of one alert tell of one episode, as far as a receiver can know.
+
+    Two firing notices in a row are one episode: nothing between them said it ended. A late result that
+    splits it (a step inside it that no longer fires) moves its onset past every step told so far, so
+    their steps need not overlap. Resolved notices tell of one episode when their steps overlap."""
+    if before["state"] != after["state"]:
+        return False
+    return before["state"] == "firing" or _overlap(before, after)
 
 
 def _steps(notice: dict[str, Any]) -> tuple[int | None, int | None, int | None]:
@@ -171,6 +182,9 @@ def test_the_issues_orders_tell_receivers_what_step_order_tells_them(tmp_path: P
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(order=st.permutations(STEPS))
+# Found by the generator: the late 1440 splits the EWMA episode told as firing since 840, whose stored
+# steps already reached 1560; its onset moves to 1560 past every step told (one update).
+@example(order=[*STEPS[:11], 1560, 1440, *STEPS[13:]])
 def test_any_arrival_order_ends_with_the_same_view_and_bounded_updates(
     order: list[int], tmp_path: Path
 ) -> None:

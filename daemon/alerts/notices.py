@@ -7,7 +7,9 @@ The contract, whatever order the results arrive in (newest first, oldest first, 
   over by the time its results are in), the episode ending (``resolved``) or firing again (``fired``);
 - a late older result that moves an episode's steps sends exactly one ``updated`` notice carrying them:
   the onset (``first_step``) of a firing alert; the onset, last step and resolving step of a resolved one
-  (a closed episode is known whole). Sent at once, cooldown or not, and once for one move;
+  (a closed episode is known whole). Sent at once, cooldown or not, and once for one move. A late result
+  that no longer fires inside a firing episode splits it: the onset moves to the part after it, past every
+  step told so far, and that too is one ``updated`` (the receivers' alert never stopped firing);
 - what only grows while the episode fires (the latest step, its value) is sent as a ``reminder`` after
   ``cooldown_secs``, or at once as ``escalated`` when the severity rose.
 
