@@ -153,8 +153,9 @@ def test_unmet_gpu_threshold_defers_until_met_then_starts_within_one_recheck(
         sqlite_url,
         dataset=dataset,
         # The job is meant for a GPU; this machine has none, so once started it fails, which is fine here:
-        # what is tested is when it starts.
-        inference_extra='device = "cuda"',
+        # what is tested is when it starts. Its "interpreter" fails at once: a real one would spend 5 CPU-s
+        # importing torch in a fresh process (the fork server declines CUDA jobs) only to fail too.
+        inference_extra='device = "cuda"\npython = "/bin/false"',
         scheduling_extra=(
             f"recheck_secs = {recheck}\nstuck_after_secs = 1.0\nhousekeeping_secs = 0.5\n"
             '[scheduling.resources]\nmin_gpu_free_memory = "20GiB"\nmax_gpu_utilization = "90%"'

@@ -44,15 +44,13 @@ def job(checkpoint: Path, dataset: Path, tmp_path: Path, metrics: tuple[str, ...
     )
 
 
-def run_worker(
-    spec: JobSpec, tmp_path: Path, *, fresh: bool = False
-) -> tuple[subprocess.CompletedProcess[str], JobResult]:
-    """``python -m inference.worker``; ``fresh``: in a new interpreter, not forked from the session's
-    preloaded one (tests/forkserver.py)."""
+def run_worker(spec: JobSpec, tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], JobResult]:
+    """``python -m inference.worker``, forked from the session's preloaded interpreter where it can be
+    (tests/forkserver.py)."""
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(spec.model_dump_json(), encoding="utf-8")
     done = subprocess.run(
-        [sys.executable if fresh else worker_python(), "-m", "inference.worker", str(spec_path)],
+        [worker_python(), "-m", "inference.worker", str(spec_path)],
         capture_output=True,
         text=True,
         env=SUBPROCESS_ENV,
@@ -66,8 +64,9 @@ def copy_checkpoint(toy_run: ToyRun, tmp_path: Path) -> Path:
 
 
 def test_worker_evaluates_a_checkpoint(toy_run: ToyRun, toy_dataset: Path, tmp_path: Path) -> None:
-    # A new interpreter, as a daemon starts it: the other tests' workers are forked from the session's.
-    done, result = run_worker(job(toy_run.last_checkpoint, toy_dataset, tmp_path), tmp_path, fresh=True)
+    # Forked from the session's preloaded interpreter; a fresh one gives the same result
+    # (test_forkserver.py), and make test-long starts every worker fresh.
+    done, result = run_worker(job(toy_run.last_checkpoint, toy_dataset, tmp_path), tmp_path)
 
     assert done.returncode == 0, done.stderr
     assert result.error is None
