@@ -10,11 +10,12 @@ never says EOS by itself, so the budget is where each response ends, on both eng
 It reports, each as soon as it is measured (and into ``--json``):
 
 1. the bf16 matrix-product peak of this GPU (8192³, mean of 10 after 3 warm-ups): the roofline;
-2. fixed against continuous on the first ``--compare`` prompts, same batch size, greedy: wall, tokens/s,
-   the ratio, whether the outputs are equal, and the fraction of the roofline reached
+2. fixed against continuous and paged on the first ``--compare`` prompts, same batch size, greedy: wall,
+   tokens/s, the ratios, whether the outputs are equal, and the fraction of the roofline reached
    (2 × parameters × tokens/s against the peak; attention's own FLOPs are not counted);
-3. the continuous engine on all ``--prompts`` prompts at each ``--concurrency``: tokens/s, roofline
-   fraction, peak memory, and how many times it had to halve its load after an out-of-memory error;
+3. each of ``--engines`` on all ``--prompts`` prompts at each ``--concurrency``: tokens/s, roofline
+   fraction, peak memory, the most tokens its KV cache held, and how many times it had to halve its load
+   after an out-of-memory error (the paged pool takes 80 % of the memory free when it starts);
 4. ``--hold`` concurrent sequences of ``--hold-tokens`` tokens each: whether they ran without an
    out-of-memory retry, the peak memory, tokens/s.
 
@@ -112,9 +113,8 @@ def timed(
             torch.cuda.reset_peak_memory_stats()
         started = time.perf_counter()
         try:
-            run = build_engine(engine, model, tokenizer, batch_size=batch).run(
-                work, Decoding(max_new_tokens=long)
-            )
+            built = build_engine(engine, model, tokenizer, batch_size=batch)
+            run = built.run(work, Decoding(max_new_tokens=long))
         except torch.OutOfMemoryError:
             if batch == 1:
                 raise
@@ -132,6 +132,8 @@ def timed(
             "tokens": tokens,
             "tokens_per_s": round(tokens / seconds, 1),
             "peak_gib": round(peak, 2),
+            "kv_tokens": getattr(built, "peak_tokens", 0),
+            "preemptions": getattr(built, "preemptions", 0),
             "generations": run.generations,
         }
 
@@ -147,6 +149,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--compare-long", type=int, default=1024, help="the long tenth's budget there")
     parser.add_argument("--batch", type=int, default=256, help="batch size of the comparison")
     parser.add_argument("--concurrency", default="128,512", help="comma-separated, for step 3")
+    parser.add_argument("--engines", default="continuous,paged", help="comma-separated, for step 3")
     parser.add_argument("--hold", type=int, default=512, help="concurrent sequences of step 4")
     parser.add_argument("--hold-tokens", type=int, default=4096)
     parser.add_argument("--skip", default="", help="comma-separated steps to leave out: compare,sweep,hold")
@@ -185,30 +188,34 @@ def main(argv: Sequence[str] | None = None) -> None:
         work = requests(tokenizer, prompts[: args.compare], budgets(args.compare, args.compare_long, 0))
         timed("continuous", model, tokenizer, work[: args.batch // 4 or 1], args.batch, 8, device)  # warm-up
         timed("fixed", model, tokenizer, work[: args.batch // 4 or 1], args.batch, 8, device)
+        timed("paged", model, tokenizer, work[: args.batch // 4 or 1], args.batch, 8, device)
         runs = {
             e: timed(e, model, tokenizer, work, args.batch, args.compare_long, device)
-            for e in ("fixed", "continuous")
+            for e in ("fixed", "continuous", "paged")
         }
-        equal = runs["fixed"].pop("generations") == runs["continuous"].pop("generations")
+        answers = [figure.pop("generations") for figure in runs.values()]
         for figure in runs.values():
             figure["roofline"] = roofline(figure["tokens_per_s"])
-        ratio = runs["continuous"]["tokens_per_s"] / runs["fixed"]["tokens_per_s"]
+        base = runs["fixed"]["tokens_per_s"]
         report(
             "compare",
             {
                 "prompts": args.compare,
                 "long": args.compare_long,
                 **runs,
-                "ratio": round(ratio, 2),
-                "equal": equal,
+                "ratio": round(runs["continuous"]["tokens_per_s"] / base, 2),
+                "ratio_paged": round(runs["paged"]["tokens_per_s"] / base, 2),
+                "equal": all(a == answers[0] for a in answers),
             },
         )
     if "sweep" not in skip:
         work = requests(tokenizer, prompts, budgets(args.prompts, args.long, 0))
         for concurrency in (int(c) for c in args.concurrency.split(",")):
-            figure = timed("continuous", model, tokenizer, work, concurrency, args.long, device)
-            figure.pop("generations")
-            report(f"sweep_{concurrency}", {**figure, "roofline": roofline(figure["tokens_per_s"])})
+            for engine in args.engines.split(","):
+                figure = timed(engine, model, tokenizer, work, concurrency, args.long, device)
+                figure.pop("generations")
+                key = f"sweep_{concurrency}" if engine == "continuous" else f"sweep_{engine}_{concurrency}"
+                report(key, {**figure, "roofline": roofline(figure["tokens_per_s"])})
     if "hold" not in skip:
         ids = tokenizer(prompts[: args.hold])["input_ids"]
         from inference.engines import Request

@@ -1,17 +1,20 @@
-"""Generation engines on long, uneven responses: the continuous engine against the fixed one, in one process.
+"""Generation engines on long, uneven responses: the continuous and paged engines against the fixed one, in
+one process.
 
 The model is the 4-layer Llama of ``bench.generation_throughput`` (3.2 M parameters, the toy tokenizer,
 random weights from a fixed seed) on the CPU; ``--prompts`` prompts spread like a real eval set's
 (8 to 200 characters). Response lengths are long-tailed like reasoning traces: each prompt has a token
 budget of its own, drawn from a fixed seed, 4 to 32 tokens for nine prompts in ten and ``--long`` for
 the tenth (a random-weight model never says EOS by itself, so the budget is where each response ends,
-on both engines alike). Both decode greedily with the same batch size (sequences held at once) and
+on every engine alike). All decode greedily with the same batch size (sequences held at once) and
 must produce the same tokens; the run stops with an error if they do not.
 
 Each engine runs ``--repeats`` times, alternating, after a warm-up; medians are reported, with the ratio
-of the continuous engine's tokens/s to the fixed engine's (goal >= 3). ``--transformers-cb`` also runs
-transformers' own continuous batching (``ContinuousBatchingManager``, blocks sized for the CPU: 32-token
-pages, 1,024 blocks, 512 tokens and 32 requests a batch; its default sizes sat over 40 s in warm-up here)
+of the continuous and paged engines' tokens/s to the fixed engine's (goal >= 3), and the most tokens each
+continuous engine's KV cache held (whole-length slots against the paged pool's blocks in use).
+``--transformers-cb`` also runs transformers' own continuous batching (``ContinuousBatchingManager``,
+blocks sized for the CPU: 32-token pages, 1,024 blocks, 512 tokens and 32 requests a batch; its default
+sizes sat over 40 s in warm-up here)
 on the same work, once, and says whether its texts are the same.
 
     python -m bench.engine_throughput [--prompts 256] [--batch-size 32] [--long 512] [--threads 1]
@@ -47,11 +50,19 @@ def requests(tokenizer: Any, prompts: Sequence[str], lengths: Sequence[int]) -> 
     ]
 
 
-def run(engine: str, model: Any, tokenizer: Any, work: Sequence[Any], batch: int, long: int) -> Any:
+ENGINES = ("fixed", "continuous", "paged")
+
+
+def run(
+    engine: str, model: Any, tokenizer: Any, work: Sequence[Any], batch: int, long: int
+) -> tuple[Any, int]:
+    """The engine's run, and the most tokens its KV cache held (0 for the fixed engine)."""
     from inference.engines import build_engine
     from inference.generation import Decoding
 
-    return build_engine(engine, model, tokenizer, batch_size=batch).run(work, Decoding(max_new_tokens=long))
+    built = build_engine(engine, model, tokenizer, batch_size=batch)
+    done = built.run(work, Decoding(max_new_tokens=long))
+    return done, getattr(built, "peak_tokens", 0)
 
 
 def transformers_cb(
@@ -110,19 +121,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     prompts = make_prompts(args.prompts, args.seed)
     lengths = budgets(args.prompts, args.long, args.seed)
     work = requests(tokenizer, prompts, lengths)
-    for engine in ("fixed", "continuous"):  # warm-up: kernels, allocator
+    for engine in ENGINES:  # warm-up: kernels, allocator
         run(engine, model, tokenizer, work[: args.batch_size], args.batch_size, 8)
-    seconds: dict[str, list[float]] = {"fixed": [], "continuous": []}
+    seconds: dict[str, list[float]] = {engine: [] for engine in ENGINES}
     outputs: dict[str, Any] = {}
+    peaks: dict[str, int] = {}
     for _ in range(args.repeats):
         for engine in seconds:
             started = time.perf_counter()
-            outputs[engine] = run(engine, model, tokenizer, work, args.batch_size, args.long)
+            outputs[engine], peaks[engine] = run(engine, model, tokenizer, work, args.batch_size, args.long)
             seconds[engine].append(time.perf_counter() - started)
-    fixed, continuous = (outputs[e].generations for e in ("fixed", "continuous"))
-    differing = [i for i in range(len(work)) if fixed[i] != continuous[i]]
-    if differing:
-        raise SystemExit(f"outputs differ for {len(differing)} prompts, e.g. prompt {differing[0]}")
+    fixed, continuous = outputs["fixed"].generations, outputs["continuous"].generations
+    for engine in ENGINES[1:]:
+        differing = [i for i in range(len(work)) if fixed[i] != outputs[engine].generations[i]]
+        if differing:
+            raise SystemExit(f"{engine}: outputs differ for {len(differing)} prompts, e.g. {differing[0]}")
     tokens = sum(g.tokens for gens in fixed.values() for g in gens)
     short = sum(1 for n in lengths if n <= 32)
     print(
@@ -134,8 +147,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     for engine, values in seconds.items():
         wall = statistics.median(values)
         rates[engine] = tokens / wall
-        print(f"{engine:<11} {wall:8.2f} s  {rates[engine]:9.1f} tokens/s   ({tokens} tokens, equal outputs)")
-    print(f"ratio continuous / fixed: {rates['continuous'] / rates['fixed']:.2f}x (goal >= 3)")
+        held = f", KV cache held at most {peaks[engine]:,} tokens" if peaks[engine] else ""
+        figures = f"({tokens} tokens, equal outputs{held})"
+        print(f"{engine:<11} {wall:8.2f} s  {rates[engine]:9.1f} tokens/s   {figures}")
+    for engine in ENGINES[1:]:
+        print(f"ratio {engine} / fixed: {rates[engine] / rates['fixed']:.2f}x (goal >= 3)")
     if args.transformers_cb:
         wall, texts = transformers_cb(model, tokenizer, work, args.batch_size, args.long)
         same = sum(text == continuous[i][0].text for i, text in enumerate(texts))

@@ -189,7 +189,7 @@ class TaskSpec(_Plain):
 class InferenceSpec(_Plain):
     engine: Engine = "deepspeed"
     #: How generation batches sequences (``inference.engines``): ``auto`` picks per device and tp.
-    batching: Literal["auto", "fixed", "continuous"] = "auto"
+    batching: Literal["auto", "fixed", "continuous", "paged"] = "auto"
     #: ``cpu`` or ``cuda``; a worker group puts rank r on the r-th visible device of its node.
     device: str = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"

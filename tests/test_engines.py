@@ -279,9 +279,12 @@ def test_the_config_refuses_continuous_batching_at_tp_above_1() -> None:
     with pytest.raises(ValidationError, match='batching = "continuous" runs at tp = 1 only'):
         InferenceConfig(batching="continuous", tp=2)
     assert InferenceConfig(batching="continuous").spec().batching == "continuous"
+    with pytest.raises(ValidationError, match='batching = "paged" runs at tp = 1 only'):
+        InferenceConfig(batching="paged", tp=2)
+    assert InferenceConfig(batching="paged").spec().batching == "paged"
     assert InferenceConfig(tp=2).spec().batching == "auto"
     with pytest.raises(ValidationError, match="batching"):
-        InferenceConfig(batching="paged")
+        InferenceConfig(batching="dynamic")
 
 
 def _plain(generation: Generation) -> tuple[str, int, bool, str, int]:
@@ -316,6 +319,6 @@ def test_the_gpu_checks_engine_step_runs_end_to_end_at_cpu_size(tmp_path: Path) 
     figures = json.loads((tmp_path / "engines.json").read_text())
     compare = figures["compare"]
     assert compare["equal"] is True
-    assert compare["fixed"]["tokens"] == compare["continuous"]["tokens"] > 0
+    assert compare["fixed"]["tokens"] == compare["continuous"]["tokens"] == compare["paged"]["tokens"] > 0
     assert figures["hold"]["without_oom_retry"] is True
     assert figures["hold"]["sequences"] == figures["hold"]["batch"]

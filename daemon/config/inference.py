@@ -41,12 +41,15 @@ class InferenceConfig(Section):
     engine: Engine = "deepspeed"
     #: How generation batches its sequences. ``continuous``: a sequence that ends frees its slot for the
     #: next waiting prompt at once, so long, uneven responses (reasoning traces) waste no steps on
-    #: finished rows; tp = 1 only. ``fixed``: batches of prompts of similar length, each decoding until
-    #: its longest row ends; any tp. ``auto``: ``fixed`` at tp > 1, else the engine measured faster on
-    #: the device (``continuous`` on ``cpu``; ``fixed`` on ``cuda`` until a GPU figure says otherwise,
-    #: BENCHMARKS.md). Code tasks, judged batch by batch as they generate, always use ``fixed``.
-    #: ``batch_size`` is how many sequences either holds at once; an out-of-memory error halves it.
-    batching: Literal["auto", "fixed", "continuous"] = "auto"
+    #: finished rows; tp = 1 only. ``paged``: the same over a pool of KV blocks sized for the device, so
+    #: memory follows the live tokens rather than every slot at full length (more sequences at once on a
+    #: long-tailed load; the newest is preempted and run again if the pool runs short); tp = 1 only.
+    #: ``fixed``: batches of prompts of similar length, each decoding until its longest row ends; any tp.
+    #: ``auto``: ``fixed`` at tp > 1, else the engine measured faster on the device (``continuous`` on
+    #: ``cpu``; ``fixed`` on ``cuda`` until a GPU figure says otherwise, BENCHMARKS.md). Code tasks, judged
+    #: batch by batch as they generate, always use ``fixed``. ``batch_size`` is how many sequences an
+    #: engine holds at once; an out-of-memory error halves it.
+    batching: Literal["auto", "fixed", "continuous", "paged"] = "auto"
     #: ``cpu`` or ``cuda``; on ``cuda`` rank r of a worker group takes the r-th visible GPU of its node
     #: (``[scheduling.resources] gpus`` says which are visible).
     device: str = "cpu"

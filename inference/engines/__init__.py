@@ -4,6 +4,8 @@
   each until its longest row ends; any tp (DeepSpeed AutoTP).
 - ``continuous`` (:mod:`inference.engines.continuous`): a slot freed by a finished sequence is refilled
   at once from the waiting prompts; tp = 1.
+- ``paged`` (:mod:`inference.engines.paged`): the same over a pool of KV blocks sized for the device, so
+  memory follows the live tokens; tp = 1.
 
 ``[inference] batching`` picks one; ``auto`` picks by :func:`resolve`'s rule, which follows what
 ``bench/engine_throughput.py`` and ``bench/gpu_check.sh`` measured (BENCHMARKS.md).
@@ -26,10 +28,11 @@ if TYPE_CHECKING:
 ENGINES: dict[str, str] = {
     "fixed": "inference.engines.fixed:FixedEngine",
     "continuous": "inference.engines.continuous:ContinuousEngine",
+    "paged": "inference.engines.paged:PagedEngine",
 }
 
 #: What ``[inference] batching`` accepts.
-Batching = Literal["auto", "fixed", "continuous"]
+Batching = Literal["auto", "fixed", "continuous", "paged"]
 
 #: Per device type, the engine ``auto`` picks at tp = 1: the faster one in the benchmarks (BENCHMARKS.md,
 #: "Generation engines"). A device type not listed gets the fixed engine.
@@ -38,9 +41,9 @@ MEASURED_FASTER: dict[str, str] = {"cpu": "continuous"}
 
 def tp_limit(batching: str, tp: int) -> str | None:
     """Why ``batching`` cannot run at ``tp``, or None."""
-    if batching == "continuous" and tp > 1:
+    if batching in ("continuous", "paged") and tp > 1:
         return (
-            f'batching = "continuous" runs at tp = 1 only (tp = {tp}): its per-step admissions and ends '
+            f'batching = "{batching}" runs at tp = 1 only (tp = {tp}): its per-step admissions and ends '
             'are not voted across tp ranks; use "auto" (fixed batches at tp > 1) or "fixed"'
         )
     return None

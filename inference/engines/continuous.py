@@ -13,6 +13,11 @@ only a token and a log-probability (no per-step entropy), it ends a request only
 (no stop strings), and its API moved between the releases this project meets (5.17 on the GPU image,
 5.25 here). BENCHMARKS.md has what each measured.
 
+With ``paged`` (the ``paged`` engine, :mod:`inference.engines.paged`) the cache is a pool of blocks
+(:mod:`inference.engines.pages`) sized for the device: a prompt is admitted when the pool has blocks for
+it, and when the live sequences outgrow the pool the newest is preempted, its blocks freed, and run again
+from its prompt later (its draws depend on its item, sample and step only, so it comes out the same).
+
 Tensor parallelism is not supported: every tp rank would have to agree on admissions and ends at every
 step, and DeepSpeed AutoTP's layers are not tested with this cache. ``tp > 1`` uses the fixed engine.
 """
@@ -23,7 +28,7 @@ import contextlib
 import inspect
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +65,28 @@ class ContinuousEngine(Engine):
     #: Attend with :func:`~inference.engines.slots.grouped_attention` (default: on CUDA devices; the
     #: model's own attention elsewhere, where it reads the cache once already).
     grouped: bool | None = None
+    #: Keep keys and values in a pool of blocks (:class:`~inference.engines.pages.Pages`) rather than
+    #: whole-length slots.
+    paged: bool = False
+    #: The paged pool's size in tokens; None: sized for the device (:func:`~inference.engines.pages.
+    #: pool_tokens`).
+    kv_tokens: int | None = None
+    #: After a run: the most tokens the cache held at once (blocks in use × block size, or slots × length),
+    #: and how many times a sequence was preempted.
+    peak_tokens: int = 0
+    preemptions: int = 0
+
+    def _cache(self, slots: int, length: int, per_token_bytes: int, device: torch.device) -> Any:
+        """The cache for ``slots`` sequences of up to ``length`` tokens."""
+        if not self.paged:
+            from inference.engines.slots import Slots
+
+            return Slots(slots, length, device)
+        from inference.engines.pages import Pages, pool_tokens
+
+        worst = slots * length
+        tokens = self.kv_tokens or pool_tokens(worst, per_token_bytes, device)
+        return Pages(slots, min(tokens, worst), length, device)
 
     def run(self, requests: Sequence[Request], decoding: Decoding) -> EngineRun:
         sequences = [
@@ -83,7 +110,9 @@ class ContinuousEngine(Engine):
         device = next(iter(self.model.parameters())).device
         grouped = self.grouped if self.grouped is not None else device.type == "cuda"
         with torch.inference_mode(), _attention(self.model, grouped):
-            latencies = _Loop(self.model, self.tokenizer, decoding, slots, sequences).run()
+            loop = _Loop(self.model, self.tokenizer, decoding, slots, sequences, self._cache)
+            latencies = loop.run()
+        self.peak_tokens, self.preemptions = loop.peak_tokens(), loop.preemptions
         stop_ids = stop_token_ids(self.model, self.tokenizer)
         generations = generations_of(
             [Row(tuple(s.tokens), s.entropy, len(s.tokens)) for s in sequences],
@@ -122,11 +151,15 @@ class _Loop:
     """One run's scheduling: admit waiting sequences into free slots, step the live ones, retire ends."""
 
     def __init__(
-        self, model: Any, tokenizer: Any, decoding: Decoding, slots: int, sequences: list[_Sequence]
+        self,
+        model: Any,
+        tokenizer: Any,
+        decoding: Decoding,
+        slots: int,
+        sequences: list[_Sequence],
+        cache: Callable[[int, int, int, torch.device], Any],
     ) -> None:
         from transformers.generation.stopping_criteria import StopStringCriteria
-
-        from inference.engines.slots import Slots
 
         self.model = model
         self.decoding = decoding
@@ -137,14 +170,17 @@ class _Loop:
         self.waiting = deque(sequences)
         self.live: list[_Sequence] = []
         self.capacity = slots
+        self.preemptions = 0
         length = max(len(s.prompt) for s in sequences) + max(s.budget for s in sequences) + 1
         config = model.config.get_text_config()
-        self.slots = Slots(slots, length, self.device)
-        self.cache = self.slots.cache(config.num_hidden_layers)
         heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         kv_heads = getattr(config, "num_key_value_heads", None) or heads
-        self.slots.allocate(kv_heads, head_dim, next(iter(model.parameters())).dtype)
+        dtype = next(iter(model.parameters())).dtype
+        per_token = 2 * config.num_hidden_layers * kv_heads * head_dim * dtype.itemsize
+        self.slots = cache(slots, length, per_token, self.device)
+        self.cache = self.slots.cache(config.num_hidden_layers)
+        self.slots.allocate(kv_heads, head_dim, dtype)
         # transformers 5.x renamed the forward's cache argument; older releases know only the first name.
         parameters = inspect.signature(model.forward).parameters
         self.cache_argument = "cache" if "cache" in parameters else "past_key_values"
@@ -155,9 +191,7 @@ class _Loop:
         started = time.perf_counter()
         ended = 0
         while self.waiting or self.live:
-            if self.waiting and len(self.live) < self.capacity:
-                self._admit()
-            else:
+            if not (self.waiting and len(self.live) < self.capacity and self._admit()):
                 self._decode()
             ended += self._retire()
             if ended >= self.capacity:
@@ -180,9 +214,27 @@ class _Loop:
         logits: torch.Tensor = output.logits[:, -1, :]
         return logits
 
-    def _admit(self) -> None:
+    def peak_tokens(self) -> int:
+        slots = self.slots
+        if hasattr(slots, "peak"):
+            return int(slots.peak * slots.block_size)
+        return int(slots.slots * slots.length)
+
+    def _admit(self) -> bool:
+        """Prefill the waiting prompts that fit the free slots (and the pool); False if none fit."""
         count = min(self.capacity - len(self.live), len(self.waiting))
-        admitted = [self.waiting.popleft() for _ in range(count)]
+        admitted: list[_Sequence] = []
+        while len(admitted) < count and self.slots.admit(
+            len(self.live) + len(admitted), len(self.waiting[0].prompt)
+        ):
+            admitted.append(self.waiting.popleft())
+        if not admitted:
+            if not self.live:
+                raise torch.OutOfMemoryError(
+                    f"the KV cache's pool cannot hold one prompt of {len(self.waiting[0].prompt)} tokens "
+                    "and its first new token"
+                )
+            return False
         lengths = [len(s.prompt) for s in admitted]
         mask, positions = self.slots.for_prefill(len(self.live), lengths)
         width = max(lengths)
@@ -192,8 +244,11 @@ class _Loop:
         logits = self._forward(ids, mask, positions)
         self.live.extend(admitted)
         self._choose(admitted, logits)
+        return True
 
     def _decode(self) -> None:
+        while not self.slots.grow(len(self.live)):
+            self._preempt()
         live = len(self.live)
         mask, positions = self.slots.for_decode(live)
         ids = torch.tensor([[s.tokens[-1]] for s in self.live], device=self.device)
@@ -225,11 +280,26 @@ class _Loop:
             for row, hit in zip(rows, matched, strict=True):
                 row.done = row.done or bool(hit)
 
+    def _preempt(self) -> None:
+        """The pool is short of a block: the newest live sequence gives its blocks back and waits first in
+        line, to start again from its prompt."""
+        if len(self.live) == 1:
+            raise torch.OutOfMemoryError(
+                f"the KV cache's pool cannot hold one sequence of {len(self.live[0].prompt)} prompt tokens "
+                f"and {len(self.live[0].tokens)} new ones"
+            )
+        sequence = self.live.pop()
+        self.slots.release(len(self.live))
+        sequence.tokens, sequence.entropy, sequence.done = [], 0.0, False
+        self.waiting.appendleft(sequence)
+        self.preemptions += 1
+
     def _retire(self) -> int:
         """Free the slots of the sequences that ended: the last live sequence moves into each."""
         ended = [slot for slot, s in enumerate(self.live) if s.done]
         for slot in reversed(ended):
             last = len(self.live) - 1
+            self.slots.release(slot)
             if slot != last:
                 self.slots.move(last, slot)
                 self.live[slot] = self.live[last]

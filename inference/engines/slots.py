@@ -106,6 +106,16 @@ class Slots:
         mask = (columns >= start.unsqueeze(1)) & (columns <= end.unsqueeze(1))
         return mask[:, None, None, :], (end - start).unsqueeze(1)
 
+    def admit(self, slot: int, length: int) -> bool:
+        """A slot holds any prompt: its columns were allocated whole."""
+        return True
+
+    def grow(self, live: int) -> bool:
+        return True
+
+    def release(self, slot: int) -> None:
+        """Nothing to give back: the slot keeps its columns for the next sequence."""
+
     def advance(self, live: int) -> None:
         self.end[:live] += 1
 
