@@ -23,7 +23,8 @@ import math
 from typing import Any
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
+
+from inference.engines.slots import KVLayer, LayeredCache, prefill_mask
 
 #: Tokens per block: small enough that a sequence wastes little of its last block, large enough that block
 #: tables stay short (vLLM's default).
@@ -43,7 +44,7 @@ def pool_tokens(worst: int, per_token_bytes: int, device: torch.device, *, fract
     return max(1, min(worst, int(free * fraction) // per_token_bytes))
 
 
-class Pages:
+class Pages(LayeredCache["PageLayer"]):
     """Which blocks each slot's sequence holds, and what the next forward pass writes and reads."""
 
     def __init__(self, slots: int, tokens: int, length: int, device: torch.device) -> None:
@@ -65,16 +66,9 @@ class Pages:
         self.read = torch.zeros(0, dtype=torch.long, device=device)
         self.rows = 0
         self.view = 0
-        self.layers: list[PageLayer] = []
 
-    def cache(self, layers: int) -> Cache:
-        self.layers = [PageLayer(self) for _ in range(layers)]
-        return Cache(layers=self.layers)  # type: ignore[arg-type]
-
-    def allocate(self, kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:
-        """Allocate every layer's pool now (a too-small device fails here)."""
-        for layer in self.layers:
-            layer.allocate(kv_heads, head_dim, dtype)
+    def new_layer(self) -> PageLayer:
+        return PageLayer(self)
 
     def _grant(self, slot: int, tokens: int, *, spare: int = 0) -> bool:
         """Give ``slot`` blocks enough for ``tokens`` tokens, leaving ``spare`` free; False (and nothing
@@ -137,14 +131,7 @@ class Pages:
         self.source = (tensor[0], tensor[1])
         self.write = self._flat(tensor[2], tensor[3])
         self.view = width
-        own = torch.tensor(lengths, dtype=torch.long, device=self.device)
-        span = torch.arange(width, device=self.device)
-        start = (width - own).unsqueeze(1)
-        causal = span.unsqueeze(0) <= span.unsqueeze(1)
-        mask = causal.unsqueeze(0) & (span.unsqueeze(0) >= start).unsqueeze(1)
-        # A padding query sees its own column only: a row of all -inf would turn into NaN.
-        mask |= torch.eye(width, dtype=torch.bool, device=self.device).unsqueeze(0)
-        return mask.unsqueeze(1), (span.unsqueeze(0) - start).clamp(min=0)
+        return prefill_mask(lengths, self.device)
 
     def for_decode(self, live: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Set up one decoding step of slots ``0 .. live-1`` (grown): the 4D mask and the position ids."""
@@ -164,36 +151,24 @@ class Pages:
             self.ends[slot] += 1
 
 
-class PageLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
+class PageLayer(KVLayer):  # type: ignore[no-untyped-call]
     """One decoder layer's keys and values in :class:`Pages`."""
 
-    is_compileable = False
-    is_sliding = False
-
     def __init__(self, pages: Pages) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
+        super().__init__(pages)
         self._pages = pages
 
-    def allocate(self, kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:
-        pages = self._pages
-        shape = (pages.blocks, pages.block_size, kv_heads, head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype, device=pages.device)
-        self.values = torch.zeros(shape, dtype=dtype, device=pages.device)
-        self.device = pages.device
-        self.is_initialized = True
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self.allocate(key_states.shape[1], key_states.shape[-1], key_states.dtype)
+    def shape(self, kv_heads: int, head_dim: int) -> tuple[int, ...]:
+        return (self._pages.blocks, self._pages.block_size, kv_heads, head_dim)
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        if self.keys is None or self.values is None:
-            raise RuntimeError("PageLayer used before Pages.allocate")
+        blocks_of_keys, blocks_of_values = self.tensors()
         pages = self._pages
-        keys, values = self.keys.flatten(0, 1), self.values.flatten(0, 1)
+        keys, values = blocks_of_keys.flatten(0, 1), blocks_of_values.flatten(0, 1)
         if pages.source is not None:
             # A prefill: the prompts attend among themselves; only their real tokens are kept.
             rows, columns = pages.source
@@ -202,16 +177,10 @@ class PageLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
             return key_states, value_states
         keys.index_copy_(0, pages.write, key_states[:, :, 0])
         values.index_copy_(0, pages.write, value_states[:, :, 0])
-        shape = (pages.rows, pages.view, *self.keys.shape[2:])
-        read_keys = self.keys.index_select(0, pages.read).view(shape).transpose(1, 2)
-        read_values = self.values.index_select(0, pages.read).view(shape).transpose(1, 2)
+        shape = (pages.rows, pages.view, *blocks_of_keys.shape[2:])
+        read_keys = blocks_of_keys.index_select(0, pages.read).view(shape).transpose(1, 2)
+        read_values = blocks_of_values.index_select(0, pages.read).view(shape).transpose(1, 2)
         return read_keys, read_values
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self._pages.view, 0
-
-    def get_seq_length(self) -> int:
-        return self._pages.view
 
     def get_max_length(self) -> int:
         return self._pages.table.shape[1] * self._pages.block_size

@@ -17,7 +17,7 @@ cache through memory at every step.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
@@ -52,7 +52,83 @@ def grouped_attention(
     return output.transpose(1, 2).contiguous(), None
 
 
-class Slots:
+Layer = TypeVar("Layer", bound="KVLayer")
+
+
+def prefill_mask(lengths: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 4D attention mask and the position ids of prompts of ``lengths`` tokens, left-padded together
+    (each prompt's last token in the last column)."""
+    width = max(lengths)
+    own = torch.tensor(lengths, dtype=torch.long, device=device)
+    columns = torch.arange(width, device=device)
+    start = (width - own).unsqueeze(1)
+    positions = (columns.unsqueeze(0) - start).clamp(min=0)
+    # Row r's query at column i sees the columns j of its own prompt with j <= i.
+    causal = columns.unsqueeze(0) <= columns.unsqueeze(1)
+    mask = causal.unsqueeze(0) & (columns.unsqueeze(0) >= start).unsqueeze(1)
+    # A padding query sees its own column only: a row of all -inf would turn into NaN.
+    mask |= torch.eye(width, dtype=torch.bool, device=device).unsqueeze(0)
+    return mask.unsqueeze(1), positions
+
+
+class LayeredCache(Generic[Layer]):
+    """A cache of one layer object per decoder layer (:meth:`new_layer`), built and allocated together;
+    the layers read :attr:`view`, the columns the next forward pass attends over."""
+
+    view: int
+    device: torch.device
+    layers: list[Layer]
+
+    def new_layer(self) -> Layer:
+        raise NotImplementedError
+
+    def cache(self, layers: int) -> Cache:
+        self.layers = [self.new_layer() for _ in range(layers)]
+        return Cache(layers=self.layers)  # type: ignore[arg-type]
+
+    def allocate(self, kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:
+        """Allocate every layer's keys and values now (a too-small device fails here)."""
+        for layer in self.layers:
+            layer.allocate(kv_heads, head_dim, dtype)
+
+
+class KVLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
+    """One decoder layer's keys and values in a :class:`LayeredCache`."""
+
+    is_compileable = False
+    is_sliding = False
+
+    def __init__(self, owner: LayeredCache[Any]) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self._owner = owner
+
+    def shape(self, kv_heads: int, head_dim: int) -> tuple[int, ...]:
+        """The shape of this layer's keys (and of its values)."""
+        raise NotImplementedError
+
+    def allocate(self, kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:
+        shape = self.shape(kv_heads, head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=self._owner.device)
+        self.values = torch.zeros(shape, dtype=dtype, device=self._owner.device)
+        self.device = self._owner.device
+        self.is_initialized = True
+
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.keys is None or self.values is None:
+            raise RuntimeError(f"{type(self).__name__} used before its cache's allocate")
+        return self.keys, self.values
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.allocate(key_states.shape[1], key_states.shape[-1], key_states.dtype)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self._owner.view, 0
+
+    def get_seq_length(self) -> int:
+        return self._owner.view
+
+
+class Slots(LayeredCache["SlotLayer"]):
     """Where each slot's sequence lies, and what the next forward pass reads and writes."""
 
     def __init__(self, slots: int, length: int, device: torch.device) -> None:
@@ -67,16 +143,9 @@ class Slots:
         self.rows = 0
         self.view = 0
         self.prefill_width = 0
-        self.layers: list[SlotLayer] = []
 
-    def cache(self, layers: int) -> Cache:
-        self.layers = [SlotLayer(self) for _ in range(layers)]
-        return Cache(layers=self.layers)  # type: ignore[arg-type]
-
-    def allocate(self, kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:
-        """Allocate every layer's keys and values now (a too-small device fails here)."""
-        for layer in self.layers:
-            layer.allocate(kv_heads, head_dim, dtype)
+    def new_layer(self) -> SlotLayer:
+        return SlotLayer(self)
 
     def for_prefill(self, first: int, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Set up a prefill of ``len(lengths)`` prompts into slots ``first ..``; left-padded to the longest,
@@ -87,15 +156,7 @@ class Slots:
         self.first, self.rows, self.view, self.prefill_width = first, rows, width, width
         self.start[first : first + rows] = width - own
         self.end[first : first + rows] = width
-        columns = torch.arange(width, device=self.device)
-        start = (width - own).unsqueeze(1)
-        positions = (columns.unsqueeze(0) - start).clamp(min=0)
-        # Row r's query at column i sees the columns j of its own prompt with j <= i.
-        causal = columns.unsqueeze(0) <= columns.unsqueeze(1)
-        mask = causal.unsqueeze(0) & (columns.unsqueeze(0) >= start).unsqueeze(1)
-        # A padding query sees its own column only: a row of all -inf would turn into NaN.
-        mask |= torch.eye(width, dtype=torch.bool, device=self.device).unsqueeze(0)
-        return mask.unsqueeze(1), positions
+        return prefill_mask(lengths, self.device)
 
     def for_decode(self, live: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Set up one decoding step of slots ``0 .. live-1``: the 4D mask and the position ids."""
@@ -128,32 +189,22 @@ class Slots:
         self.end[target] = self.end[source]
 
 
-class SlotLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
+class SlotLayer(KVLayer):  # type: ignore[no-untyped-call]
     """One decoder layer's keys and values in :class:`Slots`."""
 
-    is_compileable = False
-    is_sliding = False
-
     def __init__(self, slots: Slots) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
+        super().__init__(slots)
         self._slots = slots
 
-    def allocate(self, kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:
-        shape = (self._slots.slots, kv_heads, self._slots.length, head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype, device=self._slots.device)
-        self.values = torch.zeros(shape, dtype=dtype, device=self._slots.device)
-        self.device = self._slots.device
-        self.is_initialized = True
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self.allocate(key_states.shape[1], key_states.shape[-1], key_states.dtype)
+    def shape(self, kv_heads: int, head_dim: int) -> tuple[int, ...]:
+        return (self._slots.slots, kv_heads, self._slots.length, head_dim)
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        keys, values = self._tensors()
+        keys, values = self.tensors()
         slots = self._slots
         rows = slice(slots.first, slots.first + slots.rows)
         if slots.prefill_width:
@@ -167,20 +218,9 @@ class SlotLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
         return keys[rows, :, : slots.view], values[rows, :, : slots.view]
 
     def move(self, source: int, target: int, used: int) -> None:
-        keys, values = self._tensors()
+        keys, values = self.tensors()
         keys[target, :, :used] = keys[source, :, :used]
         values[target, :, :used] = values[source, :, :used]
-
-    def _tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.keys is None or self.values is None:
-            raise RuntimeError("SlotLayer used before Slots.allocate")
-        return self.keys, self.values
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self._slots.view, 0
-
-    def get_seq_length(self) -> int:
-        return self._slots.view
 
     def get_max_length(self) -> int:
         return self._slots.length
