@@ -78,6 +78,35 @@ def test_one_rank_runs_the_worker_and_a_group_runs_torchrun_through_the_launcher
 def test_failed_rank_reads_torchruns_root_cause() -> None:
     assert failed_rank(TORCHRUN_SUMMARY) == (3, -9)
     assert failed_rank("Traceback: something else") is None
+
+
+#: Rank 1 killed (SIGKILL), rank 0 ending at once on gloo's "Connection closed by peer": in the same
+#: second, and torchrun named rank 0 (seen in half the runs of test_worker_failures' killed-rank test).
+SIGNALLED_PEER = """Failures:
+[1]:
+  time      : 2026-12-07_08:06:20
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 20759)  (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 20759
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-07_08:06:20
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 20758)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
+
+
+def test_a_rank_killed_by_a_signal_is_the_cause_over_a_peer_that_exited_with_an_error() -> None:
+    assert failed_rank(SIGNALLED_PEER) == (1, -9)
+    # No signal among the failures: torchrun's root cause stands.
+    assert failed_rank(SIGNALLED_PEER.replace("-9 (pid: 20759)  (SIGKILL)", "2 (pid: 20759)")) == (0, 1)
     assert describe_exit(-9) == "killed by SIGKILL"
     assert describe_exit(1) == "exit status 1"
 

@@ -34,6 +34,8 @@ STOP_GRACE_SECS = 5.0
 _ROOT_CAUSE = re.compile(
     r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.DOTALL
 )
+#: Each failed rank of torchrun's summary (its "Failures" and "Root Cause" entries).
+_FAILURE = re.compile(r"^\s*rank\s*:\s*(\d+).*?\n\s*exitcode\s*:\s*(-?\d+)", re.MULTILINE)
 
 
 #: How much of a worker's log is searched for the cause of its crash.
@@ -149,13 +151,45 @@ class WorkerProcess:
                 self.process.send_signal(signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=grace_secs)
+        # A launcher's ranks (torchrun's) run in sessions of their own, out of killpg's reach, and may
+        # have started after the list above (a job killed while its group starts): stop the whole tree,
+        # so that nothing in it starts another, then kill all it holds.
+        root = None
+        if self.process.poll() is None:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                root = psutil.Process(self.process.pid)
+        stopped = _stop_tree(root, descendants)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
-        for child in descendants:
+        for child in stopped:
             with contextlib.suppress(psutil.NoSuchProcess):
                 child.kill()
         self.process.wait()
-        psutil.wait_procs(descendants, timeout=10)
+        psutil.wait_procs(stopped, timeout=10)
+
+
+def _stop_tree(root: psutil.Process | None, known: Sequence[psutil.Process]) -> list[psutil.Process]:
+    """Suspend ``root`` (None: already reaped) and every process under it or under ``known``, walking the
+    tree again after each round until a walk finds no process it had not stopped; returns all of them
+    but ``root``."""
+    if root is not None:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            root.suspend()
+    found: set[psutil.Process] = set()
+    tops = [*([root] if root is not None else []), *known]
+    while True:
+        tree: set[psutil.Process] = set(known)
+        for top in tops:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                tree.update(top.children(recursive=True))
+        new = tree - found
+        if not new:
+            return list(found)
+        for process in new:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.suspend()
+        found |= new
+        tops = [*([root] if root is not None else []), *found]
 
 
 @dataclass(frozen=True)
@@ -187,9 +221,21 @@ def rank_results(spec: JobSpec) -> list[JobResult]:
 
 
 def failed_rank(launcher_log: str) -> tuple[int, int] | None:
-    """``(rank, exit code)`` of the first rank that failed, from torchrun's summary; None if absent."""
+    """``(rank, exit code)`` of the rank whose failure brought the group down, from torchrun's summary;
+    None if absent.
+
+    torchrun names the first failure it observed, but ranks that fail together share a timestamp (to
+    the second), and a rank killed by a signal takes its peers down at once (gloo: "Connection closed by
+    peer", exit status 1): then it named rank 0. A rank killed by a signal is a cause, never a
+    consequence, so it is named before a rank that exited with an error."""
     match = _ROOT_CAUSE.search(launcher_log)
-    return (int(match.group(1)), int(match.group(2))) if match else None
+    if match is None:
+        return None
+    root = (int(match.group(1)), int(match.group(2)))
+    if root[1] < 0:
+        return root
+    failures = [(int(rank), int(code)) for rank, code in _FAILURE.findall(launcher_log)]
+    return next((failure for failure in failures if failure[1] < 0), root)
 
 
 def describe_exit(code: int) -> str:
