@@ -13,10 +13,8 @@ which turns the skip into a failure: CI never passes by skipping them.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import sqlite3
 import time
 import uuid
 import warnings
@@ -31,6 +29,7 @@ from sqlalchemy.engine import make_url
 
 from storage import migrations
 from storage.database import Database
+from tests import harness
 
 ADMIN_URL = os.environ.get("EVALD_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 HOW_TO = (
@@ -259,17 +258,11 @@ def sqlite_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 @pytest.fixture(scope="session")
-def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A SQLite file migrated to head once per test process: copy it (``shutil.copyfile``) for a fresh,
-    upgraded database in milliseconds instead of running every migration."""
-    path = tmp_path_factory.mktemp("sqlite-template") / "evald.db"
-    database = Database(f"sqlite:///{path}")
-    migrations.upgrade(database)
-    database.dispose()
-    # Everything into the main file, so that copying it alone copies the whole database.
-    with contextlib.closing(sqlite3.connect(path)) as connection:
-        connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    return path
+def sqlite_template() -> Path:
+    """A SQLite file migrated to head once per test process (:func:`tests.harness.sqlite_template`): copy
+    it (``shutil.copyfile``) for a fresh, upgraded database in milliseconds instead of running every
+    migration."""
+    return harness.sqlite_template()
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -284,7 +277,6 @@ def database_url(request: pytest.FixtureRequest) -> str:
 def database(database_url: str) -> Iterator[Database]:
     """An upgraded, empty database on both backends (made from a migrated template: see ``sqlite_url``
     and ``postgres_url``; the upgrade here then finds it at head and does nothing)."""
-    db = Database(database_url)
-    migrations.upgrade(db)
+    db = harness.upgraded(database_url)
     yield db
     db.dispose()
