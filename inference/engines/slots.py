@@ -17,6 +17,7 @@ cache through memory at every step.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any, Generic, TypeVar
 
 import torch
@@ -71,7 +72,7 @@ def prefill_mask(lengths: list[int], device: torch.device) -> tuple[torch.Tensor
     return mask.unsqueeze(1), positions
 
 
-class LayeredCache(Generic[Layer]):
+class LayeredCache(ABC, Generic[Layer]):
     """A cache of one layer object per decoder layer (:meth:`new_layer`), built and allocated together;
     the layers read :attr:`view`, the columns the next forward pass attends over."""
 
@@ -79,8 +80,8 @@ class LayeredCache(Generic[Layer]):
     device: torch.device
     layers: list[Layer]
 
-    def new_layer(self) -> Layer:
-        raise NotImplementedError
+    @abstractmethod
+    def new_layer(self) -> Layer: ...
 
     def cache(self, layers: int) -> Cache:
         self.layers = [self.new_layer() for _ in range(layers)]
@@ -102,9 +103,9 @@ class KVLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
         super().__init__()  # type: ignore[no-untyped-call]
         self._owner = owner
 
+    @abstractmethod
     def shape(self, kv_heads: int, head_dim: int) -> tuple[int, ...]:
         """The shape of this layer's keys (and of its values)."""
-        raise NotImplementedError
 
     def allocate(self, kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:
         shape = self.shape(kv_heads, head_dim)
