@@ -30,9 +30,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from inference.engines.slots import LayeredCache
 
 from inference.engines.base import (
     Decoding,
@@ -76,7 +79,9 @@ class ContinuousEngine(Engine):
     peak_tokens: int = 0
     preemptions: int = 0
 
-    def _cache(self, slots: int, length: int, per_token_bytes: int, device: torch.device) -> Any:
+    def _cache(
+        self, slots: int, length: int, per_token_bytes: int, device: torch.device
+    ) -> LayeredCache[Any]:
         """The cache for ``slots`` sequences of up to ``length`` tokens."""
         if not self.paged:
             from inference.engines.slots import Slots
@@ -112,7 +117,7 @@ class ContinuousEngine(Engine):
         with torch.inference_mode(), _attention(self.model, grouped):
             loop = _Loop(self.model, self.tokenizer, decoding, slots, sequences, self._cache)
             latencies = loop.run()
-        self.peak_tokens, self.preemptions = loop.peak_tokens(), loop.preemptions
+        self.peak_tokens, self.preemptions = loop.slots.peak_tokens(), loop.preemptions
         stop_ids = stop_token_ids(self.model, self.tokenizer)
         generations = generations_of(
             [Row(tuple(s.tokens), s.entropy, len(s.tokens)) for s in sequences],
@@ -157,7 +162,7 @@ class _Loop:
         decoding: Decoding,
         slots: int,
         sequences: list[_Sequence],
-        cache: Callable[[int, int, int, torch.device], Any],
+        cache: Callable[[int, int, int, torch.device], LayeredCache[Any]],
     ) -> None:
         from transformers.generation.stopping_criteria import StopStringCriteria
 
@@ -213,12 +218,6 @@ class _Loop:
         )
         logits: torch.Tensor = output.logits[:, -1, :]
         return logits
-
-    def peak_tokens(self) -> int:
-        slots = self.slots
-        if hasattr(slots, "peak"):
-            return int(slots.peak * slots.block_size)
-        return int(slots.slots * slots.length)
 
     def _admit(self) -> bool:
         """Prefill the waiting prompts that fit the free slots (and the pool); False if none fit."""

@@ -150,6 +150,9 @@ class Pages(LayeredCache["PageLayer"]):
         for slot in range(live):
             self.ends[slot] += 1
 
+    def peak_tokens(self) -> int:
+        return self.peak * self.block_size
+
 
 class PageLayer(KVLayer):  # type: ignore[no-untyped-call]
     """One decoder layer's keys and values in :class:`Pages`."""

@@ -92,6 +92,40 @@ class LayeredCache(ABC, Generic[Layer]):
         for layer in self.layers:
             layer.allocate(kv_heads, head_dim, dtype)
 
+    # What the continuous engine's loop asks of a cache (slots are numbered 0 .. live-1).
+
+    @abstractmethod
+    def admit(self, slot: int, length: int) -> bool:
+        """Room in ``slot`` for a ``length``-token prompt and its first new token; False if none now."""
+
+    @abstractmethod
+    def grow(self, live: int) -> bool:
+        """Room for one more token of each of slots ``0 .. live-1``; False if the cache is short."""
+
+    @abstractmethod
+    def release(self, slot: int) -> None:
+        """The sequence in ``slot`` ended or was preempted."""
+
+    @abstractmethod
+    def move(self, source: int, target: int) -> None:
+        """The sequence in slot ``source`` goes to slot ``target`` (released)."""
+
+    @abstractmethod
+    def for_prefill(self, first: int, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Set up a prefill of prompts of ``lengths`` into slots ``first ..``: the 4D mask, position ids."""
+
+    @abstractmethod
+    def for_decode(self, live: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Set up one decoding step of slots ``0 .. live-1``: the 4D mask and the position ids."""
+
+    @abstractmethod
+    def advance(self, live: int) -> None:
+        """Slots ``0 .. live-1`` each hold one more token (after a decoding step)."""
+
+    @abstractmethod
+    def peak_tokens(self) -> int:
+        """The most tokens this cache held room for at once."""
+
 
 class KVLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
     """One decoder layer's keys and values in a :class:`LayeredCache`."""
@@ -180,6 +214,9 @@ class Slots(LayeredCache["SlotLayer"]):
 
     def advance(self, live: int) -> None:
         self.end[:live] += 1
+
+    def peak_tokens(self) -> int:
+        return self.slots * self.length
 
     def move(self, source: int, target: int) -> None:
         """The sequence in slot ``source`` goes to slot ``target`` (whose sequence has ended)."""
