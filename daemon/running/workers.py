@@ -172,11 +172,12 @@ def _stop_tree(root: psutil.Process | None, known: Sequence[psutil.Process]) -> 
     """Suspend ``root`` (None: already reaped) and every process under it or under ``known``, walking the
     tree again after each round until a walk finds no process it had not stopped; returns all of them
     but ``root``."""
-    if root is not None:
+    roots = [root] if root is not None else []
+    for process in roots:
         with contextlib.suppress(psutil.NoSuchProcess):
-            root.suspend()
+            process.suspend()
     found: set[psutil.Process] = set()
-    tops = [*([root] if root is not None else []), *known]
+    tops = [*roots, *known]
     while True:
         tree: set[psutil.Process] = set(known)
         for top in tops:
@@ -189,7 +190,7 @@ def _stop_tree(root: psutil.Process | None, known: Sequence[psutil.Process]) -> 
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.suspend()
         found |= new
-        tops = [*([root] if root is not None else []), *found]
+        tops = [*roots, *found]
 
 
 @dataclass(frozen=True)
