@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn
 
+import psutil
 import setproctitle
 
 from tests.fork_client import TORCHRUN
@@ -384,16 +385,28 @@ class Server:
         conn = self.clients.pop(pid)
         self.selector.unregister(conn)
         conn.close()
-        kill_child(pid, signal.SIGKILL)
+        kill_child(pid)
 
 
-def kill_child(pid: int, signum: int) -> None:
-    """Signal a forked child and its process group. By pid as well: a child not yet past its ``setsid`` has
-    no group of its own, and a client killed that early (its daemon killed as the worker started) once left
-    a worker that nobody could stop, which then wrote a result for a job the next daemon had to redo."""
+def kill_child(pid: int) -> None:
+    """Kill a forked child, its process group and every process under it. By pid as well: a child not yet
+    past its ``setsid`` has no group of its own, and a client killed that early (its daemon killed as the
+    worker started) once left a worker that nobody could stop, which then wrote a result for a job the next
+    daemon had to redo. Its tree too, stopped first (``stop_tree``, as the daemon stops a worker): a forked
+    torchrun's ranks run in sessions of their own, and outlived a job killed for its timeout."""
+    from daemon.running.workers import stop_tree
+
+    try:
+        child: psutil.Process | None = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        child = None
+    stopped = stop_tree(child, [])
     for send in (os.kill, os.killpg):
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            send(pid, signum)
+            send(pid, signal.SIGKILL)
+    for process in stopped:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
 
 
 def serve(listening_fd: int, kind: str = "worker") -> NoReturn:

@@ -158,7 +158,7 @@ class WorkerProcess:
         if self.process.poll() is None:
             with contextlib.suppress(psutil.NoSuchProcess):
                 root = psutil.Process(self.process.pid)
-        stopped = _stop_tree(root, descendants)
+        stopped = stop_tree(root, descendants)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
         for child in stopped:
@@ -168,7 +168,7 @@ class WorkerProcess:
         psutil.wait_procs(stopped, timeout=10)
 
 
-def _stop_tree(root: psutil.Process | None, known: Sequence[psutil.Process]) -> list[psutil.Process]:
+def stop_tree(root: psutil.Process | None, known: Sequence[psutil.Process]) -> list[psutil.Process]:
     """Suspend ``root`` (None: already reaped) and every process under it or under ``known``, walking the
     tree again after each round until a walk finds no process it had not stopped; returns all of them
     but ``root``."""
