@@ -268,6 +268,17 @@ def worker_processes(marker: Path) -> list[psutil.Process]:
     return found
 
 
+def no_worker_left(marker: Path) -> None:
+    """Wait until no process of a job's group (:func:`worker_processes`) is left. The daemon stops a group
+    before it records the job's end, but under the session's fork server (tests/forkserver.py) its worker
+    is a fork client, and the server stops and kills the forked launcher's tree once it sees the client
+    gone, a moment after the daemon's kill returned: a check at once found two ranks suspended, not yet
+    killed. Without the fork server (``make test-long``) the wait ends at its first look."""
+    wait_for(
+        lambda: not worker_processes(marker), 10, f"every process of the group under {marker} to be gone"
+    )
+
+
 def all_log_events(log: Path) -> list[dict[str, Any]]:
     """Every event of a daemon's JSON log, in order (lines that are not JSON, a library's, left out)."""
     lines = log.read_text(encoding="utf-8", errors="replace").splitlines()

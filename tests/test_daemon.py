@@ -28,6 +28,7 @@ from tests.harness import (
     all_jobs_done,
     checkpoints,
     jobs,
+    no_worker_left,
     running_daemon,
     start_trainer,
     upgraded,
@@ -221,7 +222,7 @@ def test_sigterm_requeues_the_running_job_and_exits_cleanly(
         assert not bound.expired(), f"took {bound.waited():.1f} s"
     [job] = jobs(database)
     assert (job.state, job.attempts) == ("pending", 0)
-    assert not worker_processes(tmp_path / "state")
+    no_worker_left(tmp_path / "state")
     assert b"job.requeued" in (tmp_path / "daemon.log").read_bytes()
     database.dispose()
 

@@ -31,6 +31,7 @@ from tests.harness import (
     DaemonProcess,
     free_port,
     jobs,
+    no_worker_left,
     upgraded,
     wait_for,
     worker_processes,
@@ -222,7 +223,7 @@ def test_a_timeout_kills_the_group_and_the_job_fails_after_max_attempts(
     assert _history(database) == [("retried", "timeout", 1), ("failed", "timeout", 1)]
     job = _job(database)
     assert (job.state, job.attempts, job.error_kind) == ("failed", 2, "timeout")
-    assert not worker_processes(tmp_path / "state")
+    no_worker_left(tmp_path / "state")
     # What a user reads: the failure in `evald status`, each try in `evald history`.
     with database.session() as s:
         summary = report.status(queries.checkpoint_rows(s), queries.job_rows(s), ["r"])
