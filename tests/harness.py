@@ -27,7 +27,7 @@ from storage import migrations, queries
 from storage.database import Database
 from storage.schema import HEAD_REVISION
 from tests.deadlines import Deadline, patient, wait_process
-from tests.forkserver import cli_python
+from tests.forkserver import cli_python, worker_python
 
 T = TypeVar("T")
 
@@ -217,8 +217,10 @@ def running_daemon(
 
 
 def start_trainer(out: Path, log: Path, *args: str) -> subprocess.Popen[bytes]:
+    """The toy trainer writing checkpoints under ``out`` as the daemon watches: forked by the session's
+    fork server (a fresh interpreter spent 6 of the test's 7 CPU-seconds importing torch)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "inference.toy.trainer", "--out", str(out), "--threads", "1", *args],
+        [worker_python(), "-m", "inference.toy.trainer", "--out", str(out), "--threads", "1", *args],
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
     )

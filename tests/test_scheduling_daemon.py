@@ -19,6 +19,7 @@ from storage.models import EvalJob
 from tests.checkpoints import copy_checkpoint
 from tests.conftest import ToyRun
 from tests.fakes.nvml_state import FakeGpu, FakeNvml
+from tests.forkserver import PYTHON_OVERRIDE_ENV
 from tests.harness import (
     DaemonProcess,
     all_jobs_done,
@@ -153,16 +154,19 @@ def test_unmet_gpu_threshold_defers_until_met_then_starts_within_one_recheck(
         sqlite_url,
         dataset=dataset,
         # The job is meant for a GPU; this machine has none, so once started it fails, which is fine here:
-        # what is tested is when it starts. Its "interpreter" fails at once: a real one would spend 5 CPU-s
-        # importing torch in a fresh process (the fork server declines CUDA jobs) only to fail too.
-        inference_extra='device = "cuda"\npython = "/bin/false"',
+        # what is tested is when it starts.
+        inference_extra='device = "cuda"',
         scheduling_extra=(
             f"recheck_secs = {recheck}\nstuck_after_secs = 1.0\nhousekeeping_secs = 0.5\n"
             '[scheduling.resources]\nmin_gpu_free_memory = "20GiB"\nmax_gpu_utilization = "90%"'
         ),
     )
     log = tmp_path / "daemon.log"
-    with running_daemon(config, log, env=nvml.subprocess_env(os.environ)) as daemon:
+    # The worker's "interpreter" fails at once (``[inference] python``, which the session sets through this
+    # variable to its fork server's shim): a real one would spend 6 CPU-s importing torch in a fresh process
+    # (the fork server declines CUDA jobs) only to fail too.
+    env = {**nvml.subprocess_env(os.environ), PYTHON_OVERRIDE_ENV: "/bin/false"}
+    with running_daemon(config, log, env=env) as daemon:
         copy_checkpoint(toy_run.last_checkpoint, tmp_path / "run" / "step_10")
         wait_for(lambda: [j for j in jobs(database) if j.state == "deferred"] or None, 60, "a deferred job")
         wait_for(lambda: log_events(log, "job.stuck") or None, 30, "the stuck event", daemon.process)
