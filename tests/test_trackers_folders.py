@@ -8,7 +8,6 @@ import importlib.util
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from storage import queries
 from storage.database import Database
 from tests.checkpoints import copy_checkpoint, save_tiny_llama
 from tests.deadlines import patient
+from tests.forkserver import worker_python
 from tests.harness import Clock
 
 #: A trainer's tracker calls, as HF Trainer's callbacks make them, in a process of its own.
@@ -38,6 +38,10 @@ if sys.argv[2] == "1":
     run.log({"train/loss": 1.0})
     run.finish()
 if sys.argv[3] == "1":
+    # Forked by the session's worker server, which hides mlflow as evald's worker does
+    # (inference.worker.skip_mlflow); a trainer has it.
+    if "mlflow" in sys.modules and sys.modules["mlflow"] is None:
+        del sys.modules["mlflow"]
     from mlflow import MlflowClient
     client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
     experiment = client.create_experiment("grpo", artifact_location=(root / "mlruns").as_uri())
@@ -54,12 +58,15 @@ HAS = [importlib.util.find_spec(m) is not None for m in ("wandb", "mlflow")]
 @pytest.fixture(scope="module")
 def trackers_wrote(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """What the trackers wrote into a run's root, once for the module (their imports and W&B's service
-    cost ~5 CPU-s a run; each backend's test copies it)."""
+    cost ~5 CPU-s a run; each backend's test copies it). A script run by the session's worker interpreter:
+    forked by its fork server, torch is imported already (a fresh interpreter spent 7.3 CPU-s)."""
     root = tmp_path_factory.mktemp("trackers") / "run"
     root.mkdir()
+    script = root.parent / "trainer.py"
+    script.write_text(TRAINER, encoding="utf-8")
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     subprocess.run(
-        [sys.executable, "-c", TRAINER, str(root), *("1" if h else "0" for h in HAS)],
+        [worker_python(), str(script), str(root), *("1" if h else "0" for h in HAS)],
         check=True,
         env=env,
         timeout=patient(120),
