@@ -132,23 +132,69 @@ def import_settings(environ: dict[str, str], kind: str = "worker") -> dict[str, 
     }
 
 
+#: What a CPU worker running the toy model imports, in the order its ``main`` does (after its quieting and
+#: mlflow block); then what a worker of an lm-eval task adds (lm-eval's task index, evaluator and model
+#: wrapper: ~1 CPU-s of each such worker, nine a run), and what torchrun imports, for the launches forked.
+WORKER_MODULES = (
+    "deepspeed",
+    "math_verify",
+    "torch",
+    "transformers",
+    "transformers.models.llama.modeling_llama",
+    "inference.faults",
+    "inference.group",
+    "inference.task",
+    "lm_eval.evaluator",
+    "lm_eval.tasks",
+    "inference.harness.model",
+    "torch.distributed.run",
+)
+
+
 def preload() -> None:
-    """Import what a CPU worker running the toy model imports, in the order its ``main`` does."""
+    """Import what the workers import (:data:`WORKER_MODULES`) and fill the caches they fill alike."""
+    import importlib
+
     from inference import worker
 
     worker.quiet_libraries()
     worker.skip_mlflow()
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    import deepspeed  # noqa: F401
-    import math_verify  # noqa: F401
-    import torch  # noqa: F401
-    import transformers
-    import transformers.models.llama.modeling_llama  # noqa: F401
+    for name in WORKER_MODULES:
+        importlib.import_module(name)
+    # transformers' lazy names import their modules when first read.
     from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
 
-    import inference.faults
-    import inference.group
-    import inference.task  # noqa: F401
+    warm_caches()
+
+
+def warm_caches() -> None:
+    """Fill, once in the server, what every forked worker would otherwise compute for itself, the same way
+    each time: transformers' checkpoint conversion table, which ``from_pretrained`` builds at its first call
+    (a few hundred regular expressions compiled: ~0.2 CPU-s of every forked worker, 18 CPU-s of a whole
+    ``make test``, py-spy on the fork server, 2026-12-07). A fresh worker builds it once as well."""
+    from transformers import conversion_mapping
+
+    conversion_mapping.get_checkpoint_conversion_mapping("llama")
+
+
+def _method_name(depth: int = 2) -> str:
+    """torchrun's ``get_method_name`` (the function ``depth`` frames up, named in each rendezvous event it
+    records) read from the frame, as ``inspect.stack()[depth].function`` reads it, without building the
+    whole stack: for each frame of it ``inspect`` visits every module of the process. A fresh torchrun has
+    about a thousand; one forked from this server has the four thousand a worker imports, and spent ~2 CPU-s
+    there per launch under load (20 CPU-s of a whole run, py-spy): a cost only the fork adds."""
+    try:
+        return sys._getframe(depth).f_code.co_name
+    except ValueError:
+        return "no_method_name"
+
+
+def _in_torchrun() -> None:
+    """What a forked torchrun changes before it runs: :func:`_method_name` for torch's."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    dynamic_rendezvous.get_method_name = _method_name
 
 
 #: What evald's commands import (``status``, ``results``, ``config check``, ``history``, ``retry``,
@@ -331,6 +377,8 @@ class Server:
             os.environ.clear()
             os.environ.update(env)
             KINDS[self.kind].in_child(env)
+            if argv[:2] == TORCHRUN:
+                _in_torchrun()
             # Named as a fresh one would be (its spec in its command line), so that whoever finds the
             # worker by its command line (a test, `ps`) finds this process too, not only its client.
             setproctitle.setproctitle(" ".join([sys.executable, *argv]))
