@@ -12,9 +12,10 @@ the connection, and the server kills the child at once.
 Tests run their other programs that import the same (a layout writer, lm-eval's command) with the shim
 too, and their short ``evald`` commands with the CLI shim, which asks the session's CLI server
 (:func:`cli_forkable`: a command spent 0.3 CPU-s importing SQLAlchemy, pydantic and the config, some
-170 a run). Anything else (``-m inference.launcher``, ``-m torch.distributed.run``, a worker under Slurm
-or Ray, a worker whose environment differs from the server's where imports read it) runs the real
-interpreter in place (``execv``), so those paths are what they are without the suite. torchrun is told to
+170 a run). A Slurm job's worker is forked too (srun's task is this client). Anything else (``-m
+inference.launcher``, ``-m torch.distributed.run`` but as evald's launcher runs it, a process Ray started,
+a worker whose environment differs from the server's where imports read it) runs the real interpreter in
+place (``execv``), so those paths are what they are without the suite. torchrun is told to
 start its ranks with this shim (``PYTHON_EXEC``): they are forked too, each the client of its own child.
 
 Standard library only: the shim runs it with ``-I -S`` (no site-packages), in a few milliseconds.
@@ -59,7 +60,9 @@ def forkable(argv: list[str], environ: dict[str, str], parent: int) -> bool:
     evaluation worker or a program of the tests' that imports what it does (a layout writer, lm-eval's
     command), with or without ``-u`` (torchrun starts its ranks so); not a launcher, which execs or
     starts processes of its own, nor the daemon, which must not hold torch; tied to the process that
-    started it; not a Slurm or Ray job (whose processes their scheduler owns)."""
+    started it; not a process Ray started (Ray owns its workers). A Slurm job's task is forked: Slurm
+    tracks this client, which passes the job's signals on (``scancel``, the time limit) and whose death
+    takes its child with it, as in a daemon's local job."""
     if argv[:1] == ["-u"]:
         argv = argv[1:]
     if argv[:1] == ["-m"]:
@@ -67,7 +70,7 @@ def forkable(argv: list[str], environ: dict[str, str], parent: int) -> bool:
             return False
     elif not argv or not argv[0].endswith(".py"):
         return False
-    if _scheduled(environ):
+    if _ray_started(environ):
         return False
     tie = environ.get(PARENT_PID_ENV)
     return tie is None or tie == str(parent)
@@ -81,9 +84,13 @@ def torchrun_forkable(argv: list[str], environ: dict[str, str], pid: int) -> boo
 
 
 def _scheduled(environ: dict[str, str]) -> bool:
-    """Whether a scheduler started this process (a Slurm job's or Ray's): theirs to run, never forked."""
-    ray = [name for name in environ if name.startswith("RAY_") and name not in RAY_IMPORTED]
-    return "SLURM_JOB_ID" in environ or bool(ray)
+    """Whether a scheduler started this process (a Slurm job's or Ray's)."""
+    return "SLURM_JOB_ID" in environ or _ray_started(environ)
+
+
+def _ray_started(environ: dict[str, str]) -> bool:
+    """Whether Ray started this process (its environment has Ray's own variables)."""
+    return any(name.startswith("RAY_") and name not in RAY_IMPORTED for name in environ)
 
 
 def cli_forkable(argv: list[str]) -> bool:

@@ -110,7 +110,7 @@ def make(request: pytest.FixtureRequest, tmp_path: Path, dataset: Path) -> Itera
 
         def slurm(python: str | None) -> Executor:
             executor = SlurmExecutor(
-                settings, python=python or sys.executable, env={**SUBPROCESS_ENV, **cluster.env}
+                settings, python=python or worker_python(), env={**SUBPROCESS_ENV, **cluster.env}
             )
             made.append(executor)
             return executor

@@ -180,7 +180,9 @@ def test_the_local_executors_worker_command_is_one_the_shim_forks(tmp_path: Path
     assert group[-3:] == ["--module", "inference.worker", str(spec_path)]
     assert forkable(["-u", "-m", "inference.worker", str(spec_path)], env, os.getpid())
     assert not forkable(command[1:], env, os.getpid() + 1)
-    assert not forkable(command[1:], {**env, "SLURM_JOB_ID": "7"}, os.getpid())
+    # A Slurm job's task is forked (Slurm tracks the client, which passes signals on); a process Ray
+    # started is not.
+    assert forkable(command[1:], {**env, "SLURM_JOB_ID": "7"}, os.getpid())
     assert not forkable(command[1:], {**env, "RAY_RAYLET_PID": "7"}, os.getpid())
     # A test process that imported ray (RAY_CLIENT_MODE) starts its programs as any other does.
     assert forkable(command[1:], {**env, "RAY_CLIENT_MODE": "0"}, os.getpid())

@@ -42,6 +42,7 @@ from inference.spec import EXIT_INPUT_ERROR, JobResult, JobSpec
 from inference.toy.problems import held_out_problems, write_jsonl
 from tests.conftest import SUBPROCESS_ENV, ToyRun
 from tests.deadlines import Deadline
+from tests.forkserver import worker_python
 from tests.slurmcluster import PARTITION, SlurmCluster, slurm_cluster
 from tests.test_worker_group import evaluated, group_spec, outputs, run_group
 
@@ -69,7 +70,7 @@ def make_executor(cluster: SlurmCluster, folder: Path, **settings: Any) -> Slurm
             **settings,
         }
     )
-    return SlurmExecutor(config, python=sys.executable, env={**SUBPROCESS_ENV, **cluster.env})
+    return SlurmExecutor(config, python=worker_python(), env={**SUBPROCESS_ENV, **cluster.env})
 
 
 @pytest.fixture
