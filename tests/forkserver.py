@@ -175,7 +175,7 @@ def warm_caches() -> None:
     ``make test``, py-spy on the fork server, 2026-12-07). A fresh worker builds it once as well."""
     from transformers import conversion_mapping
 
-    conversion_mapping.get_checkpoint_conversion_mapping("llama")
+    conversion_mapping.get_checkpoint_conversion_mapping("llama")  # type: ignore[no-untyped-call]
 
 
 def _method_name(depth: int = 2) -> str:
