@@ -1,14 +1,17 @@
 """The test session's fork server: evaluation workers forked from a process that imported their libraries.
 
 ``python -m tests.forkserver FD`` serves on the listening socket it inherits as ``FD``; at its first
-request it imports what a CPU evaluation worker imports (torch, transformers and the Llama model code,
-DeepSpeed on its CPU accelerator, math-verify, evald's ``inference`` package), about 4 CPU seconds, once
-per session instead of once per worker. Each connection from :mod:`tests.fork_client` asks for one
-``python -m inference.worker SPEC`` (or another of the tests' programs that imports the same: a layout
-writer, lm-eval's command; :func:`tests.fork_client.forkable`): the server forks a child that takes the
-client's standard streams, folder and environment, starts a session of its own and runs the module (or
-script) as ``python`` would; the server answers the child's pid, and its exit status when it ends. A
-client that goes (killed) takes its child with it.
+request it imports what a CPU evaluation worker imports (:data:`WORKER_MODULES`: torch, transformers and
+the Llama model code, DeepSpeed on its CPU accelerator, math-verify, lm-eval, evald's ``inference``
+package, torchrun's modules) and fills the caches every worker would fill alike (:func:`warm_caches`),
+about 5 CPU seconds, once per session instead of once per worker. Each connection from
+:mod:`tests.fork_client` asks for one ``python -m inference.worker SPEC`` (or another of the tests'
+programs that imports the same: a layout writer, lm-eval's command; :func:`tests.fork_client.forkable`):
+the server forks a child that takes the client's standard streams, folder and environment, starts a
+session of its own and runs the module (or script) as ``python`` would; the server answers the child's
+pid, and its exit status when it ends. A client that goes (killed) takes its child with it. A forked
+torchrun reads its rendezvous events' names from the frame (:func:`_method_name`): what a fresh one
+reads, without the cost the fork's modules add.
 
 The server declines (and the client runs a fresh interpreter) when the child could differ from a fresh
 worker: a spec for a CUDA device (CUDA must not be set up before a fork, and the server never touches
