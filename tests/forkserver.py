@@ -174,8 +174,8 @@ def preload() -> None:
 def warm_caches() -> None:
     """Fill, once in the server, what every forked worker would otherwise compute for itself, the same way
     each time: transformers' checkpoint conversion table, which ``from_pretrained`` builds at its first call
-    (a few hundred regular expressions compiled: ~0.2 CPU-s of every forked worker, 18 CPU-s of a whole
-    ``make test``, py-spy on the fork server, 2026-12-07). A fresh worker builds it once as well."""
+    (a few hundred regular expressions compiled: a quarter of the forked workers' py-spy samples over a
+    whole ``make test``, 2026-12-07). A fresh worker builds it once as well."""
     from transformers import conversion_mapping
 
     conversion_mapping.get_checkpoint_conversion_mapping("llama")  # type: ignore[no-untyped-call]
@@ -185,8 +185,8 @@ def _method_name(depth: int = 2) -> str:
     """torchrun's ``get_method_name`` (the function ``depth`` frames up, named in each rendezvous event it
     records) read from the frame, as ``inspect.stack()[depth].function`` reads it, without building the
     whole stack: for each frame of it ``inspect`` visits every module of the process. A fresh torchrun has
-    about a thousand; one forked from this server has the four thousand a worker imports, and spent ~2 CPU-s
-    there per launch under load (20 CPU-s of a whole run, py-spy): a cost only the fork adds."""
+    about a thousand; one forked from this server has the four thousand a worker imports, and nearly all of
+    a forked torchrun's py-spy samples were there (72 → 7 in test_worker_group): a cost only the fork adds."""
     try:
         return sys._getframe(depth).f_code.co_name
     except ValueError:
