@@ -372,12 +372,15 @@ def _execute(
             timed_out = True
             _kill_group(process.pid)
             returncode = process.wait()
-            if status is not None:
-                await_gone(child_pid(_read(status, 1 << 16)))
         except BaseException:
             _kill_group(process.pid)
             process.wait()
             raise
+        if status is not None:
+            # bwrap returns once its PID 1 reports the command's exit, before that PID 1 has gone (it
+            # dies with bwrap, and takes the namespace with it): a ``setsid`` daemon outlives the return
+            # by that gap unless the wait covers it too.
+            await_gone(child_pid(_read(status, 1 << 16)))
         wall = time.perf_counter() - started
         if returncode < 0:
             returncode = 128 - returncode
