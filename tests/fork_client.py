@@ -128,7 +128,8 @@ def _exit_as(answer: dict[str, object]) -> NoReturn:
         import resource
 
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        signal.signal(killed, signal.SIG_DFL)
+        if killed != signal.SIGKILL:  # (its handler cannot be set: it is always the default)
+            signal.signal(killed, signal.SIG_DFL)
         os.kill(os.getpid(), killed)
     code = answer.get("exit")
     os._exit(code if isinstance(code, int) else 1)

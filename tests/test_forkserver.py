@@ -118,6 +118,10 @@ def test_signals_and_deaths_pass_between_a_client_and_its_worker(toy_run: ToyRun
     client, child = _start_long(toy_run, tmp_path / "segv")
     child.send_signal(signal.SIGSEGV)
     assert client.wait(timeout=patient(30)) == -signal.SIGSEGV
+    # And of SIGKILL (the OOM killer's), whose handler the client cannot set before raising it.
+    client, child = _start_long(toy_run, tmp_path / "oom")
+    child.send_signal(signal.SIGKILL)
+    assert client.wait(timeout=patient(30)) == -signal.SIGKILL
 
     # A signal to the client reaches the worker.
     client, child = _start_long(toy_run, tmp_path / "term")

@@ -7,6 +7,7 @@ failed with its history; and in every case no worker process is left (the proces
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import signal
@@ -163,6 +164,19 @@ def _rank_process(state: Path, rank: int) -> psutil.Process | None:
     return None
 
 
+def _writing_to(log: Path) -> psutil.Process | None:
+    """The process whose stderr is ``log``: the rank itself, which sends its output to its log
+    (inference/worker.py). Under the session's fork server a rank is a fork client and the forked child
+    that does the work; killing the client left the child alive until the server saw the client gone, and
+    in that gap rank 0, stopped by torchrun, closed the connection and the child wrote gloo's error to
+    this log: the job then failed with that error, not with the SIGKILL the test sent."""
+    for process in psutil.process_iter():
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{process.pid}/fd/2").readlink() == log.resolve():
+                return process
+    return None
+
+
 def test_a_killed_rank_fails_the_job_with_its_stderr_tail(
     database: Database, toy_run: ToyRun, tmp_path: Path
 ) -> None:
@@ -175,7 +189,7 @@ def test_a_killed_rank_fails_the_job_with_its_stderr_tail(
     # Mid-job: the model is loaded and batches are running.
     rank_log = job_dir / "rank-1.log"
     wait_for(lambda: rank_log.is_file() and b'"task.loaded"' in rank_log.read_bytes(), 120, "rank 1 to load")
-    victim = wait_for(lambda: _rank_process(state, 1), 10, "rank 1's process")
+    victim = wait_for(lambda: _writing_to(rank_log), 10, "rank 1's process")
     victim.send_signal(signal.SIGKILL)
 
     _drive(runner)
