@@ -62,7 +62,12 @@ def test_code_carrying_weights_are_refused_by_name(bin_case: LayoutCase, tmp_pat
     proof = tmp_path / "proof"
     checkpoint = poisoned_copy(bin_case, tmp_path, proof)
 
-    with pytest.raises(CheckpointInvalid, match=rf"{hf_bin.SHARDS[0]}: refused to unpickle: it needs more"):
+    with pytest.raises(
+        CheckpointInvalid,
+        match=rf"{hf_bin.SHARDS[0]}: refused to unpickle: it needs more than tensors \(torch.load "
+        r"weights_only=True said: Unsupported global: GLOBAL io\.open was not an allowed global "
+        r"by default\.\)",
+    ):
         load_model(checkpoint, InferenceSpec(), scratch=tmp_path / "scratch")
     assert not proof.exists()
 

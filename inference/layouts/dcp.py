@@ -22,7 +22,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from inference.errors import CheckpointInvalid, FileRefused
-from inference.layouts import files, hf, model_config
+from inference.layouts import files, hf, model_config, unpickling
 from inference.layouts.base import Layout, LayoutSettings, Readiness, Snapshot, Verdict, take_snapshot
 
 if TYPE_CHECKING:
@@ -60,6 +60,8 @@ class MetadataUnpickler(pickle.Unpickler):
 
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
+        if (module, name) in unpickling.GETATTR:
+            return unpickling.member  # an enum member as Python 3.11.0-3.11.4 pickle one
         if module == _METADATA_MODULE:
             import torch.distributed.checkpoint.metadata as metadata
 

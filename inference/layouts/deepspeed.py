@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from inference.errors import CheckpointInvalid, FileRefused
-from inference.layouts import files, hf, model_config, torch_zip
+from inference.layouts import files, hf, model_config, torch_zip, unpickling
 from inference.layouts.base import (
     Layout,
     LayoutSettings,
@@ -206,7 +206,8 @@ def _weights_only_loads() -> Iterator[None]:
     """Every ``torch.load`` inside runs with ``weights_only=True``, whatever its caller asked for.
 
     Besides tensors and containers, DeepSpeed's optimizer pickles hold three plain data classes (the ZeRO
-    stage enum, the loss scaler's settings, a fragment's offsets); they are allowed, nothing else is.
+    stage enum, the loss scaler's settings, a fragment's offsets); they are allowed, nothing else is, but
+    for ``builtins.getattr`` read as an enum member by name (:mod:`inference.layouts.unpickling`).
     Not thread-safe (it sets an environment variable), which suits the single-threaded worker.
     """
     import torch
@@ -219,7 +220,7 @@ def _weights_only_loads() -> Iterator[None]:
     os.environ[variable] = "1"
     try:
         with torch.serialization.safe_globals(
-            [ZeroStageEnum, LossScaler, DynamicLossScaler, fragment_address]
+            [ZeroStageEnum, LossScaler, DynamicLossScaler, fragment_address, unpickling.AS_GETATTR]
         ):
             yield
     finally:
@@ -263,9 +264,9 @@ def _gathered(directory: Path) -> dict[str, torch.Tensor]:
                 str(directory.parent), tag=directory.name
             )
     except pickle.UnpicklingError as exc:
-        first = " ".join(str(exc).split())[:300]
+        reason = unpickling.refusal(exc)
         raise CheckpointInvalid(
-            f"{directory}: refused to unpickle a shard that holds more than tensors: {first}"
+            f"{directory}: refused to unpickle a shard that holds more than tensors: {reason}"
         ) from exc
     except FileNotFoundError:
         raise

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from inference.errors import CheckpointInvalid, FileRefused
-from inference.layouts import files, validation
+from inference.layouts import files, unpickling, validation
 from inference.layouts.base import FileStat, Layout, LayoutSettings, Readiness, Shape, Snapshot, Verdict
 from inference.layouts.validation import Tensor
 
@@ -388,10 +388,9 @@ def load_torch_file(path: Path) -> dict[str, torch.Tensor]:
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointInvalid(
             f"{path}: refused to unpickle: it needs more than tensors (torch.load weights_only=True"
-            f" said: {first_line})"
+            f" said: {unpickling.refusal(exc)})"
         ) from exc
     except (RuntimeError, EOFError, zipfile.BadZipFile) as exc:
         raise CheckpointInvalid(f"{path}: not a readable torch.save file: {exc}") from exc
