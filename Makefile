@@ -87,6 +87,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.metrics_scrape
 	$(BIN)/python -m bench.worker_start
 	$(BIN)/python -m bench.forked_worker
+	$(BIN)/python -m bench.interpreter
 	$(BIN)/python -m bench.daemon_start
 	$(BIN)/python -m bench.code_sandbox --repeats 3
 	$(BIN)/python -m bench.cli_latency
