@@ -3,8 +3,9 @@
 # The interpreter the venv is made from (PYTHON=... names another): the distribution's python3.11 where it
 # can make a venv and build extensions (Debian's python3.11-venv and python3.11-dev), else the first
 # python3.11, then python3, on PATH. Debian builds its Python with profile-guided and link-time
-# optimisation, which pyenv's default build (these machines' python3) has neither of: the suite's Python
-# code runs about a fifth faster on it (BENCHMARKS.md, "Test suite time").
+# optimisation, which pyenv's default build (these machines' python3) has neither of: the suite's own
+# Python takes about a fifth less CPU on it, the whole suite about 15 % less time (BENCHMARKS.md, "Test
+# suite time"; python -m bench.interpreter).
 DISTRIBUTION_PYTHON := /usr/bin/python3.11
 PYTHON ?= $(shell $(DISTRIBUTION_PYTHON) -c 'import ensurepip, pathlib, sysconfig; assert (pathlib.Path(sysconfig.get_paths()["include"]) / "Python.h").is_file()' 2>/dev/null && echo $(DISTRIBUTION_PYTHON) || command -v python3.11 || command -v python3)
 VENV ?= .venv
